@@ -1,0 +1,53 @@
+"""The `share-proxy` command line.
+
+Each subcommand lives in its own module that exposes two functions:
+``configure(parser)`` adds its flags, ``run(args) -> int`` does the work.
+Modules are imported lazily so `share-proxy --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("proxy.serve", "run the proxy in front of a Kafka cluster"),
+    "local-kafka": (
+        "proxy.localkafka.cli",
+        "start a local single-node Apache Kafka (KRaft) from Maven Central jars",
+    ),
+    "fetch-kafka": (
+        "proxy.localkafka.cli_fetch",
+        "download (and cache) the Apache Kafka jars for a version, then exit",
+    ),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="share-proxy",
+        description="Kafka-protocol proxy that gives an ordinary Kafka cluster share groups (KIP-932).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        command_parser = sub.add_parser(
+            name,
+            help=help_text,
+            description=help_text,
+            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        )
+        module = importlib.import_module(module_name)
+        module.configure(command_parser)
+        command_parser.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args._run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
