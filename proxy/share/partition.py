@@ -1,0 +1,1039 @@
+"""The share-partition engine: in-flight record state of one (group, topic id, partition).
+
+Theory of operation
+-------------------
+A share-partition is a sliding window over a topic-partition's log (KIP-932 "In-flight
+records"). Offsets below the share-partition start offset (SPSO) are finished (Archived); offsets
+from the share-partition end offset (SPEO, exclusive here, as in the KIP's worked example) on have
+not been read yet and are implicitly Available with delivery count 0. In between lie the in-flight
+records, each Available, Acquired (by one member, with a lock deadline), Acknowledged or Archived,
+and each with a delivery count.
+
+The window is stored as in-flight batches keyed by first offset in a ``SortedDict`` that tiles
+[SPSO, SPEO) without holes, so looking up an offset is a floor search (O(log n)). A batch keeps one
+state for all its offsets while they move together -- the common case: a log batch is acquired
+whole and accepted whole -- and splits into per-offset states the first time an operation touches
+only part of it (as Kafka's ``InFlightBatch``/``InFlightState``). Every state change goes through
+the transition table in :mod:`proxy.share.states`.
+
+The engine does no I/O and reads no clock: each call that depends on time takes ``now`` (ms), and
+the caller drives lock expiry with ``next_deadline()`` / ``expire(now)``. The caller also reads the
+log: ``acquire`` takes the record-batch headers of a Fetch made from ``next_fetch_offset()``.
+
+Every change that must survive a restart yields a :class:`StateDelta` -- the content of one
+ShareUpdate record (new start offset or -1, and the changed state batches). Acquired records are
+never persisted (KIP-932 "Managing durable share-partition state"), so after a restart
+(:meth:`SharePartition.from_persisted`) a record that was Acquired for the k-th time comes back as
+it was last written: Available with delivery count k-1 (nothing at all if k was 1).
+
+Errors a client can cause raise :class:`ShareStateError` carrying a Kafka error code; the whole
+acknowledgement of a partition is validated before any of it is applied (all or nothing).
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import itertools
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from sortedcontainers import SortedDict
+
+from proxy.share.states import (
+    ACK_EVENTS,
+    TERMINAL_STATES,
+    TRANSITIONS,
+    AcknowledgeType,
+    Event,
+    RecordState,
+)
+
+__all__ = [
+    "INVALID_RECORD_STATE",
+    "INVALID_REQUEST",
+    "AckRange",
+    "AcquireMode",
+    "AcquireResult",
+    "AcquiredRecords",
+    "BatchHeader",
+    "PartitionConfig",
+    "PartitionSnapshot",
+    "PersistedBatch",
+    "RecordBatchHeader",
+    "SharePartition",
+    "ShareStateError",
+    "StateDelta",
+]
+
+# Kafka error codes (org.apache.kafka.common.protocol.Errors).
+INVALID_REQUEST = 42
+INVALID_RECORD_STATE = 121
+
+_AVAILABLE = RecordState.AVAILABLE
+_ACQUIRED = RecordState.ACQUIRED
+_ARCHIVED = RecordState.ARCHIVED
+_NO_OFFSET = 2**63
+
+
+class ShareStateError(Exception):
+    """A request the engine refuses; ``error_code`` is the Kafka error for the partition."""
+
+    def __init__(self, error_code: int, message: str) -> None:
+        super().__init__(message)
+        self.error_code = error_code
+
+
+# --------------------------------------------------------------------------------------------
+# Values in and out
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionConfig:
+    """Per share-partition settings (broker defaults, overridable per group).
+
+    ``delivery_count_limit``: ``group.share.delivery.count.limit`` / ``share.delivery.count.limit``.
+    ``record_lock_duration_ms``: ``share.record.lock.duration.ms``.
+    ``max_record_locks``: ``group.share.partition.max.record.locks`` /
+    ``share.partition.max.record.locks`` -- bound on the in-flight span SPEO - SPSO.
+    ``read_committed``: ``share.isolation.level``; aborted transactional records are archived.
+    """
+
+    delivery_count_limit: int = 5
+    record_lock_duration_ms: int = 30_000
+    max_record_locks: int = 2000
+    read_committed: bool = False
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.delivery_count_limit <= 10:
+            raise ValueError(f"delivery_count_limit {self.delivery_count_limit} not in [2, 10]")
+        if not 1000 <= self.record_lock_duration_ms <= 3_600_000:
+            raise ValueError(f"record_lock_duration_ms {self.record_lock_duration_ms} not in [1000, 3600000]")
+        if not 100 <= self.max_record_locks <= 10_000:
+            raise ValueError(f"max_record_locks {self.max_record_locks} not in [100, 10000]")
+
+    @property
+    def throttle_delivery_count(self) -> int:
+        """Delivery count from which redelivery batches shrink: max(2, ceil(limit / 2)), as Kafka."""
+        return max(2, math.ceil(self.delivery_count_limit / 2))
+
+
+class RecordBatchHeader(Protocol):
+    """What the engine needs from a record-batch header read from the log."""
+
+    @property
+    def base_offset(self) -> int: ...
+    @property
+    def last_offset(self) -> int: ...
+    @property
+    def is_control(self) -> bool: ...
+    @property
+    def is_transactional(self) -> bool: ...
+    @property
+    def producer_id(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    """A minimal record-batch header (satisfies :class:`RecordBatchHeader`)."""
+
+    base_offset: int
+    last_offset: int
+    is_control: bool = False
+    is_transactional: bool = False
+    producer_id: int = -1
+
+
+class AcquireMode(enum.IntEnum):
+    """ShareFetch v2 ``ShareAcquireMode``."""
+
+    BATCH_OPTIMIZED = 0  # whole batches; max_records may be exceeded to end on a batch boundary
+    RECORD_LIMIT = 1  # never more than max_records
+
+
+@dataclass(frozen=True, slots=True)
+class AcquiredRecords:
+    """One ``AcquiredRecords`` entry of a ShareFetch response."""
+
+    first_offset: int
+    last_offset: int
+    delivery_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class AckRange:
+    """One acknowledgement batch: a type for the whole range, or one type per offset."""
+
+    first_offset: int
+    last_offset: int
+    acknowledge_types: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PersistedBatch:
+    """A state batch as persisted: (first_offset, last_offset, delivery_state, delivery_count)."""
+
+    first_offset: int
+    last_offset: int
+    delivery_state: RecordState
+    delivery_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class StateDelta:
+    """ShareUpdate content: ``start_offset`` is the new SPSO, or -1 when it did not move."""
+
+    start_offset: int
+    state_batches: tuple[PersistedBatch, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionSnapshot:
+    """ShareSnapshot content: the whole durable state of the share-partition."""
+
+    start_offset: int
+    state_batches: tuple[PersistedBatch, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AcquireResult:
+    """Records handed to the member, and what to persist (archived control/aborted records)."""
+
+    acquired: tuple[AcquiredRecords, ...]
+    delta: StateDelta | None
+
+    @property
+    def count(self) -> int:
+        return sum(r.last_offset - r.first_offset + 1 for r in self.acquired)
+
+
+# --------------------------------------------------------------------------------------------
+# In-flight storage (mutable, private)
+# --------------------------------------------------------------------------------------------
+
+
+class _OffsetState:
+    """State of one offset of a batch that is tracked per offset."""
+
+    __slots__ = ("state", "delivery_count", "member_id", "lock_id")
+
+    def __init__(self, state: RecordState, delivery_count: int, member_id: str | None, lock_id: int) -> None:
+        self.state = state
+        self.delivery_count = delivery_count
+        self.member_id = member_id
+        self.lock_id = lock_id
+
+
+class _InFlightBatch:
+    """Offsets [first_offset, last_offset]; one shared state while ``offsets`` is None."""
+
+    __slots__ = ("first_offset", "last_offset", "state", "delivery_count", "member_id", "lock_id", "offsets")
+
+    def __init__(
+        self,
+        first_offset: int,
+        last_offset: int,
+        state: RecordState,
+        delivery_count: int = 0,
+        member_id: str | None = None,
+        lock_id: int = 0,
+    ) -> None:
+        self.first_offset = first_offset
+        self.last_offset = last_offset
+        self.state = state
+        self.delivery_count = delivery_count
+        self.member_id = member_id
+        self.lock_id = lock_id
+        self.offsets: list[_OffsetState] | None = None
+
+    @property
+    def size(self) -> int:
+        return self.last_offset - self.first_offset + 1
+
+    def split(self) -> list[_OffsetState]:
+        """Switch to per-offset tracking (once the batch is no longer uniform)."""
+        if self.offsets is None:
+            self.offsets = [
+                _OffsetState(self.state, self.delivery_count, self.member_id, self.lock_id) for _ in range(self.size)
+            ]
+        return self.offsets
+
+    def holders(self, first: int, last: int) -> Iterator[tuple[int, _OffsetState]]:
+        """(offset, state) for per-offset entries within [first, last]."""
+        assert self.offsets is not None
+        start = max(first, self.first_offset)
+        stop = min(last, self.last_offset)
+        for offset in range(start, stop + 1):
+            yield offset, self.offsets[offset - self.first_offset]
+
+
+class _Lock:
+    """An acquisition lock shared by the records acquired (or renewed) in one call."""
+
+    __slots__ = ("deadline", "first_offset", "last_offset", "held")
+
+    def __init__(self, deadline: int) -> None:
+        self.deadline = deadline
+        # Widened as records join the lock; expire() scans only this range.
+        self.first_offset = _NO_OFFSET
+        self.last_offset = -1
+        self.held = 0
+
+
+class _Changes:
+    """Persisted-state changes collected during one operation."""
+
+    __slots__ = ("batches",)
+
+    def __init__(self) -> None:
+        self.batches: list[PersistedBatch] = []
+
+    def add(self, first: int, last: int, state: RecordState, delivery_count: int) -> None:
+        self.batches.append(PersistedBatch(first, last, state, delivery_count))
+
+
+def _coalesce(batches: Iterable[PersistedBatch]) -> list[PersistedBatch]:
+    """Sort and merge adjacent batches with equal state and count (later entries win overlaps)."""
+    out: list[PersistedBatch] = []
+    for b in sorted(batches, key=lambda b: b.first_offset):
+        if out:
+            prev = out[-1]
+            if (
+                prev.last_offset + 1 == b.first_offset
+                and prev.delivery_state == b.delivery_state
+                and prev.delivery_count == b.delivery_count
+            ):
+                out[-1] = PersistedBatch(prev.first_offset, b.last_offset, b.delivery_state, b.delivery_count)
+                continue
+        out.append(b)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The engine
+# --------------------------------------------------------------------------------------------
+
+
+class SharePartition:
+    """In-flight state of one share-partition. Not thread-safe: one owner task calls it."""
+
+    def __init__(self, config: PartitionConfig, start_offset: int) -> None:
+        """A fresh share-partition whose SPSO is ``start_offset`` (KIP-932 "Managing the SPSO and SPEO")."""
+        if start_offset < 0:
+            raise ValueError(f"start_offset {start_offset} < 0")
+        self.config = config
+        self._start = start_offset
+        self._end = start_offset  # SPEO, exclusive
+        self._batches: SortedDict = SortedDict()  # first_offset -> _InFlightBatch, tiling [start, end)
+        self._locks: dict[int, _Lock] = {}
+        self._deadlines: list[tuple[int, int]] = []  # heap of (deadline, lock_id), stale entries allowed
+        self._lock_ids = itertools.count(1)
+        # No Available offset lies below this; saves rescanning the window on every fetch.
+        self._available_hint = start_offset
+
+    # ----- read side ---------------------------------------------------------------------
+
+    @property
+    def start_offset(self) -> int:
+        """SPSO."""
+        return self._start
+
+    @property
+    def end_offset(self) -> int:
+        """SPEO (exclusive): the next offset that has never been read into the window."""
+        return self._end
+
+    @property
+    def in_flight_count(self) -> int:
+        """The in-flight span SPEO - SPSO (Kafka's end - start + 1 with an inclusive end)."""
+        return self._end - self._start
+
+    def next_fetch_offset(self) -> int:
+        """Where the caller should read the log from: the lowest Available offset, else SPEO."""
+        for batch in self._batches_from(self._available_hint):
+            if batch.offsets is None:
+                if batch.state is _AVAILABLE:
+                    self._available_hint = max(batch.first_offset, self._available_hint)
+                    return self._available_hint
+            else:
+                for offset, holder in batch.holders(self._available_hint, batch.last_offset):
+                    if holder.state is _AVAILABLE:
+                        self._available_hint = offset
+                        return offset
+        self._available_hint = self._end
+        return self._end
+
+    def can_acquire(self) -> bool:
+        """True when a fetch could acquire something: a released record, or room for new ones."""
+        return self.next_fetch_offset() < self._end or self.in_flight_count < self.config.max_record_locks
+
+    def record_state(self, offset: int) -> tuple[RecordState, int, str | None]:
+        """(state, delivery count, owning member) of one offset."""
+        if offset < self._start:
+            return _ARCHIVED, 0, None
+        if offset >= self._end:
+            return _AVAILABLE, 0, None
+        batch = self._batch_at(offset)
+        if batch.offsets is None:
+            return batch.state, batch.delivery_count, batch.member_id
+        holder = batch.offsets[offset - batch.first_offset]
+        return holder.state, holder.delivery_count, holder.member_id
+
+    def in_flight(self) -> Iterator[tuple[int, int, RecordState, int, str | None]]:
+        """(first, last, state, delivery count, member) runs over the window, coalesced."""
+        run: list | None = None
+        for first, last, state, count, member in self._runs():
+            if run is not None and run[2:] == [state, count, member] and run[1] + 1 == first:
+                run[1] = last
+                continue
+            if run is not None:
+                yield tuple(run)  # type: ignore[misc]
+            run = [first, last, state, count, member]
+        if run is not None:
+            yield tuple(run)  # type: ignore[misc]
+
+    def members(self) -> set[str]:
+        """Members currently holding acquired records."""
+        return {member for _, _, state, _, member in self._runs() if state is _ACQUIRED and member is not None}
+
+    def next_deadline(self) -> int | None:
+        """The earliest acquisition-lock deadline (ms), or None when nothing is acquired."""
+        while self._deadlines:
+            deadline, lock_id = self._deadlines[0]
+            lock = self._locks.get(lock_id)
+            if lock is not None and lock.deadline == deadline:
+                return deadline
+            heapq.heappop(self._deadlines)
+        return None
+
+    def snapshot(self) -> PartitionSnapshot:
+        """ShareSnapshot content: durable state as a restart would see it (Acquired not persisted)."""
+        batches: list[PersistedBatch] = []
+        for first, last, state, count, _ in self._runs():
+            if state is _ACQUIRED:
+                # The last write for an acquired record was Available with the count before this
+                # acquisition (or nothing, for a first delivery).
+                state, count = _AVAILABLE, count - 1
+            if state is _AVAILABLE and count == 0:
+                continue
+            batches.append(PersistedBatch(first, last, state, count))
+        return PartitionSnapshot(self._start, tuple(_coalesce(batches)))
+
+    # ----- rebuild -------------------------------------------------------------------------
+
+    @classmethod
+    def from_persisted(
+        cls,
+        config: PartitionConfig,
+        snapshot: PartitionSnapshot,
+        updates: Iterable[StateDelta] = (),
+    ) -> SharePartition:
+        """Rebuild from the latest ShareSnapshot and the ShareUpdates written after it, in order."""
+        start = snapshot.start_offset
+        overlay: SortedDict = SortedDict()  # first -> PersistedBatch, non-overlapping
+        for batch in snapshot.state_batches:
+            _overlay(overlay, batch)
+        for update in updates:
+            if update.start_offset >= 0:
+                start = update.start_offset
+            for batch in update.state_batches:
+                _overlay(overlay, batch)
+        partition = cls(config, start)
+        cursor = start
+        for persisted in overlay.values():
+            if persisted.last_offset < start:
+                continue
+            if persisted.delivery_state is _ACQUIRED:
+                raise ValueError(f"persisted state holds an Acquired batch: {persisted}")
+            first = max(persisted.first_offset, start)
+            if first > cursor:
+                # Offsets with no persisted state were read but never finished: deliver them again.
+                partition._append(_InFlightBatch(cursor, first - 1, _AVAILABLE))
+            partition._append(
+                _InFlightBatch(first, persisted.last_offset, persisted.delivery_state, persisted.delivery_count)
+            )
+            cursor = persisted.last_offset + 1
+        partition._advance_start()
+        return partition
+
+    # ----- acquisition ------------------------------------------------------------------------
+
+    def acquire(
+        self,
+        member_id: str,
+        batches: Sequence[RecordBatchHeader],
+        *,
+        now: int,
+        max_records: int,
+        batch_size: int | None = None,
+        mode: AcquireMode = AcquireMode.BATCH_OPTIMIZED,
+        aborted_transactions: Sequence[tuple[int, int]] = (),
+    ) -> AcquireResult:
+        """Acquire records for ``member_id`` from the log batches the caller read.
+
+        ``batches`` come from one Fetch made at ``next_fetch_offset()``, in offset order;
+        ``aborted_transactions`` are the Fetch response's (producer_id, first_offset) pairs.
+        Available in-flight records are acquired first, lowest offset first (KIP-932 "In-flight
+        records"), then new records beyond SPEO while the record-lock limit allows.
+        """
+        if not batches or max_records <= 0:
+            return AcquireResult((), None)
+        record_limit = mode is AcquireMode.RECORD_LIMIT
+        batch_size = batch_size if batch_size and batch_size > 0 else max_records
+        lo = max(batches[0].base_offset, self._start)
+        hi = batches[-1].last_offset
+        changes = _Changes()
+        start_before = self._start
+        out: list[AcquiredRecords] = []
+        lock_id = next(self._lock_ids)
+        lock = _Lock(now + self.config.record_lock_duration_ms)
+        self._locks[lock_id] = lock
+
+        remaining = max_records
+        stop = False
+        if lo < self._end:
+            remaining, stop = self._acquire_in_window(member_id, lock_id, lo, min(hi, self._end - 1), remaining,
+                                                      record_limit, out)
+        if not stop and remaining > 0 and hi >= self._end:
+            excluded = self._excluded_batches(batches, aborted_transactions)
+            self._acquire_new(member_id, lock_id, batches, excluded, remaining, batch_size, record_limit, out, changes)
+
+        if lock.held == 0:
+            del self._locks[lock_id]
+        else:
+            heapq.heappush(self._deadlines, (lock.deadline, lock_id))
+        return AcquireResult(tuple(out), self._finish(changes, old_start=start_before))
+
+    def _acquire_in_window(
+        self,
+        member_id: str,
+        lock_id: int,
+        lo: int,
+        hi: int,
+        remaining: int,
+        record_limit: bool,
+        out: list[AcquiredRecords],
+    ) -> tuple[int, bool]:
+        """Re-acquire Available in-flight records within [lo, hi]; returns (remaining, stop)."""
+        throttle_at = self.config.throttle_delivery_count
+        for batch in list(self._batches_from(max(lo, self._available_hint), hi)):
+            if remaining <= 0:
+                break
+            if batch.offsets is None:
+                if batch.state is not _AVAILABLE:
+                    continue
+                throttled = batch.delivery_count >= throttle_at
+                if throttled and out:
+                    # Isolate a suspicious batch in a fetch of its own (Kafka's throttled delivery).
+                    return remaining, True
+                whole = batch.first_offset >= lo and batch.last_offset <= hi
+                if whole and not throttled and not (record_limit and batch.size > remaining):
+                    self._apply_batch(batch, Event.ACQUIRE, member_id, lock_id, None)
+                    self._emit(out, batch.first_offset, batch.last_offset, batch.delivery_count)
+                    remaining -= batch.size
+                    continue
+                batch.split()
+            else:
+                throttled = any(
+                    h.state is _AVAILABLE and h.delivery_count >= throttle_at for _, h in batch.holders(lo, hi)
+                )
+                if throttled and out:
+                    return remaining, True
+            taken = self._acquire_offsets(batch, member_id, lock_id, lo, hi, remaining, record_limit, out)
+            remaining -= taken
+            if throttled and taken:
+                return remaining, True
+        return remaining, False
+
+    def _acquire_offsets(
+        self,
+        batch: _InFlightBatch,
+        member_id: str,
+        lock_id: int,
+        lo: int,
+        hi: int,
+        remaining: int,
+        record_limit: bool,
+        out: list[AcquiredRecords],
+    ) -> int:
+        """Acquire Available offsets of a per-offset batch, honouring throttling near the limit."""
+        limit = self.config.delivery_count_limit
+        throttle_at = self.config.throttle_delivery_count
+        cap: int | None = None
+        taken = 0
+        for offset, holder in batch.holders(lo, hi):
+            if holder.state is not _AVAILABLE:
+                continue
+            count = holder.delivery_count
+            # A record on its last attempt goes alone, so a poison record cannot take others with
+            # it to the archive (Kafka: only when the limit is above 2).
+            if limit > 2 and count == limit - 1 and taken:
+                break
+            if count >= throttle_at and cap is None:
+                # Batches halve with each attempt past the throttle threshold.
+                cap = max(1, batch.size >> (count - throttle_at + 1))
+            self._apply_offset(holder, offset, Event.ACQUIRE, member_id, lock_id, None)
+            self._emit(out, offset, offset, holder.delivery_count)
+            taken += 1
+            if limit > 2 and holder.delivery_count == limit:
+                break
+            if record_limit and taken >= remaining:
+                break
+            if cap is not None and taken >= cap:
+                break
+        return taken
+
+    def _excluded_batches(
+        self, batches: Sequence[RecordBatchHeader], aborted_transactions: Sequence[tuple[int, int]]
+    ) -> set[int]:
+        """Indexes of batches never delivered: control batches, and aborted ones under read_committed."""
+        excluded = {i for i, b in enumerate(batches) if b.is_control}
+        if not self.config.read_committed or not aborted_transactions:
+            return excluded
+        # The consumer's algorithm: a producer's batches are aborted from the first offset of its
+        # aborted transaction until its next control batch (the abort marker).
+        pending = sorted(aborted_transactions, key=lambda t: t[1])
+        active: set[int] = set()
+        next_abort = 0
+        for i, b in enumerate(batches):
+            while next_abort < len(pending) and pending[next_abort][1] <= b.last_offset:
+                active.add(pending[next_abort][0])
+                next_abort += 1
+            if b.is_control:
+                active.discard(b.producer_id)
+            elif b.is_transactional and b.producer_id in active:
+                excluded.add(i)
+        return excluded
+
+    def _acquire_new(
+        self,
+        member_id: str,
+        lock_id: int,
+        batches: Sequence[RecordBatchHeader],
+        excluded: set[int],
+        remaining: int,
+        batch_size: int,
+        record_limit: bool,
+        out: list[AcquiredRecords],
+        changes: _Changes,
+    ) -> None:
+        """Read new records beyond SPEO into the window, acquiring data records."""
+        capacity = self.config.max_record_locks - self.in_flight_count
+        if capacity <= 0:
+            return  # record-lock limit reached: only released records can be acquired (KIP-932)
+        # The caller's batches may start before SPEO; skip what is already in the window.
+        if not self._batches:
+            first_new = next((b.base_offset for b in batches if b.last_offset >= self._end), self._end)
+            if first_new > self._end:
+                # Nothing in flight and the log has no records here (deleted or compacted away).
+                self._start = self._end = self._available_hint = first_new
+        limit_end = self._start + self.config.max_record_locks  # exclusive bound of the window
+        run_first = -1  # first offset of the acquired run being built
+        for i, header in enumerate(batches):
+            if header.last_offset < self._end:
+                continue
+            if remaining <= 0 or self._end >= limit_end:
+                break
+            first = max(header.base_offset, self._end)
+            if first > self._end:
+                # Offsets between batches hold no records (compaction): archive, never deliver.
+                run_first = self._close_run(run_first, member_id, lock_id, out)
+                gap_last = min(first, limit_end) - 1
+                self._append_archived(self._end, gap_last, changes)
+                if self._end >= limit_end:
+                    break
+            last = min(header.last_offset, limit_end - 1)
+            if i in excluded:
+                run_first = self._close_run(run_first, member_id, lock_id, out)
+                self._append_archived(first, last, changes)
+                continue
+            if record_limit and last - first + 1 > remaining:
+                # Record-limit mode: acquire exactly what was asked; the rest of the log batch
+                # joins the window as Available (as Kafka keeps whole batches in its cache).
+                split = first + remaining - 1
+                run_first = first if run_first < 0 else run_first
+                self._end = split + 1
+                run_first = self._close_run(run_first, member_id, lock_id, out)
+                self._append(_InFlightBatch(split + 1, last, _AVAILABLE))
+                remaining = 0
+                break
+            if run_first >= 0 and not record_limit and first - run_first >= batch_size:
+                # ShareFetch v2 batch_size: split acquired ranges on log-batch boundaries.
+                self._close_run(run_first, member_id, lock_id, out)
+                run_first = -1
+            if run_first < 0:
+                run_first = first
+            self._end = last + 1
+            remaining -= last - first + 1
+        self._close_run(run_first, member_id, lock_id, out)
+
+    def _close_run(self, run_first: int, member_id: str, lock_id: int, out: list[AcquiredRecords]) -> int:
+        """Turn the pending new-record run [run_first, SPEO) into one acquired in-flight batch."""
+        if run_first < 0 or run_first >= self._end:
+            return -1
+        batch = _InFlightBatch(run_first, self._end - 1, _AVAILABLE)
+        self._append(batch)
+        self._apply_batch(batch, Event.ACQUIRE, member_id, lock_id, None)
+        self._emit(out, batch.first_offset, batch.last_offset, batch.delivery_count)
+        return -1
+
+    def _append(self, batch: _InFlightBatch) -> None:
+        """Add a batch at the end of the window (it must start at, or extend, SPEO)."""
+        self._batches[batch.first_offset] = batch
+        if batch.last_offset + 1 > self._end:
+            self._end = batch.last_offset + 1
+
+    def _append_archived(self, first: int, last: int, changes: _Changes) -> None:
+        if last < first:
+            return
+        self._append(_InFlightBatch(first, last, _ARCHIVED))
+        changes.add(first, last, _ARCHIVED, 0)
+
+    # ----- acknowledgement ------------------------------------------------------------------------
+
+    def acknowledge(self, member_id: str, ranges: Sequence[AckRange], *, now: int) -> StateDelta | None:
+        """Apply a member's acknowledgements to this partition, all or nothing.
+
+        Ranges must be ascending and non-overlapping with known types (else INVALID_REQUEST); every
+        offset at or above SPSO must be Acquired by ``member_id`` (else INVALID_RECORD_STATE).
+        Offsets below SPSO are already finished and are skipped, as Kafka does.
+        """
+        self._validate_ack_ranges(ranges)
+        # Pass 1: validate everything before touching anything (atomic per partition).
+        for ack in ranges:
+            for event, first, last in _ack_events(ack):
+                self._check_owned(member_id, event, max(first, self._start), last)
+        # Pass 2: apply.
+        changes = _Changes()
+        renew_lock_id = 0
+        for ack in ranges:
+            for event, first, last in _ack_events(ack):
+                first = max(first, self._start)
+                if first > last:
+                    continue
+                if event is Event.RENEW and not renew_lock_id:
+                    renew_lock_id = next(self._lock_ids)
+                    self._locks[renew_lock_id] = _Lock(now + self.config.record_lock_duration_ms)
+                self._apply_range(first, last, event, member_id, renew_lock_id, changes)
+        if renew_lock_id:
+            lock = self._locks.get(renew_lock_id)
+            if lock is not None:
+                heapq.heappush(self._deadlines, (lock.deadline, renew_lock_id))
+        return self._finish(changes)
+
+    @staticmethod
+    def _validate_ack_ranges(ranges: Sequence[AckRange]) -> None:
+        previous_last = -1
+        for ack in ranges:
+            if ack.first_offset < 0 or ack.first_offset > ack.last_offset:
+                raise ShareStateError(INVALID_REQUEST, f"bad acknowledgement range {ack.first_offset}-{ack.last_offset}")
+            if ack.first_offset <= previous_last:
+                raise ShareStateError(INVALID_REQUEST, "acknowledgement ranges must be ascending and non-overlapping")
+            size = ack.last_offset - ack.first_offset + 1
+            if len(ack.acknowledge_types) not in (1, size):
+                raise ShareStateError(INVALID_REQUEST, "acknowledge types must be one, or one per offset")
+            for ack_type in ack.acknowledge_types:
+                if ack_type not in AcknowledgeType._value2member_map_:
+                    raise ShareStateError(INVALID_REQUEST, f"unknown acknowledge type {ack_type}")
+            previous_last = ack.last_offset
+
+    def _check_owned(self, member_id: str, event: Event, first: int, last: int) -> None:
+        if first > last:
+            return
+        if last >= self._end:
+            raise ShareStateError(INVALID_RECORD_STATE, f"offset {max(first, self._end)} was not acquired")
+        for batch in self._batches_from(first, last):
+            if batch.offsets is None:
+                self._check_holder(batch, member_id, event, batch.first_offset)
+            else:
+                for offset, holder in batch.holders(first, last):
+                    self._check_holder(holder, member_id, event, offset)
+
+    @staticmethod
+    def _check_holder(holder: _InFlightBatch | _OffsetState, member_id: str, event: Event, offset: int) -> None:
+        if holder.state is not _ACQUIRED or holder.member_id != member_id:
+            raise ShareStateError(
+                INVALID_RECORD_STATE, f"offset {offset} is {holder.state.name}, not acquired by this member"
+            )
+        if (holder.state, event) not in TRANSITIONS:
+            raise ShareStateError(INVALID_RECORD_STATE, f"{event.value} not allowed in state {holder.state.name}")
+
+    # ----- releases ------------------------------------------------------------------------
+
+    def expire(self, now: int) -> StateDelta | None:
+        """Release every record whose acquisition lock deadline is at or before ``now``."""
+        changes = _Changes()
+        while self._deadlines and self._deadlines[0][0] <= now:
+            deadline, lock_id = heapq.heappop(self._deadlines)
+            lock = self._locks.get(lock_id)
+            if lock is None or lock.deadline != deadline:
+                continue
+            for batch in list(self._batches_from(lock.first_offset, lock.last_offset)):
+                if batch.offsets is None:
+                    if batch.state is _ACQUIRED and batch.lock_id == lock_id:
+                        self._apply_batch(batch, Event.LOCK_EXPIRED, None, 0, changes)
+                else:
+                    for offset, holder in batch.holders(lock.first_offset, lock.last_offset):
+                        if holder.state is _ACQUIRED and holder.lock_id == lock_id:
+                            self._apply_offset(holder, offset, Event.LOCK_EXPIRED, None, 0, changes)
+        return self._finish(changes)
+
+    def release_member(self, member_id: str) -> StateDelta | None:
+        """Release a departed member's records (session closed / member left).
+
+        Kafka undoes the delivery-count increment here: the records may never have reached the
+        application, so this is not a delivery attempt and never archives.
+        """
+        changes = _Changes()
+        for batch in list(self._batches.values()):
+            if batch.offsets is None:
+                if batch.state is _ACQUIRED and batch.member_id == member_id:
+                    self._apply_batch(batch, Event.MEMBER_LEFT, None, 0, changes)
+            else:
+                for offset, holder in batch.holders(batch.first_offset, batch.last_offset):
+                    if holder.state is _ACQUIRED and holder.member_id == member_id:
+                        self._apply_offset(holder, offset, Event.MEMBER_LEFT, None, 0, changes)
+        return self._finish(changes)
+
+    # ----- SPSO moves from outside ----------------------------------------------------------------
+
+    def advance_log_start(self, log_start_offset: int) -> StateDelta | None:
+        """Records below ``log_start_offset`` were deleted by retention: archive them, move SPSO."""
+        if log_start_offset <= self._start:
+            return None
+        changes = _Changes()
+        start_before = self._start
+        cut = min(log_start_offset, self._end) - 1
+        if cut >= self._start:
+            self._apply_range(self._start, cut, Event.ARCHIVE, None, 0, changes, only_live=True)
+        if log_start_offset >= self._end:
+            # Everything in flight is gone; the window restarts empty at the new log start.
+            self._batches.clear()
+            self._start = self._end = self._available_hint = log_start_offset
+        # Archived records all lie below the new SPSO: the delta is just the start offset.
+        return self._finish(changes, old_start=start_before)
+
+    def reset(self, start_offset: int) -> PartitionSnapshot:
+        """Discard all in-flight state and restart at ``start_offset`` (alter-offsets on an empty group).
+
+        The caller resolves latest / earliest / by-timestamp to an offset. Returns the ShareSnapshot
+        to write, which supersedes every earlier record.
+        """
+        if start_offset < 0:
+            raise ValueError(f"start_offset {start_offset} < 0")
+        self._batches.clear()
+        self._locks.clear()
+        self._deadlines.clear()
+        self._start = self._end = self._available_hint = start_offset
+        return self.snapshot()
+
+    # ----- internals ------------------------------------------------------------------------
+
+    def _apply_range(
+        self,
+        first: int,
+        last: int,
+        event: Event,
+        member_id: str | None,
+        lock_id: int,
+        changes: _Changes,
+        *,
+        only_live: bool = False,
+    ) -> None:
+        """Apply ``event`` to every offset in [first, last] (pre-validated, or ``only_live``:
+        skip records already terminal)."""
+        for batch in list(self._batches_from(first, last)):
+            if batch.offsets is None:
+                if only_live and batch.state in TERMINAL_STATES:
+                    continue
+                if batch.first_offset >= first and batch.last_offset <= last:
+                    self._apply_batch(batch, event, member_id, lock_id, changes)
+                    continue
+                batch.split()
+            for offset, holder in batch.holders(first, last):
+                if only_live and holder.state in TERMINAL_STATES:
+                    continue
+                self._apply_offset(holder, offset, event, member_id, lock_id, changes)
+
+    def _apply_batch(
+        self, batch: _InFlightBatch, event: Event, member_id: str | None, lock_id: int, changes: _Changes | None
+    ) -> None:
+        self._transit(batch, event, member_id, lock_id, batch.first_offset, batch.last_offset)
+        if changes is not None and batch.state is not _ACQUIRED:
+            changes.add(batch.first_offset, batch.last_offset, batch.state, batch.delivery_count)
+        if batch.state is _AVAILABLE and batch.first_offset < self._available_hint:
+            self._available_hint = batch.first_offset
+
+    def _apply_offset(
+        self,
+        holder: _OffsetState,
+        offset: int,
+        event: Event,
+        member_id: str | None,
+        lock_id: int,
+        changes: _Changes | None,
+    ) -> None:
+        self._transit(holder, event, member_id, lock_id, offset, offset)
+        if changes is not None and holder.state is not _ACQUIRED:
+            changes.add(offset, offset, holder.state, holder.delivery_count)
+        if holder.state is _AVAILABLE and offset < self._available_hint:
+            self._available_hint = offset
+
+    def _transit(
+        self,
+        holder: _InFlightBatch | _OffsetState,
+        event: Event,
+        member_id: str | None,
+        lock_id: int,
+        first: int,
+        last: int,
+    ) -> None:
+        """One table-driven move of the records [first, last] that share ``holder``'s state."""
+        move = TRANSITIONS[(holder.state, event)]  # KeyError = illegal move = engine bug
+        count = holder.delivery_count + move.delivery_delta
+        new_state = move.new_state
+        if move.archive_at_limit and count >= self.config.delivery_count_limit:
+            new_state = _ARCHIVED
+        n = last - first + 1
+        if holder.state is _ACQUIRED:
+            self._unlock(holder.lock_id, n)
+        holder.state = new_state
+        holder.delivery_count = count
+        if new_state is _ACQUIRED:
+            if not move.keeps_owner or member_id is None:
+                raise AssertionError(f"{event} must name the acquiring member")
+            holder.member_id = member_id
+            holder.lock_id = lock_id
+            lock = self._locks[lock_id]
+            lock.held += n
+            # The lock's scan range covers every record it holds, for expire().
+            if first < lock.first_offset:
+                lock.first_offset = first
+            if last > lock.last_offset:
+                lock.last_offset = last
+        else:
+            holder.member_id = None
+            holder.lock_id = 0
+
+    def _unlock(self, lock_id: int, n: int) -> None:
+        lock = self._locks.get(lock_id)
+        if lock is None:
+            return
+        lock.held -= n
+        if lock.held <= 0:
+            del self._locks[lock_id]
+
+    @staticmethod
+    def _emit(out: list[AcquiredRecords], first: int, last: int, delivery_count: int) -> None:
+        """Add an acquired range, merging with the previous one when contiguous with equal count."""
+        if out:
+            prev = out[-1]
+            if prev.last_offset + 1 == first and prev.delivery_count == delivery_count:
+                out[-1] = AcquiredRecords(prev.first_offset, last, delivery_count)
+                return
+        out.append(AcquiredRecords(first, last, delivery_count))
+
+    def _batch_at(self, offset: int) -> _InFlightBatch:
+        index = self._batches.bisect_right(offset) - 1
+        return self._batches.peekitem(index)[1]
+
+    def _batches_from(self, first: int, last: int | None = None) -> Iterator[_InFlightBatch]:
+        """In-flight batches overlapping [first, last] (to SPEO when ``last`` is None), in order."""
+        if not self._batches:
+            return
+        index = max(self._batches.bisect_right(first) - 1, 0)
+        keys = self._batches.keys()
+        values = self._batches.values()
+        for i in range(index, len(keys)):
+            batch = values[i]
+            if last is not None and batch.first_offset > last:
+                return
+            if batch.last_offset >= first:
+                yield batch
+
+    def _runs(self) -> Iterator[tuple[int, int, RecordState, int, str | None]]:
+        for batch in self._batches.values():
+            if batch.offsets is None:
+                yield batch.first_offset, batch.last_offset, batch.state, batch.delivery_count, batch.member_id
+            else:
+                for offset, h in batch.holders(batch.first_offset, batch.last_offset):
+                    yield offset, offset, h.state, h.delivery_count, h.member_id
+
+    def _advance_start(self) -> None:
+        """Move SPSO over contiguous terminal records and drop them (KIP-932 "Managing the SPSO")."""
+        while self._batches:
+            first, batch = self._batches.peekitem(0)
+            if batch.offsets is None:
+                if batch.state not in TERMINAL_STATES:
+                    break
+                del self._batches[first]
+                self._start = batch.last_offset + 1
+                continue
+            skip = 0
+            for holder in batch.offsets:
+                if holder.state not in TERMINAL_STATES:
+                    break
+                skip += 1
+            if skip == len(batch.offsets):
+                del self._batches[first]
+                self._start = batch.last_offset + 1
+                continue
+            if skip:
+                del self._batches[first]
+                batch.offsets = batch.offsets[skip:]
+                batch.first_offset += skip
+                self._batches[batch.first_offset] = batch
+                self._start = batch.first_offset
+            break
+        if not self._batches:
+            self._start = max(self._start, self._end)
+            self._end = self._start
+        if self._available_hint < self._start:
+            self._available_hint = self._start
+
+    def _finish(self, changes: _Changes, old_start: int | None = None) -> StateDelta | None:
+        """Advance SPSO, then describe what must be persisted (None when nothing)."""
+        before = self._start if old_start is None else old_start
+        self._advance_start()
+        moved = self._start != before
+        batches = tuple(
+            b
+            if b.first_offset >= self._start
+            else PersistedBatch(self._start, b.last_offset, b.delivery_state, b.delivery_count)
+            for b in _coalesce(changes.batches)
+            if b.last_offset >= self._start
+        )
+        if not moved and not batches:
+            return None
+        return StateDelta(self._start if moved else -1, batches)
+
+
+def _ack_events(ack: AckRange) -> Iterator[tuple[Event, int, int]]:
+    """(event, first, last) runs of one acknowledgement range."""
+    if len(ack.acknowledge_types) == 1:
+        yield ACK_EVENTS[AcknowledgeType(ack.acknowledge_types[0])], ack.first_offset, ack.last_offset
+        return
+    run_start = ack.first_offset
+    run_type = ack.acknowledge_types[0]
+    for i, ack_type in enumerate(ack.acknowledge_types[1:], start=1):
+        if ack_type != run_type:
+            yield ACK_EVENTS[AcknowledgeType(run_type)], run_start, ack.first_offset + i - 1
+            run_start, run_type = ack.first_offset + i, ack_type
+    yield ACK_EVENTS[AcknowledgeType(run_type)], run_start, ack.last_offset
+
+
+def _overlay(overlay: SortedDict, batch: PersistedBatch) -> None:
+    """Write ``batch`` over a map of non-overlapping persisted batches, splitting what it covers."""
+    first, last = batch.first_offset, batch.last_offset
+    index = max(overlay.bisect_right(first) - 1, 0)
+    covered = [b for b in overlay.values()[index:] if b.first_offset <= last and b.last_offset >= first]
+    for old in covered:
+        del overlay[old.first_offset]
+        if old.first_offset < first:
+            overlay[old.first_offset] = PersistedBatch(old.first_offset, first - 1, old.delivery_state, old.delivery_count)
+        if old.last_offset > last:
+            overlay[last + 1] = PersistedBatch(last + 1, old.last_offset, old.delivery_state, old.delivery_count)
+    overlay[first] = batch

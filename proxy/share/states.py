@@ -1,0 +1,102 @@
+"""Record states of a share-partition and their legal moves, as one table (KIP-932 "In-flight records").
+
+Every state change of an in-flight record goes through ``TRANSITIONS[(state, event)]``; a missing
+key is an illegal move and the engine turns it into ``INVALID_RECORD_STATE`` (for a client's
+acknowledgement) or a bug (for its own bookkeeping). The IN_PROGRESS extension adds its state and
+its rows here; nothing else in the engine needs to learn new states.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class RecordState(enum.IntEnum):
+    """Per-record state with Kafka's wire ids (``DeliveryState`` in ShareSnapshot/ShareUpdate)."""
+
+    AVAILABLE = 0
+    ACQUIRED = 1
+    ACKNOWLEDGED = 2
+    # 3 is Kafka's ARCHIVING (dead-letter copy pending); 5 is the draft IN_PROGRESS state.
+    ARCHIVED = 4
+
+
+# Records in these states never move again; SPSO advances over them (KIP-932 "Managing the SPSO").
+TERMINAL_STATES: frozenset[RecordState] = frozenset({RecordState.ACKNOWLEDGED, RecordState.ARCHIVED})
+
+
+class AcknowledgeType(enum.IntEnum):
+    """Acknowledgement types as they travel in ShareFetch/ShareAcknowledge ``AcknowledgeTypes``."""
+
+    GAP = 0
+    ACCEPT = 1
+    RELEASE = 2
+    REJECT = 3
+    RENEW = 4
+
+
+class Event(enum.Enum):
+    """What can happen to a record."""
+
+    ACQUIRE = "acquire"  # handed to a member by ShareFetch
+    ACCEPT = "accept"
+    RELEASE = "release"  # explicit release by the owning member
+    REJECT = "reject"
+    GAP = "gap"  # the offset holds no record (compaction)
+    RENEW = "renew"  # restart the acquisition lock
+    LOCK_EXPIRED = "lock-expired"
+    MEMBER_LEFT = "member-left"  # share session closed / member left the group
+    ARCHIVE = "archive"  # log truncation, control batch, aborted transaction
+
+
+ACK_EVENTS: dict[AcknowledgeType, Event] = {
+    AcknowledgeType.GAP: Event.GAP,
+    AcknowledgeType.ACCEPT: Event.ACCEPT,
+    AcknowledgeType.RELEASE: Event.RELEASE,
+    AcknowledgeType.REJECT: Event.REJECT,
+    AcknowledgeType.RENEW: Event.RENEW,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """The outcome of one (state, event) pair.
+
+    ``delivery_delta`` is applied to the delivery count. ``archive_at_limit`` turns a move to
+    AVAILABLE into ARCHIVED once the delivery count has reached the group's limit.
+    """
+
+    new_state: RecordState
+    delivery_delta: int = 0
+    archive_at_limit: bool = False
+    keeps_owner: bool = False
+
+
+_A = RecordState.AVAILABLE
+_Q = RecordState.ACQUIRED
+_K = RecordState.ACKNOWLEDGED
+_X = RecordState.ARCHIVED
+
+TRANSITIONS: dict[tuple[RecordState, Event], Transition] = {
+    # KIP-932: "Every time that a record is acquired ... its delivery count increments by 1."
+    (_A, Event.ACQUIRE): Transition(_Q, delivery_delta=+1, keeps_owner=True),
+    (_Q, Event.ACCEPT): Transition(_K),
+    # KIP-932 state diagram: released / lock elapsed -> Available, or Archived at the limit.
+    (_Q, Event.RELEASE): Transition(_A, archive_at_limit=True),
+    (_Q, Event.LOCK_EXPIRED): Transition(_A, archive_at_limit=True),
+    (_Q, Event.REJECT): Transition(_X),
+    # Gap: nothing was there to deliver; archived, delivery count left as it is (as Kafka).
+    (_Q, Event.GAP): Transition(_X),
+    (_Q, Event.RENEW): Transition(_Q, keeps_owner=True),
+    # Kafka releases a closing session's records with DeliveryCountOps.DECREASE: the attempt
+    # never reached the application, so it does not count and never archives.
+    (_Q, Event.MEMBER_LEFT): Transition(_A, delivery_delta=-1),
+    (_A, Event.ARCHIVE): Transition(_X),
+    (_Q, Event.ARCHIVE): Transition(_X),
+}
+
+
+def transition(state: RecordState, event: Event) -> Transition:
+    """Look up a legal move; ``KeyError`` if the move is illegal."""
+    return TRANSITIONS[(state, event)]
