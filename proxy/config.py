@@ -1,0 +1,210 @@
+"""Configuration of ``share-proxy serve``: one frozen dataclass, three sources.
+
+Each option is described once in :data:`OPTIONS` and can be given as a command
+line flag (``--max-frame-size``), an environment variable (``KSP_MAX_FRAME_SIZE``)
+or a key in a TOML config file (``max_frame_size = ...`` or ``max-frame-size``),
+in that order of precedence, falling back to the default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.errors import ConfigError
+
+ENV_PREFIX = "KSP_"
+
+
+@dataclass(frozen=True, slots=True)
+class HostPort:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def parse_host_port(text: str) -> HostPort:
+    """Parse ``HOST:PORT`` (``[v6addr]:PORT`` for IPv6 literals)."""
+    text = text.strip()
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host:
+        raise ConfigError(f"expected HOST:PORT, got {text!r}")
+    host = host.removeprefix("[").removesuffix("]")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ConfigError(f"port in {text!r} is not a number") from None
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"port in {text!r} is out of range")
+    return HostPort(host, port)
+
+
+def parse_host_ports(text: str | list[str]) -> tuple[HostPort, ...]:
+    items = text if isinstance(text, list) else text.split(",")
+    result = tuple(parse_host_port(item) for item in items if item.strip())
+    if not result:
+        raise ConfigError("at least one upstream HOST:PORT is required")
+    return result
+
+
+def parse_bool(text: str | bool) -> bool:
+    if isinstance(text, bool):
+        return text
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"not a boolean: {text!r}")
+
+
+def parse_optional_int(text: str | int | None) -> int | None:
+    if text is None or (isinstance(text, str) and text.strip() in ("", "none")):
+        return None
+    return int(text)
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyConfig:
+    upstream: tuple[HostPort, ...]
+    listen: HostPort = HostPort("127.0.0.1", 9092)
+    advertised_host: str | None = None
+    broker_port_base: int | None = None
+    max_frame_size: int = 100 * 1024 * 1024
+    max_upstream_frame_size: int = 1024 * 1024 * 1024
+    max_in_flight: int = 64
+    connect_timeout: float = 10.0
+    shutdown_grace: float = 5.0
+    log_level: str = "info"
+    log_json: bool = False
+    metrics_port: int | None = None
+
+    @property
+    def effective_advertised_host(self) -> str:
+        """The host clients are told to connect to."""
+        if self.advertised_host:
+            return self.advertised_host
+        if self.listen.host in ("0.0.0.0", "::", ""):
+            return socket.getfqdn()
+        return self.listen.host
+
+    @property
+    def effective_broker_port_base(self) -> int | None:
+        """Port of broker 0; None means "pick free ports" (only when listening on port 0)."""
+        if self.broker_port_base is not None:
+            return self.broker_port_base
+        if self.listen.port == 0:
+            return None
+        return self.listen.port + 1
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    name: str
+    parse: Callable[[Any], Any]
+    help: str
+    metavar: str | None = None
+    flag_is_switch: bool = False
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("upstream", parse_host_ports, "bootstrap address(es) of the Kafka cluster, comma separated (required)", "HOST:PORT[,HOST:PORT]"),
+    Option("listen", parse_host_port, "bootstrap listener address; port 0 picks a free port (default 127.0.0.1:9092)", "HOST:PORT"),
+    Option("advertised_host", str, "host name clients are told to connect to (default: the listen host, or this machine's name when listening on all interfaces)", "HOST"),
+    Option("broker_port_base", parse_optional_int, "broker N is served on port BASE+N (default: listen port + 1; free ports when listening on port 0)", "BASE"),
+    Option("max_frame_size", int, "largest request frame accepted from a client, in bytes; larger closes the connection (default 104857600, as Kafka's socket.request.max.bytes)", "BYTES"),
+    Option("max_upstream_frame_size", int, "largest response frame accepted from a broker, in bytes (default 1073741824)", "BYTES"),
+    Option("max_in_flight", int, "requests a client may pipeline on one connection before the proxy stops reading it (default 64)", "N"),
+    Option("connect_timeout", float, "seconds to wait for an upstream broker connection (default 10)", "SECONDS"),
+    Option("shutdown_grace", float, "seconds open connections get to finish on SIGTERM/SIGINT (default 5)", "SECONDS"),
+    Option("log_level", str, "log level: debug, info, warning, error (default info)", "LEVEL"),
+    Option("log_json", parse_bool, "log JSON lines instead of human-readable console output", flag_is_switch=True),
+    Option("metrics_port", parse_optional_int, "serve Prometheus metrics on this port (default: off)", "PORT"),
+)
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    """Add one flag per option; unset flags stay absent so env/file values can apply."""
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        default=argparse.SUPPRESS,
+        help=f"TOML file with any of the options below (keys as flag names); env {ENV_PREFIX}CONFIG",
+    )
+    for option in OPTIONS:
+        help_text = f"{option.help}; env {option.env}"
+        if option.flag_is_switch:
+            parser.add_argument(option.flag, dest=option.name, action="store_true", default=argparse.SUPPRESS, help=help_text)
+        else:
+            parser.add_argument(option.flag, dest=option.name, metavar=option.metavar, default=argparse.SUPPRESS, help=help_text)
+
+
+def load_config(
+    args: argparse.Namespace | Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> ProxyConfig:
+    """Build the config from flags, then environment, then config file, then defaults."""
+    given = dict(vars(args) if isinstance(args, argparse.Namespace) else (args or {}))
+    environ = os.environ if environ is None else environ
+    file_path = given.get("config") or environ.get(ENV_PREFIX + "CONFIG")
+    file_values: dict[str, Any] = {}
+    if file_path:
+        try:
+            with open(file_path, "rb") as handle:
+                raw = tomllib.load(handle)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {file_path}: {exc}") from exc
+        file_values = {key.replace("-", "_"): value for key, value in raw.items()}
+        known = {option.name for option in OPTIONS}
+        unknown = sorted(set(file_values) - known)
+        if unknown:
+            raise ConfigError(f"unknown keys in {file_path}: {', '.join(unknown)}")
+
+    values: dict[str, Any] = {}
+    for option in OPTIONS:
+        if option.name in given and given[option.name] is not None:
+            raw_value, source = given[option.name], option.flag
+        elif option.env in environ:
+            raw_value, source = environ[option.env], option.env
+        elif option.name in file_values:
+            raw_value, source = file_values[option.name], str(file_path)
+        else:
+            continue
+        try:
+            values[option.name] = option.parse(raw_value)
+        except ConfigError:
+            raise
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"invalid value for {option.name} from {source}: {raw_value!r}") from exc
+    if "upstream" not in values:
+        raise ConfigError(f"--upstream (or {ENV_PREFIX}UPSTREAM) is required")
+    config = ProxyConfig(**values)
+    _validate(config)
+    return config
+
+
+def _validate(config: ProxyConfig) -> None:
+    if config.max_frame_size <= 0 or config.max_upstream_frame_size <= 0:
+        raise ConfigError("frame size limits must be positive")
+    if config.max_in_flight <= 0:
+        raise ConfigError("max_in_flight must be positive")
+    if config.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
+        raise ConfigError(f"unknown log level {config.log_level!r}")
+    base = config.effective_broker_port_base
+    if base is not None and not 0 < base <= 65535:
+        raise ConfigError(f"broker port base {base} out of range")

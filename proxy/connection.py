@@ -1,0 +1,296 @@
+"""One client connection: read requests, route them, answer in request order.
+
+Theory of operation
+-------------------
+A Kafka client may pipeline: send several requests before reading any response
+(``max.in.flight.requests.per.connection``), and it expects the responses in the
+order of its requests. A broker achieves this by answering one connection's
+requests strictly in order; the proxy keeps the same promise with three tasks:
+
+* the **reader** reads a frame, parses only the request header, looks the API
+  key up in the route table and *starts* the request. Starting puts a
+  :class:`PendingResponse` slot into the bounded ``order`` channel (the bound,
+  ``max_in_flight``, is the back-pressure: a client that never reads stops
+  being read) and then either sends the frame bytes unchanged to the upstream
+  broker, answers at once, or spawns a local handler.
+* the **upstream reader** reads the broker's responses. A broker answers one
+  connection in order too, so the oldest slot still waiting on upstream is the
+  one a response belongs to; its correlation id is checked, an optional
+  transform (endpoint rewriting, ApiVersions narrowing) is applied, and the
+  slot completes.
+* the **writer** takes slots from ``order`` in request order, waits for each to
+  complete and writes it back. A slow local handler therefore holds back later
+  responses exactly as a broker would, and nothing is reordered.
+
+Slots enter the order channel *before* their frame is sent upstream, so a fast
+broker response always finds its slot. Produce with acks=0 gets no slot: the
+broker never answers it. Bytes that are only forwarded are never decoded.
+
+The upstream connection (one per client connection, to the broker the listener
+stands for) is opened on the first forwarded request, so a client that only
+uses locally served APIs never needs one. Any error on either side closes this
+connection only; shutdown stops the reader first so responses already owed are
+still written within the grace period.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import structlog
+import trio
+
+from codec.errors import CodecError, FrameError, HeaderError
+from codec.headers import API_VERSIONS_KEY, RequestHeader, parse_request_header, request_expects_response
+from proxy import metrics
+from proxy.apiversions import ApiVersionTable
+from proxy.errors import ClientProtocolError, ProxyError, UpstreamError
+from proxy.upstream import FramedStream
+
+_connection_ids = itertools.count(1)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    header: RequestHeader
+    frame: bytes
+    body_offset: int
+
+
+ResponseTransform = Callable[[Request, bytes], Awaitable[bytes]]
+"""Turns an upstream response frame payload into the one the client gets."""
+
+LocalHandler = Callable[[Request, "ClientConnection"], Awaitable[bytes | None]]
+"""Serves a request inside the proxy; returns the response payload (header included) or None."""
+
+UpstreamOpener = Callable[[], Awaitable[FramedStream]]
+
+
+class PendingResponse:
+    """A response owed to the client, in request order."""
+
+    __slots__ = ("request", "transform", "ready", "payload")
+
+    def __init__(self, request: Request, transform: ResponseTransform | None = None) -> None:
+        self.request = request
+        self.transform = transform
+        self.ready = trio.Event()
+        self.payload: bytes | None = None
+
+    def complete(self, payload: bytes | None) -> None:
+        self.payload = payload
+        self.ready.set()
+
+
+class Route(Protocol):
+    """How one API is handled. ``start`` must not wait for the response itself."""
+
+    async def start(self, request: Request, connection: ClientConnection) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """The default route: bytes to the upstream broker, its bytes back (optionally transformed)."""
+
+    transform: ResponseTransform | None = None
+
+    async def start(self, request: Request, connection: ClientConnection) -> None:
+        await connection.forward(request, self.transform)
+
+
+@dataclass(frozen=True, slots=True)
+class ServeLocally:
+    """Route for APIs the proxy answers itself (the seam for the share APIs)."""
+
+    handler: LocalHandler
+
+    async def start(self, request: Request, connection: ClientConnection) -> None:
+        await connection.serve_locally(request, self.handler)
+
+
+FORWARD = Forward()
+
+
+class ClientConnection:
+    def __init__(
+        self,
+        client: FramedStream,
+        *,
+        open_upstream: UpstreamOpener,
+        routes: Mapping[int, Route],
+        api_versions: ApiVersionTable,
+        max_in_flight: int,
+        listener: str = "",
+        peer: str = "",
+    ) -> None:
+        self.client = client
+        self.id = next(_connection_ids)
+        self.log = structlog.get_logger("proxy.connection").bind(conn=self.id, listener=listener, peer=peer)
+        self._open_upstream = open_upstream
+        self._routes = routes
+        self._api_versions = api_versions
+        self._order_send, self._order_receive = trio.open_memory_channel[PendingResponse](max_in_flight)
+        self._awaiting_upstream: deque[PendingResponse] = deque()
+        self._upstream: FramedStream | None = None
+        self._nursery: trio.Nursery | None = None
+        self._stopping = False
+        self._receive_scope: trio.CancelScope | None = None
+        self.closed = trio.Event()
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def stop_reading(self) -> None:
+        """Graceful shutdown: accept no further requests, finish the ones owed."""
+        self._stopping = True
+        if self._receive_scope is not None:
+            self._receive_scope.cancel()
+
+    async def serve(self) -> None:
+        """Serve until the client leaves, breaks the protocol, or shutdown; never raises an Exception."""
+        metrics.CONNECTIONS_OPEN.inc()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._read_requests)
+                await self._write_responses()
+                # Everything owed has been written; stop the upstream reader and any handlers.
+                nursery.cancel_scope.cancel()
+        except* FrameError as group:
+            self._bad_input("bad_size_prefix", group)
+        except* HeaderError as group:
+            self._bad_input("bad_header", group)
+        except* EOFError as group:
+            self._bad_input("truncated_frame", group)
+        except* ClientProtocolError as group:
+            self._bad_input("unsupported_request", group)
+        except* CodecError as group:
+            self._bad_input("bad_request", group)
+        except* UpstreamError as group:
+            metrics.UPSTREAM_FAILURES.inc()
+            self.log.warning("closing connection: upstream failed", error=_first(group))
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
+            self.log.debug("connection lost", error=_first(group))
+        except* ProxyError as group:
+            self.log.warning("closing connection", error=_first(group))
+        except* Exception as group:
+            # A bug must cost one connection, never the listener.
+            self.log.error("unexpected error; closing connection", error=_first(group), exc_info=group)
+        finally:
+            metrics.CONNECTIONS_OPEN.dec()
+            await trio.aclose_forcefully(self.client)
+            if self._upstream is not None:
+                await trio.aclose_forcefully(self._upstream)
+            self.closed.set()
+
+    def _bad_input(self, reason: str, group: BaseExceptionGroup) -> None:
+        metrics.BAD_FRAMES.labels(reason=reason).inc()
+        self.log.warning("closing connection: bad input", reason=reason, error=_first(group))
+
+    # -- the three tasks ------------------------------------------------------
+
+    async def _receive_request_frame(self) -> bytes | None:
+        # Only the wait for the next request is cancelled on shutdown, never the
+        # forwarding of one: a half-sent frame would wedge the upstream connection.
+        if self._stopping:
+            return None
+        with trio.CancelScope() as self._receive_scope:
+            return await self.client.receive_frame()
+        return None
+
+    async def _read_requests(self) -> None:
+        while (frame := await self._receive_request_frame()) is not None:
+            header, body_offset = parse_request_header(frame)
+            metrics.FRAMES_RECEIVED.labels(api_key=str(header.api_key)).inc()
+            if header.api_key != API_VERSIONS_KEY and not self._api_versions.accepts(
+                header.api_key, header.api_version
+            ):
+                raise ClientProtocolError(
+                    f"api {header.api_key} v{header.api_version} is not supported by the proxy"
+                )
+            request = Request(header, frame, body_offset)
+            await self._routes.get(header.api_key, FORWARD).start(request, self)
+        # The client is done (or shutdown): the writer drains what is owed, then stops.
+        await self._order_send.aclose()
+
+    async def _write_responses(self) -> None:
+        async with self._order_receive:
+            async for pending in self._order_receive:
+                await pending.ready.wait()
+                if pending.payload is not None:
+                    await self.client.send_frame(pending.payload)
+
+    async def _read_upstream(self, upstream: FramedStream) -> None:
+        while True:
+            try:
+                frame = await upstream.receive_frame()
+            except (CodecError, EOFError, OSError, trio.BrokenResourceError) as exc:
+                raise UpstreamError(f"upstream connection broke: {exc}") from exc
+            if frame is None:
+                raise UpstreamError("upstream closed the connection")
+            if not self._awaiting_upstream:
+                raise UpstreamError("upstream sent a response nobody asked for")
+            pending = self._awaiting_upstream.popleft()
+            correlation_id = int.from_bytes(frame[:4], "big", signed=True)
+            if len(frame) < 4 or correlation_id != pending.request.header.correlation_id:
+                raise UpstreamError(
+                    f"upstream answered correlation id {correlation_id}, "
+                    f"expected {pending.request.header.correlation_id}"
+                )
+            if pending.transform is not None:
+                frame = await pending.transform(pending.request, frame)
+            pending.complete(frame)
+
+    # -- what routes call -----------------------------------------------------
+
+    async def forward(self, request: Request, transform: ResponseTransform | None = None) -> None:
+        """Send the request bytes upstream; its response is delivered in order."""
+        upstream = await self._ensure_upstream()
+        if request_expects_response(request.header, request.frame, request.body_offset):
+            pending = PendingResponse(request, transform)
+            await self._order_send.send(pending)
+            self._awaiting_upstream.append(pending)
+        try:
+            await upstream.send_frame(request.frame)
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise UpstreamError(f"cannot send to upstream: {exc}") from exc
+
+    async def respond(self, request: Request, payload: bytes) -> None:
+        """Answer with a ready-made response payload (header included), in order."""
+        pending = PendingResponse(request)
+        pending.complete(payload)
+        await self._order_send.send(pending)
+
+    async def serve_locally(self, request: Request, handler: LocalHandler) -> None:
+        """Run ``handler`` concurrently; its response is delivered in order."""
+        pending = PendingResponse(request)
+        await self._order_send.send(pending)
+        assert self._nursery is not None
+
+        async def run() -> None:
+            pending.complete(await handler(request, self))
+
+        self._nursery.start_soon(run)
+
+    async def _ensure_upstream(self) -> FramedStream:
+        if self._upstream is None:
+            self._upstream = await self._open_upstream()
+            assert self._nursery is not None
+            self._nursery.start_soon(self._read_upstream, self._upstream)
+        return self._upstream
+
+
+def _first(group: BaseExceptionGroup) -> str:
+    leaves = list(_leaves(group))
+    return "; ".join(f"{type(e).__name__}: {e}" for e in leaves[:3])
+
+
+def _leaves(error: BaseException):
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield error

@@ -1,0 +1,131 @@
+"""Rewriting broker endpoints in responses so clients only ever see the proxy.
+
+Responses that name brokers (Metadata, FindCoordinator in all versions including
+v4+ batched coordinators, DescribeCluster, and the KIP-951 ``NodeEndpoints`` of
+Produce v10+ / Fetch v16+) are decoded with kio, every endpoint is replaced by
+the proxy's advertised host and the port mapped to that broker id, and the
+response is encoded again with kio's writer. The response header bytes are kept
+verbatim. Error placeholders (node id -1, as in a failed FindCoordinator) are
+left alone: they carry no address.
+
+Everything here is pure: the node-id -> endpoint mapping is passed in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from kio.index import load_response_schema
+from kio.serial import entity_reader, entity_writer
+from kio.static.primitive import i32
+
+from codec.errors import CodecError
+from codec.headers import parse_response_header, response_header_version
+from proxy.errors import UpstreamError
+
+PRODUCE, FETCH, METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER = 0, 1, 3, 10, 60
+
+# APIs whose responses may carry broker endpoints.
+ENDPOINT_APIS: Final = frozenset({PRODUCE, FETCH, METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER})
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    node_id: int
+    host: str
+    port: int
+
+
+EndpointOf = Callable[[int], tuple[str, int]]
+"""Maps an upstream broker id to the (host, port) the proxy advertises for it."""
+
+
+def decode_response(api_key: int, api_version: int, payload: bytes) -> tuple[bytes, Any]:
+    """Split a response frame into its raw header bytes and the kio body entity."""
+    try:
+        _, body_offset = parse_response_header(payload, response_header_version(api_key, api_version))
+        schema = load_response_schema(api_key, api_version)
+        entity, _ = entity_reader(schema)(payload, body_offset)
+    except CodecError as exc:
+        raise UpstreamError(f"bad response header for api {api_key} v{api_version}: {exc}") from exc
+    except Exception as exc:  # kio raises its own DecodeError family and index errors
+        raise UpstreamError(f"cannot decode response for api {api_key} v{api_version}: {exc}") from exc
+    return bytes(payload[:body_offset]), entity
+
+
+def encode_response(header: bytes, entity: Any) -> bytes:
+    buffer = io.BytesIO()
+    buffer.write(header)
+    entity_writer(type(entity))(buffer, entity)
+    return buffer.getvalue()
+
+
+def _fields(entity: Any) -> set[str]:
+    return {f.name for f in dataclasses.fields(entity)}
+
+
+def _broker_like(items: Iterable[Any], id_field: str) -> list[Endpoint]:
+    return [
+        Endpoint(int(getattr(item, id_field)), item.host, int(item.port))
+        for item in items
+        if int(getattr(item, id_field)) >= 0
+    ]
+
+
+def upstream_endpoints(api_key: int, entity: Any) -> list[Endpoint]:
+    """The broker endpoints a response names (what the proxy must map)."""
+    if api_key == METADATA:
+        return _broker_like(entity.brokers, "node_id")
+    if api_key == DESCRIBE_CLUSTER:
+        return _broker_like(entity.brokers, "broker_id")
+    if api_key == FIND_COORDINATOR:
+        if "coordinators" in _fields(entity):
+            return _broker_like(entity.coordinators, "node_id")
+        return _broker_like([entity], "node_id")
+    if api_key in (PRODUCE, FETCH):
+        return _broker_like(getattr(entity, "node_endpoints", ()), "node_id")
+    return []
+
+
+def _replace_endpoint(item: Any, id_field: str, endpoint_of: EndpointOf) -> Any:
+    node_id = int(getattr(item, id_field))
+    if node_id < 0:
+        return item
+    host, port = endpoint_of(node_id)
+    return dataclasses.replace(item, host=host, port=i32(port))
+
+
+def _replace_all(items: tuple[Any, ...], id_field: str, endpoint_of: EndpointOf) -> tuple[Any, ...]:
+    return tuple(_replace_endpoint(item, id_field, endpoint_of) for item in items)
+
+
+def rewrite_endpoints(api_key: int, entity: Any, endpoint_of: EndpointOf) -> Any:
+    """Return ``entity`` with every broker endpoint replaced by ``endpoint_of(node_id)``."""
+    if api_key == METADATA:
+        return dataclasses.replace(entity, brokers=_replace_all(entity.brokers, "node_id", endpoint_of))
+    if api_key == DESCRIBE_CLUSTER:
+        return dataclasses.replace(entity, brokers=_replace_all(entity.brokers, "broker_id", endpoint_of))
+    if api_key == FIND_COORDINATOR:
+        if "coordinators" in _fields(entity):
+            return dataclasses.replace(
+                entity, coordinators=_replace_all(entity.coordinators, "node_id", endpoint_of)
+            )
+        return _replace_endpoint(entity, "node_id", endpoint_of)
+    if api_key in (PRODUCE, FETCH):
+        endpoints = getattr(entity, "node_endpoints", ())
+        if not endpoints:
+            return entity
+        return dataclasses.replace(entity, node_endpoints=_replace_all(endpoints, "node_id", endpoint_of))
+    return entity
+
+
+def rewrite_response(
+    api_key: int, api_version: int, payload: bytes, endpoint_of: EndpointOf
+) -> bytes:
+    """Decode, rewrite and re-encode one response frame payload (header included)."""
+    header, entity = decode_response(api_key, api_version, payload)
+    return encode_response(header, rewrite_endpoints(api_key, entity, endpoint_of))

@@ -1,0 +1,288 @@
+"""The proxy server: listeners, the broker directory, the route table, shutdown.
+
+Port-per-broker: one bootstrap listener (forwarding to the first reachable
+``--upstream`` address) plus one listener per upstream broker id. Clients learn
+the per-broker ports from rewritten Metadata / FindCoordinator / DescribeCluster
+responses. Broker ``N`` is served on ``broker_port_base + N`` when a base is
+configured (or implied by a fixed ``--listen`` port), so restarts and replicas
+agree; with ``--listen HOST:0`` and no base, free ports are picked, stable for
+the life of the process. A broker id seen for the first time in any response
+gets its listener before that response reaches the client.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Iterable
+from typing import Any
+
+import structlog
+import trio
+
+from codec.headers import API_VERSIONS_KEY, FLEXIBILITY, parse_response_header
+from proxy import metrics
+from proxy.apiversions import (
+    UNSUPPORTED_VERSION,
+    ApiVersionTable,
+    narrow_response,
+    unsupported_version_response,
+)
+from proxy.config import HostPort, ProxyConfig
+from proxy.connection import ClientConnection, Forward, Request, Route
+from proxy.errors import ProxyError, UpstreamError
+from proxy.rewrite import (
+    DESCRIBE_CLUSTER,
+    FIND_COORDINATOR,
+    METADATA,
+    Endpoint,
+    decode_response,
+    encode_response,
+    rewrite_endpoints,
+    upstream_endpoints,
+)
+from proxy.upstream import FramedStream, UpstreamClient, open_first_upstream, open_upstream
+
+log = structlog.get_logger("proxy.server")
+
+BOOTSTRAP = "bootstrap"
+
+
+class BrokerDirectory:
+    """Upstream broker id -> upstream address and the proxy port that stands for it."""
+
+    def __init__(self, advertised_host: str, port_base: int | None, open_listener) -> None:
+        self.advertised_host = advertised_host
+        self.port_base = port_base
+        self._open_listener = open_listener
+        self.upstream: dict[int, HostPort] = {}
+        self.ports: dict[int, int] = {}
+        self._lock = trio.Lock()
+
+    def port_for(self, node_id: int) -> int:
+        """The port planned for a broker id (0 = pick a free one)."""
+        return 0 if self.port_base is None else self.port_base + node_id
+
+    async def learn(self, endpoints: Iterable[Endpoint]) -> None:
+        """Record upstream addresses; start a listener for every broker id not yet served."""
+        async with self._lock:
+            for endpoint in endpoints:
+                address = HostPort(endpoint.host, endpoint.port)
+                if self.upstream.get(endpoint.node_id) != address:
+                    log.info("upstream broker", node_id=endpoint.node_id, address=str(address))
+                self.upstream[endpoint.node_id] = address
+                if endpoint.node_id not in self.ports:
+                    planned = self.port_for(endpoint.node_id)
+                    if not 0 <= planned <= 65535:
+                        raise ProxyError(f"port {planned} for broker {endpoint.node_id} is out of range")
+                    self.ports[endpoint.node_id] = await self._open_listener(endpoint.node_id, planned)
+
+    def advertised(self, node_id: int) -> tuple[str, int]:
+        return self.advertised_host, self.ports[node_id]
+
+
+class ApiVersionsRoute:
+    """Forward ApiVersions and narrow the answer; answer unknown versions locally, as Kafka does."""
+
+    def __init__(self, table: ApiVersionTable) -> None:
+        self.table = table
+
+    async def start(self, request: Request, connection: ClientConnection) -> None:
+        header = request.header
+        if header.api_version not in self.table.api_versions_range:
+            await connection.respond(
+                request, unsupported_version_response(header.correlation_id, self.table.api_versions_range)
+            )
+            return
+        await connection.forward(request, self.narrow)
+
+    async def narrow(self, request: Request, payload: bytes) -> bytes:
+        version = request.header.api_version
+        # A broker that does not know this version answers with a v0 body (header is always v0).
+        _, body_offset = parse_response_header(payload, 0)
+        if payload[body_offset : body_offset + 2] == UNSUPPORTED_VERSION.to_bytes(2, "big"):
+            version = 0
+        header, entity = decode_response(API_VERSIONS_KEY, version, payload)
+        return encode_response(header, narrow_response(entity, self.table))
+
+
+class EndpointRewrite:
+    """Response transform: learn the brokers a response names, then rewrite them to the proxy."""
+
+    def __init__(self, directory: BrokerDirectory) -> None:
+        self.directory = directory
+
+    async def __call__(self, request: Request, payload: bytes) -> bytes:
+        api_key, api_version = request.header.api_key, request.header.api_version
+        header, entity = decode_response(api_key, api_version, payload)
+        endpoints = upstream_endpoints(api_key, entity)
+        if not endpoints:
+            return payload
+        await self.directory.learn(endpoints)
+        metrics.REWRITES.labels(api_key=str(api_key)).inc()
+        return encode_response(header, rewrite_endpoints(api_key, entity, self.directory.advertised))
+
+
+class Proxy:
+    def __init__(self, config: ProxyConfig, api_versions: ApiVersionTable | None = None) -> None:
+        self.config = config
+        self.api_versions = api_versions or ApiVersionTable()
+        self.directory = BrokerDirectory(
+            config.effective_advertised_host, config.effective_broker_port_base, self._open_broker_listener
+        )
+        rewrite = Forward(EndpointRewrite(self.directory))
+        # The dispatch table. APIs not listed are forwarded byte for byte; later
+        # issues add `ServeLocally(...)` entries (ShareFetch & co.) here, together
+        # with `api_versions.register_local(...)`.
+        self.routes: dict[int, Route] = {
+            API_VERSIONS_KEY: ApiVersionsRoute(self.api_versions),
+            METADATA: rewrite,
+            FIND_COORDINATOR: rewrite,
+            DESCRIBE_CLUSTER: rewrite,
+        }
+        self.bootstrap: HostPort | None = None
+        self._shutdown = trio.Event()
+        self._listener_nursery: trio.Nursery | None = None
+        self._connection_nursery: trio.Nursery | None = None
+        self._connections: set[ClientConnection] = set()
+        self._all_closed = trio.Event()
+        self._all_closed.set()
+
+    def shutdown(self) -> None:
+        """Begin graceful shutdown (idempotent)."""
+        self._shutdown.set()
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Listen until :meth:`shutdown`; ``task_status.started(bootstrap HostPort)`` when ready."""
+        config = self.config
+        async with trio.open_nursery() as connection_nursery:
+            self._connection_nursery = connection_nursery
+            async with trio.open_nursery() as listener_nursery:
+                self._listener_nursery = listener_nursery
+                listener = await self._bind(config.listen.host, config.listen.port)
+                bound_port = listener.socket.getsockname()[1]
+                self.bootstrap = HostPort(config.effective_advertised_host, bound_port)
+                listener_nursery.start_soon(self._accept_loop, listener, BOOTSTRAP, self._open_bootstrap_upstream)
+                await self._discover_brokers()
+                log.info("listening", bootstrap=str(self.bootstrap), brokers=dict(self.directory.ports))
+                task_status.started(self.bootstrap)
+                await self._shutdown.wait()
+                log.info("shutting down", open_connections=len(self._connections))
+                listener_nursery.cancel_scope.cancel()
+            for connection in list(self._connections):
+                connection.stop_reading()
+            with trio.move_on_after(config.shutdown_grace):
+                await self._all_closed.wait()
+            connection_nursery.cancel_scope.cancel()
+        log.info("stopped")
+
+    # -- listeners --------------------------------------------------------------
+
+    async def _bind(self, host: str, port: int) -> trio.SocketListener:
+        try:
+            listeners = await trio.open_tcp_listeners(port, host=host)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ProxyError(f"port {port} on {host} is already in use") from exc
+            raise ProxyError(f"cannot listen on {host}:{port}: {exc}") from exc
+        for extra in listeners[1:]:
+            await extra.aclose()
+        return listeners[0]
+
+    async def _open_broker_listener(self, node_id: int, port: int) -> int:
+        assert self._listener_nursery is not None
+        listener = await self._bind(self.config.listen.host, port)
+        bound = listener.socket.getsockname()[1]
+
+        async def open_broker() -> FramedStream:
+            address = self.directory.upstream[node_id]
+            return await open_upstream(
+                address, timeout=self.config.connect_timeout, max_frame_size=self.config.max_upstream_frame_size
+            )
+
+        self._listener_nursery.start_soon(self._accept_loop, listener, f"broker-{node_id}", open_broker)
+        log.info("broker listener", node_id=node_id, port=bound)
+        return bound
+
+    async def _accept_loop(self, listener: trio.SocketListener, name: str, open_upstream) -> None:
+        async with listener:
+            while True:
+                try:
+                    stream = await listener.accept()
+                except OSError as exc:
+                    # Out of file descriptors and the like: back off, keep serving.
+                    log.error("accept failed", listener=name, error=str(exc))
+                    await trio.sleep(0.1)
+                    continue
+                assert self._connection_nursery is not None
+                self._connection_nursery.start_soon(self._serve_connection, stream, name, open_upstream)
+
+    async def _serve_connection(self, stream: trio.SocketStream, name: str, open_upstream) -> None:
+        metrics.CONNECTIONS_ACCEPTED.labels(listener=name).inc()
+        try:
+            peer = "%s:%s" % stream.socket.getpeername()[:2]
+        except OSError:
+            peer = "?"
+        connection = ClientConnection(
+            FramedStream(stream, self.config.max_frame_size),
+            open_upstream=open_upstream,
+            routes=self.routes,
+            api_versions=self.api_versions,
+            max_in_flight=self.config.max_in_flight,
+            listener=name,
+            peer=peer,
+        )
+        self._connections.add(connection)
+        self._all_closed = trio.Event()
+        try:
+            await connection.serve()
+        finally:
+            self._connections.discard(connection)
+            if not self._connections:
+                self._all_closed.set()
+
+    # -- upstream ---------------------------------------------------------------
+
+    async def _open_bootstrap_upstream(self) -> FramedStream:
+        _, stream = await open_first_upstream(
+            self.config.upstream,
+            timeout=self.config.connect_timeout,
+            max_frame_size=self.config.max_upstream_frame_size,
+        )
+        return stream
+
+    async def _discover_brokers(self) -> None:
+        """Ask the upstream cluster for its brokers and start their listeners.
+
+        If the cluster cannot be reached now, start anyway: listeners are added
+        as soon as a client's Metadata response names the brokers.
+        """
+        try:
+            address, stream = await open_first_upstream(
+                self.config.upstream,
+                timeout=self.config.connect_timeout,
+                max_frame_size=self.config.max_upstream_frame_size,
+            )
+        except UpstreamError as exc:
+            log.warning("upstream unreachable at start; brokers will be learned later", error=str(exc))
+            return
+        client = UpstreamClient(stream)
+        try:
+            versions = await client.api_versions()
+            version = _common_max(versions.get(METADATA), FLEXIBILITY[METADATA])
+            brokers = await client.metadata_brokers(version)
+        except Exception as exc:  # discovery is best effort; clients' Metadata fills in later
+            log.warning("broker discovery failed; brokers will be learned later", error=str(exc))
+            return
+        finally:
+            await trio.aclose_forcefully(stream)
+        log.info("discovered brokers", via=str(address), count=len(brokers))
+        await self.directory.learn(Endpoint(node_id, host, port) for node_id, host, port in brokers)
+
+
+def _common_max(broker: tuple[int, int] | None, known: Any) -> int:
+    if broker is None:
+        raise UpstreamError("upstream does not offer Metadata")
+    version = min(broker[1], known.max_version)
+    if version < max(broker[0], known.min_version):
+        raise UpstreamError("no Metadata version in common with the upstream")
+    return version
