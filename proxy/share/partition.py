@@ -230,7 +230,9 @@ class _OffsetState:
 class _InFlightBatch:
     """Offsets [first_offset, last_offset]; one shared state while ``offsets`` is None."""
 
-    __slots__ = ("first_offset", "last_offset", "state", "delivery_count", "member_id", "lock_id", "offsets")
+    __slots__ = (
+        "first_offset", "last_offset", "state", "delivery_count", "member_id", "lock_id", "offsets", "full_size"
+    )
 
     def __init__(
         self,
@@ -248,6 +250,8 @@ class _InFlightBatch:
         self.member_id = member_id
         self.lock_id = lock_id
         self.offsets: list[_OffsetState] | None = None
+        # Size as first delivered; throttling halves from this even after SPSO trims the batch.
+        self.full_size = last_offset - first_offset + 1
 
     @property
     def size(self) -> int:
@@ -574,9 +578,9 @@ class SharePartition:
                 break
             if count >= throttle_at and cap is None:
                 # Batches halve with each attempt past the throttle threshold.
-                cap = max(1, batch.size >> (count - throttle_at + 1))
+                cap = max(1, batch.full_size >> (count - throttle_at + 1))
             self._apply_offset(holder, offset, Event.ACQUIRE, member_id, lock_id, None)
-            self._emit(out, offset, offset, holder.delivery_count)
+            self._emit(out, offset, offset, holder.delivery_count, merge=True)
             taken += 1
             if limit > 2 and holder.delivery_count == limit:
                 break
@@ -927,9 +931,12 @@ class SharePartition:
             del self._locks[lock_id]
 
     @staticmethod
-    def _emit(out: list[AcquiredRecords], first: int, last: int, delivery_count: int) -> None:
-        """Add an acquired range, merging with the previous one when contiguous with equal count."""
-        if out:
+    def _emit(
+        out: list[AcquiredRecords], first: int, last: int, delivery_count: int, *, merge: bool = False
+    ) -> None:
+        """Add an acquired range; per-offset acquisitions merge into the previous range when
+        contiguous with an equal count (whole batches keep their own range, as batch_size wants)."""
+        if merge and out:
             prev = out[-1]
             if prev.last_offset + 1 == first and prev.delivery_count == delivery_count:
                 out[-1] = AcquiredRecords(prev.first_offset, last, delivery_count)
