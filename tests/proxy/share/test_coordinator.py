@@ -546,3 +546,24 @@ def test_membership_invariants_under_random_traffic(ops):
         assert all(m.member_epoch <= group.assignment_epoch for m in group.members)
         assert {m.member_id for m in group.members} == set(epochs)
         assert group.group_state == ("Stable" if group.members else "Empty")
+
+
+# -- purity --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("module", ["coordinator", "sessions", "assignor"])
+def test_core_modules_import_no_io(module):
+    """The decision cores stay pure: no trio, sockets, threads or Kafka clients (direct imports)."""
+    import ast
+    import pathlib
+
+    import proxy.share
+
+    source = pathlib.Path(proxy.share.__file__).with_name(f"{module}.py").read_text()
+    imported = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module.split(".")[0])
+    assert not imported & {"trio", "socket", "threading", "confluent_kafka", "time", "asyncio"}
