@@ -142,11 +142,16 @@ def heterogeneous(draw):
     return subs, counts, previous
 
 
-@settings(max_examples=300)
-@given(homogeneous())
-def test_homogeneous_meets_kafka_balance_targets(case):
+@settings(max_examples=400)
+@given(homogeneous(), st.data())
+def test_homogeneous_meets_kafka_balance_targets(case, data):
     subs, counts = case
-    result = assign(subs, counts)
+    # Whatever the previous assignment (stale members, unknown partitions, lopsided loads).
+    previous = data.draw(st.dictionaries(
+        st.sampled_from(sorted(subs) + ["gone"]),
+        st.frozensets(st.tuples(st.sampled_from(TOPICS), st.integers(0, 13)), max_size=20),
+    ))
+    result = assign(subs, counts, previous)
     total_partitions = sum(counts.values())
     share = desired_sharing(len(subs), total_partitions)
     # Every partition is shared by exactly ceil(M/P) members ...
