@@ -5,6 +5,7 @@ fields, cuts and insertions) reach deep into the parsers. A per-example deadline
 catches hangs; a hostile length that made a parser allocate would abort the process.
 """
 
+import os
 import struct
 import uuid
 
@@ -21,7 +22,8 @@ from codec.share_state import ShareSnapshotKey, ShareSnapshotValue, decode_recor
 
 from .strategies import entities
 
-FUZZ = settings(max_examples=400, deadline=1000, suppress_health_check=[HealthCheck.too_slow])
+# KSP_FUZZ_EXAMPLES=20000 for a long run; the default keeps the unit suite quick.
+FUZZ = settings(max_examples=int(os.environ.get("KSP_FUZZ_EXAMPLES", "400")), deadline=1000, suppress_health_check=[HealthCheck.too_slow])
 _EXTREMES = [0, 1, 0x7F, 0x80, 0xFF, 0x7FFF, 0x8000, 0xFFFF, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF]
 
 
