@@ -1,0 +1,295 @@
+"""What the share-group side of the proxy asks the upstream cluster: metadata, offsets, records.
+
+The share service never forwards client bytes; it makes its own requests on its own connections:
+Metadata (topic names, ids, partition leaders), ListOffsets (SPSO initialisation) and Fetch by
+topic id (the reader). Connections are pooled per upstream broker because long-poll fetches hold
+one for up to MaxWaitMs; a connection that fails is dropped, never reused.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import structlog
+import trio
+from kio.index import load_request_schema
+
+from proxy.config import HostPort
+from proxy.errors import UpstreamError
+from proxy.upstream import UpstreamClient, open_first_upstream, open_upstream
+
+log = structlog.get_logger(__name__)
+
+METADATA_VERSION = 12  # topic ids and names; served by Kafka 3.x and 4.x alike
+LIST_OFFSETS_VERSION = 7  # 3.9 and 4.x
+FETCH_MIN_VERSION = 13  # the first Fetch version addressed by topic id
+FETCH_MAX_VERSION = 17
+
+LATEST_TIMESTAMP = -1
+EARLIEST_TIMESTAMP = -2
+
+# Kafka error codes this module interprets.
+NONE = 0
+OFFSET_OUT_OF_RANGE = 1
+UNKNOWN_TOPIC_OR_PARTITION = 3
+NOT_LEADER_OR_FOLLOWER = 6
+UNKNOWN_TOPIC_ID = 100
+FENCED_LEADER_EPOCH = 74
+UNKNOWN_LEADER_EPOCH = 75
+RETRIABLE_FETCH_ERRORS = frozenset({NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH,
+                                    UNKNOWN_TOPIC_OR_PARTITION})
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    leader_id: int
+    leader_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    name: str
+    topic_id: uuid.UUID
+    partitions: dict[int, PartitionInfo]
+
+
+@dataclass(slots=True)
+class ClusterSnapshot:
+    brokers: dict[int, HostPort] = field(default_factory=dict)
+    topics_by_name: dict[str, TopicInfo] = field(default_factory=dict)
+    topics_by_id: dict[uuid.UUID, TopicInfo] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class FetchedPartition:
+    """One partition of an upstream Fetch response; `records` are passed through untouched."""
+
+    error_code: int
+    high_watermark: int
+    last_stable_offset: int
+    log_start_offset: int
+    aborted_transactions: tuple[tuple[int, int], ...]
+    records: bytes
+
+
+class _BrokerPool:
+    """Idle UpstreamClient connections to one broker."""
+
+    def __init__(self, address: HostPort, limit: int) -> None:
+        self.address = address
+        self.idle: list[UpstreamClient] = []
+        self.slots = trio.Semaphore(limit)
+
+
+class Cluster:
+    """The share service's view of, and its connections to, the upstream cluster."""
+
+    def __init__(
+        self,
+        bootstrap: Sequence[HostPort],
+        *,
+        connect_timeout: float = 10.0,
+        max_frame_size: int = 256 * 1024 * 1024,
+        connections_per_broker: int = 32,
+    ) -> None:
+        self._bootstrap = tuple(bootstrap)
+        self._connect_timeout = connect_timeout
+        self._max_frame_size = max_frame_size
+        self._per_broker = connections_per_broker
+        self._pools: dict[int, _BrokerPool] = {}
+        self._refresh_lock = trio.Lock()
+        self.snapshot = ClusterSnapshot()
+        self.fetch_version = FETCH_MAX_VERSION
+
+    # ----- metadata -------------------------------------------------------------------
+
+    async def refresh(self, topic_names: Iterable[str] | None = None) -> ClusterSnapshot:
+        """Refresh brokers and topics (all topics when `topic_names` is None)."""
+        async with self._refresh_lock:
+            _, stream = await open_first_upstream(
+                self._bootstrap, timeout=self._connect_timeout, max_frame_size=self._max_frame_size
+            )
+            client = UpstreamClient(stream, client_id="kafka-share-proxy-metadata")
+            try:
+                versions = await client.api_versions()
+                fetch_range = versions.get(1, (0, 0))
+                self.fetch_version = min(fetch_range[1], FETCH_MAX_VERSION)
+                if self.fetch_version < FETCH_MIN_VERSION:
+                    raise UpstreamError(
+                        f"upstream Fetch max version {fetch_range[1]} < {FETCH_MIN_VERSION}: "
+                        "share groups need Kafka 3.1 or newer"
+                    )
+                schema = load_request_schema(3, METADATA_VERSION)
+                topics = None
+                if topic_names is not None:
+                    topic_type = _nested(schema, "topics")
+                    topics = tuple(topic_type(topic_id=None, name=n) for n in topic_names)
+                response = await client.call(
+                    schema(topics=topics, allow_auto_topic_creation=False,
+                           include_topic_authorized_operations=False)
+                )
+            finally:
+                await client.aclose()
+        snapshot = ClusterSnapshot(
+            brokers={int(b.node_id): HostPort(b.host, int(b.port)) for b in response.brokers},
+            topics_by_name=dict(self.snapshot.topics_by_name) if topic_names is not None else {},
+        )
+        for topic in response.topics:
+            if _code(topic.error_code) != NONE or topic.name is None or topic.topic_id is None:
+                if topic.name is not None and topic_names is not None:
+                    snapshot.topics_by_name.pop(topic.name, None)
+                continue
+            snapshot.topics_by_name[topic.name] = TopicInfo(
+                topic.name,
+                topic.topic_id,
+                {int(p.partition_index): PartitionInfo(int(p.leader_id), int(p.leader_epoch))
+                 for p in topic.partitions},
+            )
+        snapshot.topics_by_id = {t.topic_id: t for t in snapshot.topics_by_name.values()}
+        self.snapshot = snapshot
+        return snapshot
+
+    def topic_by_id(self, topic_id: uuid.UUID) -> TopicInfo | None:
+        return self.snapshot.topics_by_id.get(topic_id)
+
+    # ----- connections ----------------------------------------------------------------
+
+    @asynccontextmanager
+    async def _client(self, node_id: int):
+        address = self.snapshot.brokers.get(node_id)
+        if address is None:
+            raise UpstreamError(f"no upstream broker with node id {node_id}")
+        pool = self._pools.get(node_id)
+        if pool is None or pool.address != address:
+            pool = self._pools[node_id] = _BrokerPool(address, self._per_broker)
+        async with pool.slots:
+            client = pool.idle.pop() if pool.idle else None
+            if client is None:
+                stream = await open_upstream(address, timeout=self._connect_timeout,
+                                             max_frame_size=self._max_frame_size)
+                client = UpstreamClient(stream, client_id="kafka-share-proxy-reader")
+            healthy = False
+            try:
+                yield client
+                healthy = True
+            finally:
+                if healthy:
+                    pool.idle.append(client)
+                else:
+                    with trio.CancelScope(shield=True):
+                        await client.aclose()
+
+    async def aclose(self) -> None:
+        for pool in self._pools.values():
+            for client in pool.idle:
+                with trio.move_on_after(1, shield=True):
+                    await client.aclose()
+        self._pools.clear()
+
+    # ----- requests -----------------------------------------------------------------
+
+    async def list_offset(self, topic: TopicInfo, partition: int, timestamp: int) -> int:
+        """The offset for `timestamp` (LATEST_TIMESTAMP, EARLIEST_TIMESTAMP or a time in ms).
+
+        For a time past the last record Kafka answers -1; we then use the log end (nothing older
+        qualifies), as Kafka's share groups do for `by_duration`.
+        """
+        leader = topic.partitions[partition].leader_id
+        schema = load_request_schema(2, LIST_OFFSETS_VERSION)
+        topic_type = _nested(schema, "topics")
+        partition_type = _nested(topic_type, "partitions")
+        request = schema(
+            replica_id=-1,
+            isolation_level=0,
+            topics=(topic_type(name=topic.name, partitions=(
+                partition_type(partition_index=partition, current_leader_epoch=-1, timestamp=timestamp),
+            )),),
+        )
+        async with self._client(leader) as client:
+            response = await client.call(request)
+        result = response.topics[0].partitions[0]
+        if _code(result.error_code) != NONE:
+            raise UpstreamError(f"ListOffsets {topic.name}-{partition} failed: error {_code(result.error_code)}")
+        offset = int(result.offset)
+        if offset < 0 and timestamp >= 0:
+            return await self.list_offset(topic, partition, LATEST_TIMESTAMP)
+        return offset
+
+    async def fetch(
+        self,
+        topic: TopicInfo,
+        partition: int,
+        offset: int,
+        *,
+        max_bytes: int,
+        max_wait_ms: int,
+        read_committed: bool,
+    ) -> FetchedPartition:
+        """Read one partition from its leader, from `offset` (long-polls up to `max_wait_ms`)."""
+        info = topic.partitions.get(partition)
+        if info is None:
+            raise UpstreamError(f"{topic.name} has no partition {partition}")
+        schema = load_request_schema(1, self.fetch_version)
+        topic_type = _nested(schema, "topics")
+        partition_type = _nested(topic_type, "partitions")
+        request = schema(
+            max_wait=_timedelta_ms(max_wait_ms),
+            min_bytes=1,
+            max_bytes=max_bytes,
+            isolation_level=1 if read_committed else 0,
+            session_id=0,
+            session_epoch=-1,
+            topics=(topic_type(topic_id=topic.topic_id, partitions=(
+                partition_type(partition=partition, current_leader_epoch=info.leader_epoch,
+                               fetch_offset=offset, log_start_offset=-1, partition_max_bytes=max_bytes),
+            )),),
+            forgotten_topics_data=(),
+            rack_id="",
+        )
+        async with self._client(info.leader_id) as client:
+            response = await client.call(request)
+        if _code(response.error_code) != NONE:
+            raise UpstreamError(f"Fetch failed: error {_code(response.error_code)}")
+        data = response.responses[0].partitions[0]
+        aborted = tuple(
+            (int(a.producer_id), int(a.first_offset)) for a in (data.aborted_transactions or ())
+        )
+        return FetchedPartition(
+            error_code=_code(data.error_code),
+            high_watermark=int(data.high_watermark),
+            last_stable_offset=int(data.last_stable_offset),
+            log_start_offset=int(data.log_start_offset),
+            aborted_transactions=aborted,
+            records=bytes(data.records or b""),
+        )
+
+
+def _nested(schema: type, field_name: str) -> type:
+    """The entity class of a tuple-of-entities field (kio keeps it in the module namespace)."""
+    import dataclasses
+    import sys
+    import typing
+
+    module = sys.modules[schema.__module__]
+    hints = typing.get_type_hints(schema, vars(module))
+    for f in dataclasses.fields(schema):
+        if f.name == field_name:
+            hint = hints[f.name]
+            for arg in typing.get_args(hint) or (hint,):
+                for inner in typing.get_args(arg) or (arg,):
+                    if dataclasses.is_dataclass(inner):
+                        return inner
+    raise KeyError(f"{schema.__name__} has no nested entity field {field_name!r}")
+
+
+def _code(error_code: object) -> int:
+    return int(getattr(error_code, "value", error_code))
+
+
+def _timedelta_ms(ms: int):
+    import datetime
+
+    return datetime.timedelta(milliseconds=ms)

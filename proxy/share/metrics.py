@@ -1,0 +1,9 @@
+"""Share-group counters (prometheus-client), beside the proxy's connection counters."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter
+
+STATE_WRITES = Counter("ksp_share_state_writes", "Batched writes to the share-state topic", ["outcome"])
+ACKNOWLEDGEMENTS = Counter("ksp_share_acknowledged_partitions", "Per-partition acknowledgements applied")
+RECORDS_ACQUIRED = Counter("ksp_share_records_acquired", "Records acquired by share consumers")

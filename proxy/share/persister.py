@@ -1,0 +1,271 @@
+"""Durable share state on Kafka topics, written and replayed through confluent-kafka.
+
+Theory of operation
+-------------------
+The proxy keeps share-partition state in memory and makes every change that must survive a
+restart durable by appending a record to a state topic (``__share_group_state`` by default)
+before it answers the client. The producer is idempotent with ``acks=all``; a write completes
+only when the broker has acknowledged every record of it, and a failure is raised to the caller
+(never a silent success), so the caller can answer the client with a retriable error.
+
+librdkafka delivers acknowledgements through ``poll()``. A dedicated daemon thread polls, and
+each delivery callback hands its result back to trio with ``TrioToken.run_sync_soon`` (which is
+thread-safe), where it completes the waiting write. The trio side never blocks on the producer.
+
+Replay reads every partition of a state topic from the beginning up to the high watermark seen
+at start, in a worker thread, and returns the records in log order per partition. The topics are
+compacted, so replay cost is bounded by the number of live keys, not by history; this module
+knows nothing of the record formats (bytes in, bytes out).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import structlog
+import trio
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+log = structlog.get_logger(__name__)
+
+
+class PersistError(Exception):
+    """A state write or replay did not complete; nothing may be reported as durable."""
+
+
+@dataclass(frozen=True, slots=True)
+class StateTopicSpec:
+    """A state topic the proxy owns, created on first start when missing."""
+
+    name: str
+    partitions: int = 3
+    replication_factor: int = 1
+    # Compaction keeps the newest record per key; the writer's record layout makes the newest
+    # snapshot plus the newest cumulative update per share-partition sufficient for recovery.
+    configs: Mapping[str, str] = field(
+        default_factory=lambda: {
+            "cleanup.policy": "compact",
+            "min.compaction.lag.ms": "0",
+            "segment.bytes": str(64 * 1024 * 1024),
+        }
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayedRecord:
+    partition: int
+    offset: int
+    key: bytes
+    value: bytes | None
+
+
+def _client_config(bootstrap: str, extra: Mapping[str, str] | None) -> dict[str, object]:
+    config: dict[str, object] = {"bootstrap.servers": bootstrap}
+    config.update(extra or {})
+    return config
+
+
+def ensure_state_topics(
+    bootstrap: str,
+    specs: Sequence[StateTopicSpec],
+    *,
+    client_config: Mapping[str, str] | None = None,
+    timeout_s: float = 30.0,
+) -> None:
+    """Create missing state topics; refuse to run on one that is not compacted.
+
+    Blocking: call from a worker thread.
+    """
+    admin = AdminClient(_client_config(bootstrap, client_config))
+    existing = admin.list_topics(timeout=timeout_s).topics
+    missing = [spec for spec in specs if spec.name not in existing]
+    if missing:
+        futures = admin.create_topics(
+            [
+                NewTopic(
+                    spec.name,
+                    num_partitions=spec.partitions,
+                    replication_factor=spec.replication_factor,
+                    config=dict(spec.configs),
+                )
+                for spec in missing
+            ],
+            operation_timeout=timeout_s,
+        )
+        for name, future in futures.items():
+            try:
+                future.result(timeout=timeout_s)
+                log.info("state_topic_created", topic=name)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise PersistError(f"cannot create state topic {name!r}: {exc}") from exc
+    for spec in specs:
+        if spec.name in existing:
+            resource = ConfigResource(ConfigResource.Type.TOPIC, spec.name)
+            described = admin.describe_configs([resource])[resource].result(timeout=timeout_s)
+            policy = described["cleanup.policy"].value
+            if "compact" not in policy:
+                raise PersistError(
+                    f"state topic {spec.name!r} has cleanup.policy={policy}; it must be compacted "
+                    "or share state would be deleted by retention"
+                )
+
+
+class StateLogWriter:
+    """Appends records to state topics; `write` returns only once they are durable."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        *,
+        client_config: Mapping[str, str] | None = None,
+        delivery_timeout_ms: int = 30_000,
+        linger_ms: int = 1,
+    ) -> None:
+        config = _client_config(bootstrap, client_config)
+        config.update(
+            {
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": linger_ms,
+                "message.timeout.ms": delivery_timeout_ms,
+                "compression.type": "lz4",
+            }
+        )
+        self._producer = Producer(config)
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._stopping = threading.Event()
+        self._poller: threading.Thread | None = None
+        self._fatal: str | None = None
+
+    def start(self) -> None:
+        """Start delivering acknowledgements; call from inside trio."""
+        self._token = trio.lowlevel.current_trio_token()
+        self._poller = threading.Thread(target=self._poll_loop, name="state-log-poller", daemon=True)
+        self._poller.start()
+
+    def _poll_loop(self) -> None:
+        while not self._stopping.is_set():
+            self._producer.poll(0.05)
+
+    async def write(self, topic: str, records: Sequence[tuple[bytes, bytes | None]]) -> None:
+        """Append `records` (key, value-or-tombstone) to `topic` and wait until all are durable.
+
+        Raises PersistError when any record fails; the caller must treat the whole write as not
+        done (records that did land are idempotent to re-apply on replay).
+        """
+        if self._token is None:
+            raise RuntimeError("StateLogWriter.start() was not called")
+        if self._fatal is not None:
+            raise PersistError(self._fatal)
+        if not records:
+            return
+        done = trio.Event()
+        outstanding = len(records)
+        errors: list[str] = []
+        token = self._token
+
+        def settle(error: str | None) -> None:
+            nonlocal outstanding
+            outstanding -= 1
+            if error is not None:
+                errors.append(error)
+            if outstanding == 0:
+                done.set()
+
+        def on_delivery(err: KafkaError | None, _msg: object) -> None:
+            # Runs on the poller thread: hand the outcome back to trio.
+            message = None if err is None else f"{err.name()}: {err.str()}"
+            if err is not None and err.fatal():
+                self._fatal = f"state producer failed fatally: {message}"
+            token.run_sync_soon(settle, message)
+
+        for key, value in records:
+            while True:
+                try:
+                    self._producer.produce(topic, key=key, value=value, on_delivery=on_delivery)
+                    break
+                except BufferError:
+                    # librdkafka's queue is full: let the poller drain it, then retry.
+                    await trio.sleep(0.005)
+                except KafkaException as exc:
+                    token.run_sync_soon(settle, str(exc))
+                    break
+        await done.wait()
+        if errors:
+            raise PersistError(f"state write to {topic!r} failed: {errors[0]}")
+
+    async def aclose(self, timeout_s: float = 10.0) -> None:
+        """Flush what is queued, then stop the poller."""
+        await trio.to_thread.run_sync(self._producer.flush, timeout_s)
+        self._stopping.set()
+        if self._poller is not None:
+            await trio.to_thread.run_sync(self._poller.join, timeout_s)
+
+
+def replay_state_topic(
+    bootstrap: str,
+    topic: str,
+    *,
+    client_config: Mapping[str, str] | None = None,
+    timeout_s: float = 60.0,
+) -> list[ReplayedRecord]:
+    """Read `topic` from the beginning to its current end, partition by partition.
+
+    Blocking: call from a worker thread. Raises PersistError when the topic cannot be read to
+    its end within `timeout_s` (serving from partial state would lose acknowledgements).
+    """
+    config = _client_config(bootstrap, client_config)
+    config.update(
+        {
+            # Only assign() is used: the group id is required by librdkafka but never joins.
+            "group.id": f"share-proxy-replay-{uuid.uuid4()}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+            "isolation.level": "read_committed",
+        }
+    )
+    consumer = Consumer(config)
+    try:
+        metadata = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        if metadata is None or metadata.error is not None:
+            raise PersistError(f"state topic {topic!r} is not readable: {metadata and metadata.error}")
+        starts: dict[int, int] = {}
+        ends: dict[int, int] = {}
+        for partition in metadata.partitions:
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=timeout_s
+            )
+            if high > low:
+                starts[partition], ends[partition] = low, high
+        if not ends:
+            return []
+        consumer.assign([TopicPartition(topic, p, offset) for p, offset in starts.items()])
+        records: list[ReplayedRecord] = []
+        remaining = dict(ends)
+        deadline = time.monotonic() + timeout_s
+        while remaining:
+            if time.monotonic() > deadline:
+                raise PersistError(f"replay of {topic!r} did not reach the end in {timeout_s}s")
+            for message in consumer.consume(num_messages=10_000, timeout=0.5):
+                if message.error() is not None:
+                    raise PersistError(f"replay of {topic!r} failed: {message.error()}")
+                partition, offset = message.partition(), message.offset()
+                if partition in remaining:
+                    records.append(ReplayedRecord(partition, offset, message.key() or b"", message.value()))
+                    if offset + 1 >= remaining[partition]:
+                        del remaining[partition]
+            # Compaction can remove the records just below the high watermark; the consumer's
+            # position then tells us we are past them without returning a message.
+            for tp in consumer.position([TopicPartition(topic, p) for p in list(remaining)]):
+                if tp.offset >= 0 and tp.offset >= remaining[tp.partition]:
+                    del remaining[tp.partition]
+        return records
+    finally:
+        consumer.close()
+

@@ -1,0 +1,110 @@
+"""Start the share-group service inside a running proxy.
+
+Order matters: the state topic is created if missing and replayed to its end *before* the share
+APIs are routed, so no client is ever served from partial state (an acknowledged record must
+never be redelivered after a restart). Until the upstream cluster answers, start-up waits and
+retries; the proxy prints its ready line only afterwards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import structlog
+import trio
+
+from proxy.server import Proxy
+from proxy.share import state_store
+from proxy.share.cluster import Cluster
+from proxy.share.coordinator import CoordinatorConfig, ShareGroupConfig, ShareGroupLimits, parse_auto_offset_reset
+from proxy.share.manager import ShareService, ShareServiceConfig
+from proxy.share.persister import (
+    PersistError,
+    StateLogWriter,
+    StateTopicSpec,
+    ensure_state_topics,
+    replay_state_topic,
+)
+from proxy.share.routes import served_version_ranges, share_routes
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ShareSettings:
+    """Broker-level share-group settings (Kafka's ``group.share.*`` names in comments)."""
+
+    state_topic: str = "__share_proxy_state"
+    state_topic_partitions: int = 3
+    state_topic_replication_factor: int = 1
+    max_share_sessions: int = 2000  # group.share.max.share.sessions
+    record_lock_duration_ms: int = 30_000  # group.share.record.lock.duration.ms
+    min_record_lock_duration_ms: int = 15_000  # group.share.min.record.lock.duration.ms
+    delivery_count_limit: int = 5  # group.share.delivery.count.limit
+    session_timeout_ms: int = 45_000  # group.share.session.timeout.ms
+    min_session_timeout_ms: int = 45_000  # group.share.min.session.timeout.ms
+    heartbeat_interval_ms: int = 5_000  # group.share.heartbeat.interval.ms
+    min_heartbeat_interval_ms: int = 5_000  # group.share.min.heartbeat.interval.ms
+    partition_max_record_locks: int = 2_000  # group.share.partition.max.record.locks
+    auto_offset_reset: str = "latest"  # share.auto.offset.reset default for new groups
+
+    def coordinator_config(self) -> CoordinatorConfig:
+        limits = ShareGroupLimits(
+            min_session_timeout_ms=min(self.min_session_timeout_ms, self.session_timeout_ms),
+            max_session_timeout_ms=max(60_000, self.session_timeout_ms),
+            min_heartbeat_interval_ms=min(self.min_heartbeat_interval_ms, self.heartbeat_interval_ms),
+            max_heartbeat_interval_ms=max(15_000, self.heartbeat_interval_ms),
+            min_record_lock_duration_ms=min(self.min_record_lock_duration_ms, self.record_lock_duration_ms),
+            max_record_lock_duration_ms=max(60_000, self.record_lock_duration_ms),
+        )
+        defaults = ShareGroupConfig(
+            session_timeout_ms=self.session_timeout_ms,
+            heartbeat_interval_ms=self.heartbeat_interval_ms,
+            record_lock_duration_ms=self.record_lock_duration_ms,
+            delivery_count_limit=self.delivery_count_limit,
+            partition_max_record_locks=self.partition_max_record_locks,
+            auto_offset_reset=parse_auto_offset_reset(self.auto_offset_reset),
+        )
+        return CoordinatorConfig(group_defaults=defaults, limits=limits)
+
+
+async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: trio.Nursery) -> ShareService:
+    """Load durable share state, start the service in `nursery`, and route the share APIs."""
+    config = proxy.config
+    bootstrap = ",".join(str(address) for address in config.upstream)
+    spec = StateTopicSpec(
+        settings.state_topic,
+        partitions=settings.state_topic_partitions,
+        replication_factor=settings.state_topic_replication_factor,
+    )
+    delay = 0.5
+    while True:
+        try:
+            await trio.to_thread.run_sync(ensure_state_topics, bootstrap, [spec])
+            replayed = await trio.to_thread.run_sync(replay_state_topic, bootstrap, settings.state_topic)
+            break
+        except Exception as exc:  # noqa: BLE001 - PersistError or any confluent-kafka error
+            log.warning("share state not loadable yet; retrying", error=str(exc), retry_in_s=delay)
+            await trio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+    recovered = state_store.recover((record.key, record.value) for record in replayed)
+    writer = StateLogWriter(bootstrap)
+    writer.start()
+    cluster = Cluster(config.upstream, connect_timeout=config.connect_timeout,
+                      max_frame_size=config.max_upstream_frame_size)
+    service = ShareService(
+        cluster,
+        writer,
+        ShareServiceConfig(
+            state_topic=settings.state_topic,
+            max_share_sessions=settings.max_share_sessions,
+            coordinator=settings.coordinator_config(),
+        ),
+    )
+    service.restore(recovered)
+    await nursery.start(service.run)
+    proxy.routes.update(share_routes(service))
+    for api_key, versions in served_version_ranges().items():
+        proxy.api_versions.register_local(api_key, versions)
+    log.info("share groups served", state_topic=settings.state_topic, replayed_records=len(replayed))
+    return service

@@ -1,0 +1,213 @@
+"""Share state <-> state-topic records: what is written, and how a restart reads it back.
+
+Record layout on the (compacted) state topic
+--------------------------------------------
+Per share-partition, keyed by (group, topic id, partition) in Kafka's own ShareSnapshotKey
+format, the proxy writes a **ShareSnapshot** carrying the partition's whole durable state (SPSO
+and coalesced state batches; Acquired records are written as they were before acquisition, as
+KIP-932 prescribes) every time a change must become durable.
+
+Why snapshots and not Kafka's ShareUpdate deltas: Kafka keys every ShareUpdate of a
+share-partition with the same key and runs ``__share_group_state`` with ``cleanup.policy=delete``
+plus its own pruning. On a *compacted* topic only the newest record per key survives, so a chain
+of deltas would silently lose all but the last one. A snapshot is self-contained, so compaction
+keeps exactly what recovery needs. The in-flight window is bounded by the record-lock limit, so a
+snapshot stays small (a handful of coalesced batches in steady state). Replay still understands
+ShareUpdate records (written by Kafka, or by a future writer) and applies those written after the
+newest snapshot, matching on ``snapshot_epoch``.
+
+Per group, the proxy's own record types (codec.share_state types 32001-32003) hold the group epoch,
+the initialised share-partitions and the group's dynamic configs. A deleted group or partition is
+a tombstone.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import structlog
+
+from codec import share_state as records
+from codec.errors import StateRecordError
+from proxy.share.partition import PartitionSnapshot, PersistedBatch, StateDelta
+from proxy.share.states import RecordState
+
+log = structlog.get_logger(__name__)
+
+SharePartitionKey = tuple[str, uuid.UUID, int]  # (group id, topic id, partition)
+
+
+@dataclass(slots=True)
+class PartitionRecovery:
+    """What replay found for one share-partition."""
+
+    snapshot: PartitionSnapshot
+    snapshot_epoch: int
+    state_epoch: int
+    create_timestamp: int
+    updates: list[StateDelta] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class GroupRecovery:
+    group_epoch: int = 0
+    initialized: set[tuple[uuid.UUID, int]] = field(default_factory=set)
+    configs: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RecoveredState:
+    partitions: dict[SharePartitionKey, PartitionRecovery] = field(default_factory=dict)
+    groups: dict[str, GroupRecovery] = field(default_factory=dict)
+    skipped: int = 0
+
+
+def snapshot_record(
+    key: SharePartitionKey,
+    snapshot: PartitionSnapshot,
+    *,
+    snapshot_epoch: int,
+    state_epoch: int,
+    create_timestamp: int,
+    write_timestamp: int,
+    delivery_complete_count: int = -1,
+) -> tuple[bytes, bytes]:
+    group_id, topic_id, partition = key
+    value_type = records.ShareSnapshotValue
+    batch_type = value_type.StateBatch
+    value = value_type(
+        snapshot_epoch=snapshot_epoch,
+        state_epoch=state_epoch,
+        leader_epoch=-1,
+        start_offset=snapshot.start_offset,
+        delivery_complete_count=delivery_complete_count,
+        create_timestamp=create_timestamp,
+        write_timestamp=write_timestamp,
+        state_batches=tuple(
+            batch_type(
+                first_offset=b.first_offset,
+                last_offset=b.last_offset,
+                delivery_state=int(b.delivery_state),
+                delivery_count=b.delivery_count,
+            )
+            for b in snapshot.state_batches
+        ),
+    )
+    key_bytes, value_bytes = records.encode_record(
+        records.ShareSnapshotKey(group_id=group_id, topic_id=topic_id, partition=partition), value
+    )
+    assert value_bytes is not None
+    return key_bytes, value_bytes
+
+
+def partition_tombstone(key: SharePartitionKey) -> tuple[bytes, None]:
+    group_id, topic_id, partition = key
+    return records.encode_key(records.ShareSnapshotKey(group_id=group_id, topic_id=topic_id, partition=partition)), None
+
+
+def group_metadata_record(group_id: str, group_epoch: int, create_timestamp: int) -> tuple[bytes, bytes | None]:
+    return records.encode_record(
+        records.ProxyShareGroupMetadataKey(group_id=group_id),
+        records.ProxyShareGroupMetadataValue(
+            group_epoch=group_epoch, create_timestamp=create_timestamp, metadata_hash=0
+        ),
+    )
+
+
+def group_partitions_record(
+    group_id: str, initialized: Iterable[tuple[uuid.UUID, int]], topic_names: Mapping[uuid.UUID, str]
+) -> tuple[bytes, bytes | None]:
+    value_type = records.ProxyShareGroupPartitionsValue
+    topic_type = value_type.TopicPartitions
+    by_topic: dict[uuid.UUID, list[int]] = {}
+    for topic_id, partition in initialized:
+        by_topic.setdefault(topic_id, []).append(partition)
+    return records.encode_record(
+        records.ProxyShareGroupPartitionsKey(group_id=group_id),
+        value_type(
+            initializing_topics=(),
+            initialized_topics=tuple(
+                topic_type(topic_id=topic_id, topic_name=topic_names.get(topic_id, ""),
+                           partitions=tuple(sorted(parts)))
+                for topic_id, parts in sorted(by_topic.items())
+            ),
+            deleting_topics=(),
+        ),
+    )
+
+
+def group_config_record(group_id: str, configs: Mapping[str, str]) -> tuple[bytes, bytes | None]:
+    value_type = records.ProxyShareGroupConfigValue
+    config_type = value_type.Config
+    return records.encode_record(
+        records.ProxyShareGroupConfigKey(group_id=group_id),
+        value_type(configs=tuple(config_type(name=k, value=str(v)) for k, v in sorted(configs.items()))),
+    )
+
+
+def group_tombstones(group_id: str) -> list[tuple[bytes, None]]:
+    return [
+        (records.encode_key(records.ProxyShareGroupMetadataKey(group_id=group_id)), None),
+        (records.encode_key(records.ProxyShareGroupPartitionsKey(group_id=group_id)), None),
+        (records.encode_key(records.ProxyShareGroupConfigKey(group_id=group_id)), None),
+    ]
+
+
+def _batches(state_batches: Iterable[object]) -> tuple[PersistedBatch, ...]:
+    return tuple(
+        PersistedBatch(
+            int(b.first_offset), int(b.last_offset), RecordState(int(b.delivery_state)), int(b.delivery_count)
+        )
+        for b in state_batches
+    )
+
+
+def recover(replayed: Iterable[tuple[bytes, bytes | None]]) -> RecoveredState:
+    """Fold state-topic records, in log order, into what each partition and group needs."""
+    state = RecoveredState()
+    for key_bytes, value_bytes in replayed:
+        try:
+            record = records.decode_record(key_bytes, value_bytes)
+        except StateRecordError as error:
+            state.skipped += 1
+            log.warning("state record skipped", error=str(error))
+            continue
+        kind, key, value = record.record_type, record.key, record.value
+        if kind in (records.RecordType.SHARE_SNAPSHOT, records.RecordType.SHARE_UPDATE):
+            pkey: SharePartitionKey = (key.group_id, key.topic_id, int(key.partition))
+            if value is None:
+                state.partitions.pop(pkey, None)
+            elif kind is records.RecordType.SHARE_SNAPSHOT:
+                state.partitions[pkey] = PartitionRecovery(
+                    PartitionSnapshot(int(value.start_offset), _batches(value.state_batches)),
+                    snapshot_epoch=int(value.snapshot_epoch),
+                    state_epoch=int(value.state_epoch),
+                    create_timestamp=int(value.create_timestamp),
+                )
+            else:
+                current = state.partitions.get(pkey)
+                if current is not None and int(value.snapshot_epoch) == current.snapshot_epoch:
+                    current.updates.append(StateDelta(int(value.start_offset), _batches(value.state_batches)))
+            continue
+        group = state.groups.setdefault(key.group_id, GroupRecovery())
+        if value is None:
+            if kind is records.RecordType.PROXY_GROUP_METADATA:
+                state.groups.pop(key.group_id, None)
+            elif kind is records.RecordType.PROXY_GROUP_PARTITIONS:
+                group.initialized.clear()
+            else:
+                group.configs.clear()
+        elif kind is records.RecordType.PROXY_GROUP_METADATA:
+            group.group_epoch = int(value.group_epoch)
+        elif kind is records.RecordType.PROXY_GROUP_PARTITIONS:
+            group.initialized = {
+                (t.topic_id, int(p)) for t in value.initialized_topics for p in t.partitions
+            }
+        elif kind is records.RecordType.PROXY_GROUP_CONFIG:
+            group.configs = {c.name: c.value for c in value.configs if c.value is not None}
+    # A share-partition whose group is gone (tombstoned) is not served again.
+    for pkey in [k for k in state.partitions if k[0] not in state.groups]:
+        del state.partitions[pkey]
+    return state
