@@ -85,6 +85,21 @@ class ProxyConfig:
     log_level: str = "info"
     log_json: bool = False
     metrics_port: int | None = None
+    # Share groups (KIP-932), served by the proxy itself.
+    disable_share_groups: bool = False
+    state_topic: str = "__share_proxy_state"
+    state_topic_partitions: int = 3
+    state_topic_replication_factor: int = 1
+    share_auto_offset_reset: str = "latest"
+    share_record_lock_duration_ms: int = 30_000
+    share_min_record_lock_duration_ms: int = 15_000
+    share_delivery_count_limit: int = 5
+    share_session_timeout_ms: int = 45_000
+    share_min_session_timeout_ms: int = 45_000
+    share_heartbeat_interval_ms: int = 5_000
+    share_min_heartbeat_interval_ms: int = 5_000
+    share_partition_max_record_locks: int = 2_000
+    max_share_sessions: int = 2_000
 
     @property
     def effective_advertised_host(self) -> str:
@@ -135,6 +150,20 @@ OPTIONS: tuple[Option, ...] = (
     Option("log_level", str, "log level: debug, info, warning, error (default info)", "LEVEL"),
     Option("log_json", parse_bool, "log JSON lines instead of human-readable console output", flag_is_switch=True),
     Option("metrics_port", parse_optional_int, "serve Prometheus metrics on this port (default: off)", "PORT"),
+    Option("disable_share_groups", parse_bool, "do not serve share groups (pure pass-through proxy)", flag_is_switch=True),
+    Option("state_topic", str, "compacted topic holding durable share state, created if missing (default __share_proxy_state; Kafka 4.x reserves __share_group_state for itself)", "TOPIC"),
+    Option("state_topic_partitions", int, "partitions of a newly created state topic (default 3)", "N"),
+    Option("state_topic_replication_factor", int, "replication factor of a newly created state topic (default 1; use 3 in production)", "N"),
+    Option("share_auto_offset_reset", str, "where a new share group starts reading: latest, earliest or by_duration:<ISO-8601> (share.auto.offset.reset default, default latest)", "STRATEGY"),
+    Option("share_record_lock_duration_ms", int, "acquisition lock duration (group.share.record.lock.duration.ms, default 30000)", "MS"),
+    Option("share_min_record_lock_duration_ms", int, "lowest lock duration a group may set (group.share.min.record.lock.duration.ms, default 15000)", "MS"),
+    Option("share_delivery_count_limit", int, "deliveries before a record is archived (group.share.delivery.count.limit, default 5, 2-10)", "N"),
+    Option("share_session_timeout_ms", int, "member session timeout (group.share.session.timeout.ms, default 45000)", "MS"),
+    Option("share_min_session_timeout_ms", int, "lowest session timeout a group may set (default 45000)", "MS"),
+    Option("share_heartbeat_interval_ms", int, "member heartbeat interval (group.share.heartbeat.interval.ms, default 5000)", "MS"),
+    Option("share_min_heartbeat_interval_ms", int, "lowest heartbeat interval a group may set (default 5000)", "MS"),
+    Option("share_partition_max_record_locks", int, "in-flight records per share-partition (group.share.partition.max.record.locks, default 2000, 100-10000)", "N"),
+    Option("max_share_sessions", int, "share sessions the proxy keeps (group.share.max.share.sessions, default 2000)", "N"),
 )
 
 

@@ -51,13 +51,46 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def share_settings(config: ProxyConfig):
+    from proxy.share.runtime import ShareSettings
+
+    return ShareSettings(
+        state_topic=config.state_topic,
+        state_topic_partitions=config.state_topic_partitions,
+        state_topic_replication_factor=config.state_topic_replication_factor,
+        max_share_sessions=config.max_share_sessions,
+        record_lock_duration_ms=config.share_record_lock_duration_ms,
+        min_record_lock_duration_ms=config.share_min_record_lock_duration_ms,
+        delivery_count_limit=config.share_delivery_count_limit,
+        session_timeout_ms=config.share_session_timeout_ms,
+        min_session_timeout_ms=config.share_min_session_timeout_ms,
+        heartbeat_interval_ms=config.share_heartbeat_interval_ms,
+        min_heartbeat_interval_ms=config.share_min_heartbeat_interval_ms,
+        partition_max_record_locks=config.share_partition_max_record_locks,
+        auto_offset_reset=config.share_auto_offset_reset,
+    )
+
+
 async def serve(config: ProxyConfig) -> None:
     proxy = Proxy(config)
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async with trio.open_nursery() as nursery:
-            bootstrap = await nursery.start(proxy.run)
-            print(f"ready bootstrap={bootstrap}", flush=True)
-            async for signum in signals:
-                structlog.get_logger("proxy.serve").info("signal", signal=signal.Signals(signum).name)
-                proxy.shutdown()
-                break
+        async with trio.open_nursery() as service_nursery:
+            service = None
+            if not config.disable_share_groups:
+                from proxy.share.runtime import start_share_service
+
+                # Share state is loaded before the listeners open, so no client is served
+                # from partial state.
+                service = await start_share_service(proxy, share_settings(config), service_nursery)
+            async with trio.open_nursery() as nursery:
+                bootstrap = await nursery.start(proxy.run)
+                print(f"ready bootstrap={bootstrap}", flush=True)
+                async for signum in signals:
+                    structlog.get_logger("proxy.serve").info("signal", signal=signal.Signals(signum).name)
+                    proxy.shutdown()
+                    break
+            # Every client connection is closed: flush state writes, then stop the service.
+            if service is not None:
+                with trio.move_on_after(config.shutdown_grace, shield=True):
+                    await service.aclose()
+            service_nursery.cancel_scope.cancel()

@@ -203,6 +203,18 @@ class ShareService:
             nursery.start_soon(self._metadata_loop)
             task_status.started()
 
+    async def aclose(self) -> None:
+        """Write what is still dirty, then close the writer and upstream connections."""
+        if self._dirty or self._dirty_groups:
+            self._dirty_wakeup.set()
+            for leader in list(self._dirty):
+                try:
+                    await self._durable(leader, leader.version)
+                except PersistError:
+                    pass
+        await self.writer.aclose()
+        await self.cluster.aclose()
+
     # ----- helpers --------------------------------------------------------------------
 
     def _partition_config(self, group_id: str) -> PartitionConfig:
