@@ -1,0 +1,115 @@
+"""Codec micro-benchmark (a script, not a test).
+
+    .venv/bin/python integration/bench/codec_bench.py [--repeat N]
+
+1. Encode and decode a ShareFetch v2 response carrying 1 MiB of record bytes
+   (through codec.registry: bounds check + kio).
+2. Iterate the batch headers of 64 MiB of records with codec.records.iter_batches,
+   without and with CRC-32C verification.
+Prints MB/s (1 MB = 2**20 bytes) for each; the best of N repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import time
+import uuid
+
+from kio.schema.errors import ErrorCode
+from kio.schema.share_fetch.v2 import response as sf
+from kio.static.primitive import Records, i16, i32, i64
+
+from codec.records import encode_batch, iter_batches
+from codec.registry import DEFAULT_REGISTRY, encode
+
+MIB = 1 << 20
+
+
+def records_of(total_bytes: int, batch_bytes: int, values_per_batch: int = 16) -> bytes:
+    """Uncompressed v2 batches (``values_per_batch`` records each) adding up to at least ``total_bytes``."""
+    value = b"x" * max(1, batch_bytes // values_per_batch - 8)
+    parts, size, offset = [], 0, 0
+    while size < total_bytes:
+        batch = encode_batch(offset, [value] * values_per_batch, base_timestamp=1_700_000_000_000)
+        parts.append(batch)
+        size += len(batch)
+        offset += values_per_batch
+    return b"".join(parts)
+
+
+def share_fetch_response(records: bytes, partitions: int = 4) -> sf.ShareFetchResponse:
+    share = len(records) // partitions
+    return sf.ShareFetchResponse(
+        throttle_time=datetime.timedelta(0),
+        error_code=ErrorCode.none,
+        acquisition_lock_timeout=datetime.timedelta(seconds=30),
+        responses=(
+            sf.ShareFetchableTopicResponse(
+                topic_id=uuid.uuid4(),
+                partitions=tuple(
+                    sf.PartitionData(
+                        partition_index=i32(p),
+                        error_code=ErrorCode.none,
+                        acknowledge_error_code=i16(0),
+                        current_leader=sf.LeaderIdAndEpoch(leader_id=i32(1), leader_epoch=i32(0)),
+                        records=Records(records[p * share : (p + 1) * share]),
+                        acquired_records=(sf.AcquiredRecords(first_offset=i64(0), last_offset=i64(99), delivery_count=i16(1)),),
+                    )
+                    for p in range(partitions)
+                ),
+            ),
+        ),
+        node_endpoints=(),
+    )
+
+
+def repeated(times: int, function):
+    """Call ``function`` ``times`` times, keeping no results (1 MiB bodies add up)."""
+
+    def run() -> None:
+        for _ in range(times):
+            function()
+
+    return run
+
+
+def best_of(repeat: int, function) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        function()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+
+    # Records whose batches Kafka would cut at ~16 KiB (a typical producer batch).
+    one_mib = records_of(MIB, 16 * 1024)[:MIB]
+    response = share_fetch_response(one_mib)
+    body = encode(response)
+    assert DEFAULT_REGISTRY.decode_response(78, 2, body) == response
+    inner = 200
+    encode_s = best_of(args.repeat, repeated(inner, lambda: encode(response))) / inner
+    decode_s = best_of(args.repeat, repeated(inner, lambda: DEFAULT_REGISTRY.decode_response(78, 2, body))) / inner
+    print(f"ShareFetch v2 response, {len(body) / MIB:.2f} MiB body, 4 partitions:")
+    print(f"  encode  {len(body) / MIB / encode_s:9.0f} MB/s  ({encode_s * 1e6:8.1f} us per response)")
+    print(f"  decode  {len(body) / MIB / decode_s:9.0f} MB/s  ({decode_s * 1e6:8.1f} us per response)")
+
+    for batch_kib in (16, 1):
+        records = records_of(64 * MIB, batch_kib * 1024)
+        count = sum(1 for _ in iter_batches(records))
+        for verify in (False, True):
+            seconds = best_of(max(1, args.repeat // 2), lambda: sum(1 for _ in iter_batches(records, verify_crc=verify)))
+            print(
+                f"iter_batches, {len(records) / MIB:.0f} MiB in {count} batches of ~{batch_kib} KiB, verify_crc={verify}: "
+                f"{len(records) / MIB / seconds:8.0f} MB/s  ({count / seconds / 1e6:.2f} M batches/s)"
+            )
+
+
+if __name__ == "__main__":
+    main()
