@@ -76,6 +76,23 @@ _AVAILABLE = RecordState.AVAILABLE
 _ACQUIRED = RecordState.ACQUIRED
 _ARCHIVED = RecordState.ARCHIVED
 _NO_OFFSET = 2**63
+_STATE_IDS = range(8)  # room for ARCHIVING (3), IN_PROGRESS (5) and beyond
+
+
+def _row(event: Event) -> tuple:
+    """The table's column for one event, indexed by state id: hot loops then index a tuple
+    instead of hashing enum pairs."""
+    by_id = {int(state): move for (state, e), move in TRANSITIONS.items() if e is event}
+    return tuple(by_id.get(i) for i in _STATE_IDS)
+
+
+_ROWS: dict[Event, tuple] = {event: _row(event) for event in Event}
+_ACK_ROWS: tuple = tuple(_ROWS[ACK_EVENTS[t]] for t in sorted(ACK_EVENTS))  # indexed by wire type
+_IS_TERMINAL: tuple[bool, ...] = tuple(any(int(t) == i for t in TERMINAL_STATES) for i in _STATE_IDS)
+_ACQUIRE = _ROWS[Event.ACQUIRE]
+_LOCK_EXPIRED = _ROWS[Event.LOCK_EXPIRED]
+_MEMBER_LEFT = _ROWS[Event.MEMBER_LEFT]
+_RENEW_TYPE = int(AcknowledgeType.RENEW)
 
 
 class ShareStateError(Exception):
@@ -290,13 +307,23 @@ class _Lock:
 class _Changes:
     """Persisted-state changes collected during one operation."""
 
-    __slots__ = ("batches",)
+    __slots__ = ("_runs",)
 
     def __init__(self) -> None:
-        self.batches: list[PersistedBatch] = []
+        self._runs: list[list] = []  # [first, last, state, count], merged while contiguous
 
     def add(self, first: int, last: int, state: RecordState, delivery_count: int) -> None:
-        self.batches.append(PersistedBatch(first, last, state, delivery_count))
+        runs = self._runs
+        if runs:
+            prev = runs[-1]
+            if prev[1] + 1 == first and prev[2] is state and prev[3] == delivery_count:
+                prev[1] = last
+                return
+        runs.append([first, last, state, delivery_count])
+
+    @property
+    def batches(self) -> list[PersistedBatch]:
+        return [PersistedBatch(*run) for run in self._runs]
 
 
 def _coalesce(batches: Iterable[PersistedBatch]) -> list[PersistedBatch]:
@@ -329,6 +356,7 @@ class SharePartition:
         if start_offset < 0:
             raise ValueError(f"start_offset {start_offset} < 0")
         self.config = config
+        self._delivery_count_limit = config.delivery_count_limit
         self._start = start_offset
         self._end = start_offset  # SPEO, exclusive
         self._batches: SortedDict = SortedDict()  # first_offset -> _InFlightBatch, tiling [start, end)
@@ -523,7 +551,8 @@ class SharePartition:
     ) -> tuple[int, bool]:
         """Re-acquire Available in-flight records within [lo, hi]; returns (remaining, stop)."""
         throttle_at = self.config.throttle_delivery_count
-        for batch in list(self._batches_from(max(lo, self._available_hint), hi)):
+        lo = max(lo, self._available_hint)
+        for batch in list(self._batches_from(lo, hi)):
             if remaining <= 0:
                 break
             if batch.offsets is None:
@@ -535,7 +564,7 @@ class SharePartition:
                     return remaining, True
                 whole = batch.first_offset >= lo and batch.last_offset <= hi
                 if whole and not throttled and not (record_limit and batch.size > remaining):
-                    self._apply_batch(batch, Event.ACQUIRE, member_id, lock_id, None)
+                    self._apply_batch(batch, _ACQUIRE, member_id, lock_id, None)
                     self._emit(out, batch.first_offset, batch.last_offset, batch.delivery_count)
                     remaining -= batch.size
                     continue
@@ -579,7 +608,7 @@ class SharePartition:
             if count >= throttle_at and cap is None:
                 # Batches halve with each attempt past the throttle threshold.
                 cap = max(1, batch.full_size >> (count - throttle_at + 1))
-            self._apply_offset(holder, offset, Event.ACQUIRE, member_id, lock_id, None)
+            self._apply_offset(holder, offset, _ACQUIRE, member_id, lock_id, None)
             self._emit(out, offset, offset, holder.delivery_count, merge=True)
             taken += 1
             if limit > 2 and holder.delivery_count == limit:
@@ -680,7 +709,7 @@ class SharePartition:
             return -1
         batch = _InFlightBatch(run_first, self._end - 1, _AVAILABLE)
         self._append(batch)
-        self._apply_batch(batch, Event.ACQUIRE, member_id, lock_id, None)
+        self._apply_batch(batch, _ACQUIRE, member_id, lock_id, None)
         self._emit(out, batch.first_offset, batch.last_offset, batch.delivery_count)
         return -1
 
@@ -708,20 +737,30 @@ class SharePartition:
         self._validate_ack_ranges(ranges)
         # Pass 1: validate everything before touching anything (atomic per partition).
         for ack in ranges:
-            for event, first, last in _ack_events(ack):
-                self._check_owned(member_id, event, max(first, self._start), last)
+            self._check_ack(member_id, ack)
         # Pass 2: apply.
         changes = _Changes()
         renew_lock_id = 0
         for ack in ranges:
-            for event, first, last in _ack_events(ack):
-                first = max(first, self._start)
-                if first > last:
+            first = max(ack.first_offset, self._start)
+            last = ack.last_offset
+            if first > last:
+                continue
+            types = ack.acknowledge_types
+            if not renew_lock_id and _RENEW_TYPE in types:
+                renew_lock_id = next(self._lock_ids)
+                self._locks[renew_lock_id] = _Lock(now + self.config.record_lock_duration_ms)
+            single = _ACK_ROWS[types[0]] if len(types) == 1 else None
+            for batch in list(self._batches_from(first, last)):
+                if single is not None and batch.offsets is None and batch.first_offset >= first \
+                        and batch.last_offset <= last:
+                    self._apply_batch(batch, single, member_id, renew_lock_id, changes)
                     continue
-                if event is Event.RENEW and not renew_lock_id:
-                    renew_lock_id = next(self._lock_ids)
-                    self._locks[renew_lock_id] = _Lock(now + self.config.record_lock_duration_ms)
-                self._apply_range(first, last, event, member_id, renew_lock_id, changes)
+                offsets = batch.split()
+                base = batch.first_offset
+                for offset in range(max(first, base), min(last, batch.last_offset) + 1):
+                    row = single if single is not None else _ACK_ROWS[types[offset - ack.first_offset]]
+                    self._apply_offset(offsets[offset - base], offset, row, member_id, renew_lock_id, changes)
         if renew_lock_id:
             lock = self._locks.get(renew_lock_id)
             if lock is not None:
@@ -744,26 +783,37 @@ class SharePartition:
                     raise ShareStateError(INVALID_REQUEST, f"unknown acknowledge type {ack_type}")
             previous_last = ack.last_offset
 
-    def _check_owned(self, member_id: str, event: Event, first: int, last: int) -> None:
+    def _check_ack(self, member_id: str, ack: AckRange) -> None:
+        """Every offset of ``ack`` at or above SPSO is Acquired by the member and may take its type."""
+        first = max(ack.first_offset, self._start)
+        last = ack.last_offset
         if first > last:
             return
         if last >= self._end:
             raise ShareStateError(INVALID_RECORD_STATE, f"offset {max(first, self._end)} was not acquired")
+        types = ack.acknowledge_types
         for batch in self._batches_from(first, last):
+            lo = max(first, batch.first_offset)
+            hi = min(last, batch.last_offset)
             if batch.offsets is None:
-                self._check_holder(batch, member_id, event, batch.first_offset)
+                used = types if len(types) == 1 else set(types[lo - ack.first_offset:hi - ack.first_offset + 1])
+                for ack_type in used:
+                    self._check_holder(batch, member_id, ack_type, lo)
             else:
-                for offset, holder in batch.holders(first, last):
-                    self._check_holder(holder, member_id, event, offset)
+                for offset, holder in batch.holders(lo, hi):
+                    self._check_holder(holder, member_id, types[0 if len(types) == 1 else offset - ack.first_offset],
+                                       offset)
 
     @staticmethod
-    def _check_holder(holder: _InFlightBatch | _OffsetState, member_id: str, event: Event, offset: int) -> None:
+    def _check_holder(holder: _InFlightBatch | _OffsetState, member_id: str, ack_type: int, offset: int) -> None:
         if holder.state is not _ACQUIRED or holder.member_id != member_id:
             raise ShareStateError(
                 INVALID_RECORD_STATE, f"offset {offset} is {holder.state.name}, not acquired by this member"
             )
-        if (holder.state, event) not in TRANSITIONS:
-            raise ShareStateError(INVALID_RECORD_STATE, f"{event.value} not allowed in state {holder.state.name}")
+        if _ACK_ROWS[ack_type][holder.state] is None:
+            raise ShareStateError(
+                INVALID_RECORD_STATE, f"{AcknowledgeType(ack_type).name} not allowed in state {holder.state.name}"
+            )
 
     # ----- releases ------------------------------------------------------------------------
 
@@ -778,11 +828,11 @@ class SharePartition:
             for batch in list(self._batches_from(lock.first_offset, lock.last_offset)):
                 if batch.offsets is None:
                     if batch.state is _ACQUIRED and batch.lock_id == lock_id:
-                        self._apply_batch(batch, Event.LOCK_EXPIRED, None, 0, changes)
+                        self._apply_batch(batch, _LOCK_EXPIRED, None, 0, changes)
                 else:
                     for offset, holder in batch.holders(lock.first_offset, lock.last_offset):
                         if holder.state is _ACQUIRED and holder.lock_id == lock_id:
-                            self._apply_offset(holder, offset, Event.LOCK_EXPIRED, None, 0, changes)
+                            self._apply_offset(holder, offset, _LOCK_EXPIRED, None, 0, changes)
         return self._finish(changes)
 
     def release_member(self, member_id: str) -> StateDelta | None:
@@ -795,11 +845,11 @@ class SharePartition:
         for batch in list(self._batches.values()):
             if batch.offsets is None:
                 if batch.state is _ACQUIRED and batch.member_id == member_id:
-                    self._apply_batch(batch, Event.MEMBER_LEFT, None, 0, changes)
+                    self._apply_batch(batch, _MEMBER_LEFT, None, 0, changes)
             else:
                 for offset, holder in batch.holders(batch.first_offset, batch.last_offset):
                     if holder.state is _ACQUIRED and holder.member_id == member_id:
-                        self._apply_offset(holder, offset, Event.MEMBER_LEFT, None, 0, changes)
+                        self._apply_offset(holder, offset, _MEMBER_LEFT, None, 0, changes)
         return self._finish(changes)
 
     # ----- SPSO moves from outside ----------------------------------------------------------------
@@ -812,7 +862,7 @@ class SharePartition:
         start_before = self._start
         cut = min(log_start_offset, self._end) - 1
         if cut >= self._start:
-            self._apply_range(self._start, cut, Event.ARCHIVE, None, 0, changes, only_live=True)
+            self._apply_range(self._start, cut, _ROWS[Event.ARCHIVE], None, 0, changes, only_live=True)
         if log_start_offset >= self._end:
             # Everything in flight is gone; the window restarts empty at the new log start.
             self._batches.clear()
@@ -840,32 +890,32 @@ class SharePartition:
         self,
         first: int,
         last: int,
-        event: Event,
+        row: tuple,
         member_id: str | None,
         lock_id: int,
         changes: _Changes,
         *,
         only_live: bool = False,
     ) -> None:
-        """Apply ``event`` to every offset in [first, last] (pre-validated, or ``only_live``:
-        skip records already terminal)."""
+        """Apply one event (its table ``row``) to every offset in [first, last] (pre-validated,
+        or ``only_live``: skip records already terminal)."""
         for batch in list(self._batches_from(first, last)):
             if batch.offsets is None:
-                if only_live and batch.state in TERMINAL_STATES:
+                if only_live and _IS_TERMINAL[batch.state]:
                     continue
                 if batch.first_offset >= first and batch.last_offset <= last:
-                    self._apply_batch(batch, event, member_id, lock_id, changes)
+                    self._apply_batch(batch, row, member_id, lock_id, changes)
                     continue
                 batch.split()
             for offset, holder in batch.holders(first, last):
-                if only_live and holder.state in TERMINAL_STATES:
+                if only_live and _IS_TERMINAL[holder.state]:
                     continue
-                self._apply_offset(holder, offset, event, member_id, lock_id, changes)
+                self._apply_offset(holder, offset, row, member_id, lock_id, changes)
 
     def _apply_batch(
-        self, batch: _InFlightBatch, event: Event, member_id: str | None, lock_id: int, changes: _Changes | None
+        self, batch: _InFlightBatch, row: tuple, member_id: str | None, lock_id: int, changes: _Changes | None
     ) -> None:
-        self._transit(batch, event, member_id, lock_id, batch.first_offset, batch.last_offset)
+        self._transit(batch, row, member_id, lock_id, batch.first_offset, batch.last_offset)
         if changes is not None and batch.state is not _ACQUIRED:
             changes.add(batch.first_offset, batch.last_offset, batch.state, batch.delivery_count)
         if batch.state is _AVAILABLE and batch.first_offset < self._available_hint:
@@ -875,12 +925,12 @@ class SharePartition:
         self,
         holder: _OffsetState,
         offset: int,
-        event: Event,
+        row: tuple,
         member_id: str | None,
         lock_id: int,
         changes: _Changes | None,
     ) -> None:
-        self._transit(holder, event, member_id, lock_id, offset, offset)
+        self._transit(holder, row, member_id, lock_id, offset, offset)
         if changes is not None and holder.state is not _ACQUIRED:
             changes.add(offset, offset, holder.state, holder.delivery_count)
         if holder.state is _AVAILABLE and offset < self._available_hint:
@@ -889,26 +939,32 @@ class SharePartition:
     def _transit(
         self,
         holder: _InFlightBatch | _OffsetState,
-        event: Event,
+        row: tuple,
         member_id: str | None,
         lock_id: int,
         first: int,
         last: int,
     ) -> None:
         """One table-driven move of the records [first, last] that share ``holder``'s state."""
-        move = TRANSITIONS[(holder.state, event)]  # KeyError = illegal move = engine bug
+        move = row[holder.state]
+        if move is None:  # callers validate first: an illegal move here is an engine bug
+            raise AssertionError(f"no transition from {holder.state.name} for records {first}-{last}")
         count = holder.delivery_count + move.delivery_delta
         new_state = move.new_state
-        if move.archive_at_limit and count >= self.config.delivery_count_limit:
+        if move.archive_at_limit and count >= self._delivery_count_limit:
             new_state = _ARCHIVED
         n = last - first + 1
         if holder.state is _ACQUIRED:
-            self._unlock(holder.lock_id, n)
+            lock = self._locks.get(holder.lock_id)
+            if lock is not None:
+                lock.held -= n
+                if lock.held <= 0:
+                    del self._locks[holder.lock_id]
         holder.state = new_state
         holder.delivery_count = count
         if new_state is _ACQUIRED:
             if not move.keeps_owner or member_id is None:
-                raise AssertionError(f"{event} must name the acquiring member")
+                raise AssertionError("a move to ACQUIRED must name the member")
             holder.member_id = member_id
             holder.lock_id = lock_id
             lock = self._locks[lock_id]
@@ -921,14 +977,6 @@ class SharePartition:
         else:
             holder.member_id = None
             holder.lock_id = 0
-
-    def _unlock(self, lock_id: int, n: int) -> None:
-        lock = self._locks.get(lock_id)
-        if lock is None:
-            return
-        lock.held -= n
-        if lock.held <= 0:
-            del self._locks[lock_id]
 
     @staticmethod
     def _emit(
@@ -974,14 +1022,14 @@ class SharePartition:
         while self._batches:
             first, batch = self._batches.peekitem(0)
             if batch.offsets is None:
-                if batch.state not in TERMINAL_STATES:
+                if not _IS_TERMINAL[batch.state]:
                     break
                 del self._batches[first]
                 self._start = batch.last_offset + 1
                 continue
             skip = 0
             for holder in batch.offsets:
-                if holder.state not in TERMINAL_STATES:
+                if not _IS_TERMINAL[holder.state]:
                     break
                 skip += 1
             if skip == len(batch.offsets):
@@ -1016,20 +1064,6 @@ class SharePartition:
         if not moved and not batches:
             return None
         return StateDelta(self._start if moved else -1, batches)
-
-
-def _ack_events(ack: AckRange) -> Iterator[tuple[Event, int, int]]:
-    """(event, first, last) runs of one acknowledgement range."""
-    if len(ack.acknowledge_types) == 1:
-        yield ACK_EVENTS[AcknowledgeType(ack.acknowledge_types[0])], ack.first_offset, ack.last_offset
-        return
-    run_start = ack.first_offset
-    run_type = ack.acknowledge_types[0]
-    for i, ack_type in enumerate(ack.acknowledge_types[1:], start=1):
-        if ack_type != run_type:
-            yield ACK_EVENTS[AcknowledgeType(run_type)], run_start, ack.first_offset + i - 1
-            run_start, run_type = ack.first_offset + i, ack_type
-    yield ACK_EVENTS[AcknowledgeType(run_type)], run_start, ack.last_offset
 
 
 def _overlay(overlay: SortedDict, batch: PersistedBatch) -> None:
