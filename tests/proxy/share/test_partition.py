@@ -654,3 +654,16 @@ def test_rebuilt_partition_redelivers_unfinished_records():
     assert restarted.next_fetch_offset() == 0
     r = restarted.acquire("m2", log.read(0), now=0, max_records=100)
     assert r.acquired == (AcquiredRecords(0, 9, 1), AcquiredRecords(20, 29, 1))
+
+
+def test_engine_imports_no_io():
+    """The engine stays pure (the import-linter contract, checked directly in a fresh interpreter)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, proxy.share.partition; "
+        "print(sorted(m for m in ('trio', 'socket', 'confluent_kafka', 'proxy.server') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
