@@ -416,16 +416,16 @@ class SharePartition:
 
     def in_flight(self) -> Iterator[tuple[int, int, RecordState, int, str | None]]:
         """(first, last, state, delivery count, member) runs over the window, coalesced."""
-        run: list | None = None
-        for first, last, state, count, member in self._runs():
-            if run is not None and run[2:] == [state, count, member] and run[1] + 1 == first:
-                run[1] = last
+        run: tuple[int, int, RecordState, int, str | None] | None = None
+        for current in self._runs():
+            if run is not None and run[1] + 1 == current[0] and run[2:] == current[2:]:
+                run = (run[0], current[1], *run[2:])
                 continue
             if run is not None:
-                yield tuple(run)  # type: ignore[misc]
-            run = [first, last, state, count, member]
+                yield run
+            run = current
         if run is not None:
-            yield tuple(run)  # type: ignore[misc]
+            yield run
 
     def members(self) -> set[str]:
         """Members currently holding acquired records."""
