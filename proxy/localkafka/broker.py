@@ -1,0 +1,361 @@
+"""A real single-node Apache Kafka (KRaft, combined broker+controller) on 127.0.0.1.
+
+Theory of operation: `start()` makes sure the version's jars are cached (`jars.fetch_kafka`),
+picks free ports, writes server.properties, puts formatted KRaft storage in place, launches
+`java kafka.Kafka server.properties` in its own session with its output in `server.log`, then
+polls the port with raw ApiVersions + Metadata requests until the broker lists itself.
+Formatting runs a JVM of its own, so each (version, share.version) combination is formatted
+once into a template in the cache and copied for every start after that.
+
+`stop()` sends SIGTERM to the broker's process group, waits, and falls back to SIGKILL.
+Every started broker is also stopped at interpreter exit, and (when started from the main
+thread) the JVM gets SIGKILL from the kernel if this Python process dies first.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import fcntl
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+
+from proxy.localkafka.config import (
+    HOST,
+    NODE_ID,
+    BrokerSettings,
+    broker_properties,
+    format_command,
+    random_cluster_id,
+    render_properties,
+    supports_share_groups,
+)
+from proxy.localkafka.errors import LocalKafkaError
+from proxy.localkafka.jars import (
+    classpath,
+    fetch_kafka,
+    package_file,
+    version_dir,
+)
+from proxy.localkafka.probe import probe, share_group_heartbeat_error
+
+DEFAULT_VERSION = "4.4.0"
+# KIP-932 share-group APIs: ShareGroupHeartbeat, ShareGroupDescribe, ShareFetch, ShareAcknowledge.
+SHARE_API_KEYS = frozenset({76, 77, 78, 79})
+SHARE_FEATURE = "share.version"
+UNSUPPORTED_VERSION = 35
+FORMATTED_MARKER = ".formatted"
+
+_live: set[LocalKafka] = set()
+_live_lock = threading.Lock()
+
+
+def free_port(host: str = HOST) -> int:
+    """A port nothing listens on right now (the OS's pick for port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def find_java() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and (Path(java_home) / "bin" / "java").is_file():
+        return str(Path(java_home) / "bin" / "java")
+    java = shutil.which("java")
+    if java is None:
+        raise LocalKafkaError("`java` (JDK 17+) is not on PATH and JAVA_HOME is not set")
+    return java
+
+
+def _die_with_parent() -> None:
+    """Run in the child before exec: the kernel kills it when the launching thread dies."""
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+
+
+class LocalKafka:
+    """A local Kafka broker for tests, the demo and `share-proxy local-kafka`.
+
+    Use as a context manager (``with LocalKafka() as kafka: kafka.bootstrap``) or call
+    `start()` / `stop()`. `data_dir=None` uses a temporary directory removed on stop; a given
+    directory is kept and reused (formatted only the first time). Port 0 picks a free port.
+    """
+
+    def __init__(
+        self,
+        version: str = DEFAULT_VERSION,
+        share_groups: bool = False,
+        data_dir: str | os.PathLike[str] | None = None,
+        port: int = 0,
+        controller_port: int = 0,
+        *,
+        auto_create_topics: bool = True,
+        heap: str = "512m",
+        startup_timeout: float = 90.0,
+        stop_timeout: float = 30.0,
+    ) -> None:
+        if share_groups and not supports_share_groups(version):
+            raise LocalKafkaError(f"Apache Kafka {version} has no share groups (KIP-932 needs 4.x)")
+        self.version = version
+        self.share_groups = share_groups
+        self.broker_id = NODE_ID
+        self._requested_dir = Path(data_dir) if data_dir is not None else None
+        self._requested_port = port
+        self._requested_controller_port = controller_port
+        self._auto_create_topics = auto_create_topics
+        self._heap = heap
+        self._startup_timeout = startup_timeout
+        self._stop_timeout = stop_timeout
+        self._process: subprocess.Popen[bytes] | None = None
+        self._owned_dir: Path | None = None
+        self.port = 0
+        self.controller_port = 0
+        self.data_dir: Path | None = None
+        self.log_path: Path | None = None
+        self.lib_dir: Path | None = None
+        self.api_keys: frozenset[int] = frozenset()
+        self.finalized_features: dict[str, int] = {}
+
+    # -- public surface -------------------------------------------------------------------
+
+    @property
+    def bootstrap(self) -> str:
+        if not self.port:
+            raise LocalKafkaError("the broker is not started")
+        return f"{HOST}:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def __enter__(self) -> LocalKafka:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = self.bootstrap if self.running else "stopped"
+        return f"LocalKafka(version={self.version!r}, share_groups={self.share_groups}, {state})"
+
+    def start(self) -> LocalKafka:
+        if self._process is not None:
+            raise LocalKafkaError("the broker is already started")
+        self.lib_dir = fetch_kafka(self.version)
+        try:
+            self._prepare_directory()
+            self._launch()
+            self._wait_until_ready()
+            self._check_share_apis()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop the broker (SIGTERM, then SIGKILL) and remove a temporary data directory."""
+        process, self._process = self._process, None
+        if process is not None:
+            _terminate(process, self._stop_timeout)
+            with _live_lock:
+                _live.discard(self)
+        if self._owned_dir is not None:
+            shutil.rmtree(self._owned_dir, ignore_errors=True)
+            self._owned_dir = None
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Block until the broker process exits (or `timeout`); its exit code, None if still running."""
+        if self._process is None:
+            return None
+        try:
+            return self._process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def log_tail(self, lines: int = 40) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    # -- steps ----------------------------------------------------------------------------
+
+    def _prepare_directory(self) -> None:
+        if self._requested_dir is None:
+            self._owned_dir = Path(tempfile.mkdtemp(prefix=f"ksp-kafka-{self.version}-"))
+            self.data_dir = self._owned_dir
+        else:
+            self.data_dir = self._requested_dir.resolve()
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.port = self._requested_port or free_port()
+        self.controller_port = self._requested_controller_port or free_port()
+        while self.controller_port == self.port:
+            self.controller_port = free_port()
+        log_dir = self.data_dir / "kraft"
+        settings = self._settings(log_dir)
+        config = self.data_dir / "server.properties"
+        config.write_text(render_properties(broker_properties(settings)))
+        self.log_path = self.data_dir / "server.log"
+        if not (log_dir / "meta.properties").exists():
+            template = self._formatted_template()
+            shutil.copytree(template, log_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns(FORMATTED_MARKER))
+
+    def _settings(self, log_dir: Path) -> BrokerSettings:
+        return BrokerSettings(
+            version=self.version,
+            port=self.port,
+            controller_port=self.controller_port,
+            log_dir=log_dir,
+            share_groups=self.share_groups,
+            auto_create_topics=self._auto_create_topics,
+        )
+
+    def _formatted_template(self) -> Path:
+        """KRaft storage formatted once per (version, share.version), shared by every start."""
+        share_level = 1 if self.share_groups else 0
+        template = version_dir(self.version) / f"formatted-node{NODE_ID}-share{share_level}"
+        if (template / FORMATTED_MARKER).exists():
+            return template
+        lock_path = template.parent / f".{template.name}.lock"
+        with open(lock_path, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if (template / FORMATTED_MARKER).exists():
+                return template
+            with tempfile.TemporaryDirectory(prefix="format-", dir=template.parent) as scratch:
+                staging = Path(scratch) / "kraft"
+                settings = self._settings(staging)
+                config = Path(scratch) / "server.properties"
+                config.write_text(render_properties(broker_properties(settings)))
+                assert self.lib_dir is not None
+                command = format_command(find_java(), classpath(self.lib_dir), settings, random_cluster_id(), config)
+                result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+                if result.returncode != 0 or not (staging / "meta.properties").exists():
+                    output = (result.stdout + result.stderr).strip()
+                    raise LocalKafkaError(f"formatting KRaft storage failed (exit {result.returncode}):\n{output[-4000:]}")
+                (staging / FORMATTED_MARKER).write_text(" ".join(command[-4:]) + "\n")
+                shutil.rmtree(template, ignore_errors=True)
+                staging.rename(template)
+        return template
+
+    def _launch(self) -> None:
+        assert self.data_dir is not None and self.log_path is not None and self.lib_dir is not None
+        command = [
+            find_java(),
+            f"-Xmx{self._heap}",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-Djava.awt.headless=true",
+            # Both logging configs are passed; Kafka 4 reads the log4j2 one, Kafka 3 the log4j 1 one.
+            f"-Dlog4j2.configurationFile={package_file('log4j2.properties')}",
+            f"-Dlog4j.configuration=file:{package_file('log4j.properties')}",
+            f"-Dkafka.logs.dir={self.data_dir}",
+            "-cp",
+            classpath(self.lib_dir),
+            "kafka.Kafka",
+            str(self.data_dir / "server.properties"),
+        ]
+        on_main_thread = threading.current_thread() is threading.main_thread()
+        with open(self.log_path, "ab") as log:
+            self._process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.data_dir,
+                start_new_session=True,
+                # PDEATHSIG follows the launching *thread*; only safe from the main thread.
+                preexec_fn=_die_with_parent if on_main_thread else None,
+            )
+        with _live_lock:
+            _live.add(self)
+
+    def _wait_until_ready(self) -> None:
+        deadline = time.monotonic() + self._startup_timeout
+        last_error: Exception | None = None
+        while time.monotonic() < deadline:
+            assert self._process is not None
+            if self._process.poll() is not None:
+                raise LocalKafkaError(
+                    f"Kafka {self.version} exited with code {self._process.returncode} during start-up; "
+                    f"log {self.log_path}:\n{self.log_tail()}"
+                )
+            try:
+                info = probe(HOST, self.port, timeout=2.0)
+            except (OSError, LocalKafkaError) as error:
+                last_error = error
+            else:
+                if self.broker_id in info.broker_ids:
+                    self.api_keys = info.api_keys
+                    self.finalized_features = info.finalized_features
+                    return
+                last_error = LocalKafkaError(f"Metadata lists brokers {sorted(info.broker_ids)}, not {self.broker_id} yet")
+            time.sleep(0.05)
+        raise LocalKafkaError(
+            f"Kafka {self.version} did not answer on {self.bootstrap} within {self._startup_timeout:.0f}s "
+            f"(last error: {last_error}); log {self.log_path}:\n{self.log_tail()}"
+        )
+
+    def _check_share_apis(self) -> None:
+        """Make sure share groups are off (or on, when asked for) on this broker.
+
+        Kafka 4.x lists the share-group APIs in ApiVersions even with share.version=0, so the
+        API list alone proves nothing there: check the finalized feature level, and that a
+        ShareGroupHeartbeat is refused with UNSUPPORTED_VERSION. Kafka 3.x has no share APIs.
+        """
+        level = self.finalized_features.get(SHARE_FEATURE, 0)
+        advertised = SHARE_API_KEYS & self.api_keys
+        if self.share_groups:
+            if level < 1 or advertised != SHARE_API_KEYS:
+                raise LocalKafkaError(
+                    f"Kafka {self.version} was asked for native share groups but has {SHARE_FEATURE}={level} "
+                    f"and advertises share APIs {sorted(advertised)}"
+                )
+            return
+        if level >= 1:
+            raise LocalKafkaError(f"Kafka {self.version} has share groups enabled ({SHARE_FEATURE}={level})")
+        if advertised:
+            error = share_group_heartbeat_error(HOST, self.port)
+            if error != UNSUPPORTED_VERSION:
+                raise LocalKafkaError(
+                    f"Kafka {self.version} accepted a ShareGroupHeartbeat (error code {error}) although "
+                    f"it was formatted with {SHARE_FEATURE}=0; the proxy must be the only share-group provider"
+                )
+
+def _terminate(process: subprocess.Popen[bytes], timeout: float) -> None:
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait()
+
+
+def _stop_all() -> None:
+    with _live_lock:
+        brokers = list(_live)
+    for broker in brokers:
+        broker.stop()
+
+
+atexit.register(_stop_all)
