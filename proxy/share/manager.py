@@ -509,8 +509,9 @@ class ShareService:
                     results[tp] = (ErrorCode(exc.error_code), str(exc))
                     continue
                 results[tp] = (ErrorCode.none, None)
-                if any(t in (0, 2) for r in ranges for t in r.acknowledge_types):
-                    released = True
+                # Any acknowledgement may free record locks, so waiting fetches re-check (Kafka
+                # completes delayed share fetches on every acknowledgement, not only on release).
+                released = True
                 if delta is not None:
                     waits.append((tp, leader, self._changed(leader)))
         if released:
