@@ -123,6 +123,7 @@ class LocalKafka:
         self.lib_dir: Path | None = None
         self.api_keys: frozenset[int] = frozenset()
         self.finalized_features: dict[str, int] = {}
+        self.killed = False
 
     # -- public surface -------------------------------------------------------------------
 
@@ -167,10 +168,13 @@ class LocalKafka:
         return self
 
     def stop(self) -> None:
-        """Stop the broker (SIGTERM, then SIGKILL) and remove a temporary data directory."""
+        """Stop the broker (SIGTERM, then SIGKILL) and remove a temporary data directory.
+
+        Afterwards `killed` tells whether SIGKILL was needed (the broker ignored SIGTERM).
+        """
         process, self._process = self._process, None
         if process is not None:
-            _terminate(process, self._stop_timeout)
+            self.killed = _terminate(process, self._stop_timeout)
             with _live_lock:
                 _live.discard(self)
         if self._owned_dir is not None:
@@ -334,21 +338,25 @@ class LocalKafka:
                     f"it was formatted with {SHARE_FEATURE}=0; the proxy must be the only share-group provider"
                 )
 
-def _terminate(process: subprocess.Popen[bytes], timeout: float) -> None:
+def _terminate(process: subprocess.Popen[bytes], timeout: float) -> bool:
+    """SIGTERM the process group, SIGKILL it after `timeout`; True when SIGKILL was needed."""
     if process.poll() is not None:
-        return
+        return False
     try:
         os.killpg(process.pid, signal.SIGTERM)
     except ProcessLookupError:
-        return
+        process.wait()
+        return False
     try:
         process.wait(timeout=timeout)
+        return False
     except subprocess.TimeoutExpired:
         try:
             os.killpg(process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         process.wait()
+        return True
 
 
 def _stop_all() -> None:

@@ -72,6 +72,10 @@ def run(args: argparse.Namespace) -> int:
         # A second Ctrl-C must not interrupt the clean stop.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        was_running = kafka.running
         kafka.stop()
+        if was_running:
+            outcome = "killed (it ignored SIGTERM)" if kafka.killed else "stopped"
+            print(f"local-kafka: broker {outcome}", file=sys.stderr, flush=True)
         for sig, handler in previous.items():
             signal.signal(sig, handler)

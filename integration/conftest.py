@@ -1,0 +1,60 @@
+"""Integration fixtures: a real Apache Kafka broker, the proxy in front of it, topics.
+
+`KSP_KAFKA_VERSION` picks the broker (default 4.4.0); CI runs the suite once per version.
+Every test under integration/ is marked `integration` automatically.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from integration.kafka_fixtures import ProxyProcess, create_topic, kafka_version, unique_name
+from proxy.localkafka import LocalKafka
+from proxy.localkafka.config import supports_share_groups
+
+INTEGRATION_DIR = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if INTEGRATION_DIR in Path(item.path).resolve().parents:
+            item.add_marker(pytest.mark.integration)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"integration: Apache Kafka {kafka_version()} (env KSP_KAFKA_VERSION)"
+
+
+@pytest.fixture(scope="session")
+def kafka() -> Iterator[LocalKafka]:
+    """A single-node Kafka broker with share groups off; `.bootstrap`, `.version`, `.broker_id`."""
+    with LocalKafka(version=kafka_version(), share_groups=False) as broker:
+        yield broker
+
+
+@pytest.fixture(scope="session")
+def native_kafka() -> Iterator[LocalKafka]:
+    """A second broker with Kafka's own share groups on (4.x only), for side-by-side comparisons."""
+    version = kafka_version()
+    if not supports_share_groups(version):
+        pytest.skip(f"Apache Kafka {version} has no native share groups (KIP-932 needs 4.x)")
+    with LocalKafka(version=version, share_groups=True) as broker:
+        yield broker
+
+
+@pytest.fixture(scope="session")
+def proxy(kafka: LocalKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
+    """`share-proxy serve --upstream <kafka> --listen 127.0.0.1:0`; `.bootstrap` is the proxy's."""
+    log_path = tmp_path_factory.mktemp("proxy") / "serve.log"
+    with ProxyProcess(upstream=kafka.bootstrap, log_path=log_path) as running:
+        yield running
+
+
+@pytest.fixture
+def topic(kafka: LocalKafka, request: pytest.FixtureRequest) -> str:
+    """A fresh one-partition topic, created directly on the broker."""
+    return create_topic(kafka.bootstrap, unique_name(re.sub(r"[^a-zA-Z0-9._-]+", "-", request.node.name)[:40]))

@@ -1,0 +1,100 @@
+"""Build the Java integration drivers once (`make java`), and run them from tests.
+
+`python -m integration.java.build` compiles src/ with Maven into target/classes and writes
+the dependency classpath to target/classpath.txt; it does nothing when both are newer than
+every source and the jars they name still exist.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+TARGET = HERE / "target"
+CLASSES = TARGET / "classes"
+CLASSPATH_FILE = TARGET / "classpath.txt"
+STAMP = TARGET / ".built"
+MAIN_CLASS = "io.ksp.driver.Main"
+
+
+class JavaDriverError(RuntimeError):
+    """Building or running a Java driver failed."""
+
+
+def sources() -> list[Path]:
+    return [HERE / "pom.xml", *sorted((HERE / "src").rglob("*.java"))]
+
+
+def is_up_to_date() -> bool:
+    if not (STAMP.is_file() and CLASSPATH_FILE.is_file() and CLASSES.is_dir()):
+        return False
+    built_at = STAMP.stat().st_mtime
+    if any(source.stat().st_mtime > built_at for source in sources()):
+        return False
+    return all(Path(jar).is_file() for jar in CLASSPATH_FILE.read_text().strip().split(":") if jar)
+
+
+def build(force: bool = False) -> Path:
+    """Compile when needed; returns the target directory."""
+    if not force and is_up_to_date():
+        return TARGET
+    if shutil.which("mvn") is None:
+        raise JavaDriverError("`mvn` (Apache Maven) is needed to build the Java drivers")
+    command = [
+        "mvn",
+        "-q",
+        "-B",
+        "package",
+        "dependency:build-classpath",
+        f"-Dmdep.outputFile={CLASSPATH_FILE}",
+    ]
+    result = subprocess.run(command, cwd=HERE, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise JavaDriverError(f"mvn failed (exit {result.returncode}):\n{(result.stdout + result.stderr)[-4000:]}")
+    STAMP.touch()
+    return TARGET
+
+
+def classpath() -> str:
+    return f"{CLASSES}:{CLASSPATH_FILE.read_text().strip()}"
+
+
+def driver_command(subcommand: str, **flags: object) -> list[str]:
+    """`java ... io.ksp.driver.Main <subcommand> --flag value ...` (underscores become dashes)."""
+    build()
+    java = shutil.which("java")
+    if java is None:
+        raise JavaDriverError("`java` (JDK 17+) is not on PATH")
+    arguments = [item for name, value in flags.items() for item in (f"--{name.replace('_', '-')}", str(value))]
+    return [java, "-XX:TieredStopAtLevel=1", "-cp", classpath(), MAIN_CLASS, subcommand, *arguments]
+
+
+def run_driver(subcommand: str, timeout: float = 180.0, **flags: object) -> dict[str, Any]:
+    """Run a driver subcommand and return its JSON summary; raises when it fails."""
+    result = subprocess.run(driver_command(subcommand, **flags), capture_output=True, text=True, timeout=timeout)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    if result.returncode != 0 or not lines:
+        raise JavaDriverError(
+            f"java driver {subcommand} failed (exit {result.returncode}):\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+        )
+    return json.loads(lines[-1])
+
+
+def main() -> int:
+    try:
+        already = is_up_to_date()
+        build()
+    except JavaDriverError as error:
+        print(error, file=sys.stderr)
+        return 1
+    print(f"java drivers {'up to date' if already else 'built'}: {TARGET}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""Helpers behind the integration fixtures: the proxy as a subprocess, topics, polling.
+
+Kept out of conftest.py so benchmarks and scripts can use them too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+READY_LINE = re.compile(r"^ready bootstrap=(?P<host>[^\s:]+):(?P<port>\d+)\b")
+KAFKA_VERSION_ENV = "KSP_KAFKA_VERSION"
+DEFAULT_KAFKA_VERSION = "4.4.0"
+
+
+def kafka_version() -> str:
+    return os.environ.get(KAFKA_VERSION_ENV) or DEFAULT_KAFKA_VERSION
+
+
+def share_proxy_executable() -> str:
+    """`share-proxy` from the running virtualenv (falls back to PATH)."""
+    beside_python = Path(sys.executable).parent / "share-proxy"
+    if beside_python.is_file():
+        return str(beside_python)
+    found = shutil.which("share-proxy")
+    if found is None:
+        raise RuntimeError("share-proxy is not installed in this environment (run `make venv`)")
+    return found
+
+
+class ReadyTimeout(RuntimeError):
+    """A subprocess did not print its ready line in time."""
+
+
+def wait_for_ready_line(process: subprocess.Popen[str], timeout: float, what: str, log_path: Path | None = None) -> re.Match[str]:
+    """Read stdout until the `ready bootstrap=HOST:PORT` line; fail if the process exits first."""
+    assert process.stdout is not None
+    deadline = time.monotonic() + timeout
+    seen: list[str] = []
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ)
+        while time.monotonic() < deadline:
+            if not selector.select(timeout=min(0.2, max(0.0, deadline - time.monotonic()))):
+                if process.poll() is not None:
+                    break
+                continue
+            line = process.stdout.readline()
+            if not line:
+                break
+            seen.append(line.rstrip("\n"))
+            match = READY_LINE.match(line)
+            if match:
+                return match
+    process.poll()
+    log = log_path.read_text(errors="replace")[-4000:] if log_path and log_path.exists() else ""
+    raise ReadyTimeout(
+        f"{what} printed no ready line within {timeout:.0f}s (exit code {process.returncode}); "
+        f"stdout {seen!r}; log:\n{log}"
+    )
+
+
+def terminate(process: subprocess.Popen[str], timeout: float = 15.0) -> int:
+    """SIGTERM, wait, SIGKILL as a last resort; the exit code (negative for a signal)."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    if process.stdout is not None:
+        process.stdout.close()
+    return process.returncode
+
+
+@dataclass
+class ProxyProcess:
+    """`share-proxy serve` running as a subprocess in front of `upstream`."""
+
+    upstream: str
+    log_path: Path
+    extra_args: Sequence[str] = ()
+    startup_timeout: float = 60.0
+    bootstrap: str = ""
+    host: str = ""
+    port: int = 0
+    process: subprocess.Popen[str] | None = field(default=None, repr=False)
+    exit_code: int | None = None
+
+    def command(self) -> list[str]:
+        return [
+            share_proxy_executable(),
+            "serve",
+            "--upstream",
+            self.upstream,
+            "--listen",
+            "127.0.0.1:0",
+            *self.extra_args,
+        ]
+
+    def start(self) -> ProxyProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "w") as log:
+            self.process = subprocess.Popen(
+                self.command(),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                start_new_session=True,  # Ctrl-C on pytest must not hit the proxy before teardown
+            )
+        try:
+            match = wait_for_ready_line(self.process, self.startup_timeout, "share-proxy serve", self.log_path)
+        except BaseException:
+            self.stop()
+            raise
+        self.host, self.port = match["host"], int(match["port"])
+        self.bootstrap = f"{self.host}:{self.port}"
+        return self
+
+    def stop(self) -> int | None:
+        if self.process is not None and self.exit_code is None:
+            self.exit_code = terminate(self.process)
+        return self.exit_code
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def __enter__(self) -> ProxyProcess:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def unique_name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def admin_client(bootstrap: str) -> AdminClient:
+    return AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 10000})
+
+
+def create_topics(
+    bootstrap: str,
+    names: Iterable[str],
+    partitions: int = 1,
+    config: dict[str, str] | None = None,
+    timeout: float = 30.0,
+) -> list[str]:
+    """Create topics (directly against `bootstrap`) and wait until every partition has a leader."""
+    admin = admin_client(bootstrap)
+    topics = list(names)
+    futures = admin.create_topics(
+        [NewTopic(name, num_partitions=partitions, replication_factor=1, config=config or {}) for name in topics],
+        operation_timeout=timeout,
+    )
+    for future in futures.values():
+        future.result(timeout=timeout)
+    wait_for_leaders(admin, topics, partitions, timeout)
+    return topics
+
+
+def create_topic(bootstrap: str, name: str, partitions: int = 1, config: dict[str, str] | None = None) -> str:
+    return create_topics(bootstrap, [name], partitions, config)[0]
+
+
+def wait_for_leaders(admin: AdminClient, topics: Sequence[str], partitions: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            metadata = admin.list_topics(timeout=5)
+        except KafkaException:
+            metadata = None
+        if metadata is not None and all(
+            name in metadata.topics
+            and metadata.topics[name].error is None
+            and len(metadata.topics[name].partitions) == partitions
+            and all(partition.leader >= 0 for partition in metadata.topics[name].partitions.values())
+            for name in topics
+        ):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"topics {list(topics)} have no leaders after {timeout}s")
+        time.sleep(0.05)
