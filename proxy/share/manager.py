@@ -457,8 +457,11 @@ class ShareService:
     async def heartbeat(self, request, *, client_id: str, client_host: str):
         subscribed = request.subscribed_topic_names
         if subscribed and any(name not in self.cluster.snapshot.topics_by_name for name in subscribed):
-            # A topic the proxy has not seen yet: refresh (rate-limited) before assigning.
-            if trio.current_time() - self._last_refresh > 1.0:
+            # A topic the proxy has not seen yet: refresh (at most once a second) before assigning.
+            # Within that second wait instead of skipping: a skipped refresh leaves the member
+            # without an assignment for a whole heartbeat interval.
+            await trio.sleep_until(self._last_refresh + 1.0)
+            if trio.current_time() - self._last_refresh >= 1.0:
                 await self._refresh_metadata()
         result = self.coordinator.heartbeat(
             request.group_id,
