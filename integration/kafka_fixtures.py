@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Sequence
@@ -20,6 +21,8 @@ from pathlib import Path
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
+
+from proxy.localkafka.broker import die_with_parent
 
 READY_LINE = re.compile(r"^ready bootstrap=(?P<host>[^\s:]+):(?P<port>\d+)\b")
 KAFKA_VERSION_ENV = "KSP_KAFKA_VERSION"
@@ -121,6 +124,8 @@ class ProxyProcess:
                 stderr=log,
                 text=True,
                 start_new_session=True,  # Ctrl-C on pytest must not hit the proxy before teardown
+                # ...and a killed pytest must not leave the proxy behind.
+                preexec_fn=die_with_parent if threading.current_thread() is threading.main_thread() else None,
             )
         try:
             match = wait_for_ready_line(self.process, self.startup_timeout, "share-proxy serve", self.log_path)

@@ -75,8 +75,11 @@ def find_java() -> str:
     return java
 
 
-def _die_with_parent() -> None:
-    """Run in the child before exec: the kernel kills it when the launching thread dies."""
+def die_with_parent() -> None:
+    """`preexec_fn` for child processes: the kernel SIGKILLs the child when the launching thread dies.
+
+    Only pass it when launching from the main thread (PDEATHSIG follows the thread, not the process).
+    """
     pr_set_pdeathsig = 1
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
 
@@ -281,7 +284,7 @@ class LocalKafka:
                 cwd=self.data_dir,
                 start_new_session=True,
                 # PDEATHSIG follows the launching *thread*; only safe from the main thread.
-                preexec_fn=_die_with_parent if on_main_thread else None,
+                preexec_fn=die_with_parent if on_main_thread else None,
             )
         with _live_lock:
             _live.add(self)
