@@ -181,9 +181,12 @@ class ClientConnection:
             self.log.error("unexpected error; closing connection", error=_first(group), exc_info=group)
         finally:
             metrics.CONNECTIONS_OPEN.dec()
-            await trio.aclose_forcefully(self.client)
-            if self._upstream is not None:
-                await trio.aclose_forcefully(self._upstream)
+            # Shielded so that an outer cancellation cannot skip the second close;
+            # forceful closes do not block, so the shield is bounded.
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(self.client)
+                if self._upstream is not None:
+                    await trio.aclose_forcefully(self._upstream)
             self.closed.set()
 
     def _bad_input(self, reason: str, group: BaseExceptionGroup) -> None:

@@ -1,0 +1,92 @@
+import argparse
+
+import pytest
+
+from proxy.config import OPTIONS, HostPort, configure_parser, load_config, parse_host_port
+from proxy.errors import ConfigError
+
+
+def parse(argv, environ=None):
+    parser = argparse.ArgumentParser()
+    configure_parser(parser)
+    return load_config(parser.parse_args(argv), environ=environ or {})
+
+
+def test_flags_win_over_environment_which_wins_over_the_file(tmp_path):
+    config_file = tmp_path / "proxy.toml"
+    config_file.write_text('upstream = "file:1"\nmax-frame-size = 10\nshutdown_grace = 1.5\nlog_level = "debug"\n')
+    config = parse(
+        ["--config", str(config_file), "--max-frame-size", "30"],
+        environ={"KSP_MAX_FRAME_SIZE": "20", "KSP_UPSTREAM": "env:2,env:3"},
+    )
+    assert config.max_frame_size == 30
+    assert config.upstream == (HostPort("env", 2), HostPort("env", 3))
+    assert config.shutdown_grace == 1.5
+    assert config.log_level == "debug"
+
+
+def test_config_file_from_environment(tmp_path):
+    config_file = tmp_path / "proxy.toml"
+    config_file.write_text('upstream = ["a:1", "b:2"]\nlog_json = true\n')
+    config = parse([], environ={"KSP_CONFIG": str(config_file)})
+    assert config.upstream == (HostPort("a", 1), HostPort("b", 2))
+    assert config.log_json is True
+
+
+def test_defaults():
+    config = parse(["--upstream", "kafka:9092"])
+    assert config.listen == HostPort("127.0.0.1", 9092)
+    assert config.effective_advertised_host == "127.0.0.1"
+    assert config.effective_broker_port_base == 9093
+    assert config.max_frame_size == 100 * 1024 * 1024
+
+
+def test_listen_port_zero_means_free_broker_ports_unless_a_base_is_given():
+    assert parse(["--upstream", "k:1", "--listen", "127.0.0.1:0"]).effective_broker_port_base is None
+    config = parse(["--upstream", "k:1", "--listen", "127.0.0.1:0", "--broker-port-base", "40000"])
+    assert config.effective_broker_port_base == 40000
+
+
+def test_switch_flag_and_boolean_environment():
+    assert parse(["--upstream", "k:1", "--log-json"]).log_json is True
+    assert parse(["--upstream", "k:1"], environ={"KSP_LOG_JSON": "yes"}).log_json is True
+    assert parse(["--upstream", "k:1"], environ={"KSP_LOG_JSON": "0"}).log_json is False
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ"),
+    [
+        ([], {}),  # upstream missing
+        (["--upstream", "nohost"], {}),
+        (["--upstream", "k:99999"], {}),
+        (["--upstream", "k:1", "--max-frame-size", "many"], {}),
+        (["--upstream", "k:1", "--max-in-flight", "0"], {}),
+        (["--upstream", "k:1", "--log-level", "loud"], {}),
+        (["--upstream", "k:1"], {"KSP_LOG_JSON": "maybe"}),
+        (["--upstream", "k:1", "--config", "/nonexistent.toml"], {}),
+    ],
+)
+def test_invalid_configuration_is_a_config_error(argv, environ):
+    with pytest.raises(ConfigError):
+        parse(argv, environ)
+
+
+def test_unknown_config_file_keys_are_rejected(tmp_path):
+    config_file = tmp_path / "proxy.toml"
+    config_file.write_text('upstream = "k:1"\nmax_frame_sise = 3\n')
+    with pytest.raises(ConfigError, match="max_frame_sise"):
+        parse(["--config", str(config_file)])
+
+
+def test_ipv6_literal():
+    assert parse_host_port("[::1]:9092") == HostPort("::1", 9092)
+    assert str(HostPort("::1", 9092)) == "[::1]:9092"
+
+
+def test_help_names_every_flag_and_environment_variable():
+    parser = argparse.ArgumentParser()
+    configure_parser(parser)
+    text = parser.format_help()
+    for option in OPTIONS:
+        assert option.flag in text
+        assert option.env in text

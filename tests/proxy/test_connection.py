@@ -1,0 +1,215 @@
+"""The connection loop on in-memory streams: ordering, pipelining, bad input."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+from codec.framing import encode_frame
+from codec.headers import RequestHeader, encode_request_header
+from proxy import metrics
+from proxy.apiversions import ApiVersionTable, VersionRange
+from proxy.connection import ClientConnection, Forward, Request, ServeLocally
+from proxy.errors import UpstreamError
+from proxy.upstream import FramedStream
+
+METADATA, PRODUCE, FETCH, LOCAL_API = 3, 0, 1, 78
+
+
+def request(correlation_id: int, api_key: int = METADATA, version: int = 12, body: bytes = b"") -> bytes:
+    return encode_request_header(RequestHeader(api_key, version, correlation_id, "test")) + body
+
+
+def response(correlation_id: int, body: bytes = b"") -> bytes:
+    return correlation_id.to_bytes(4, "big", signed=True) + b"\x00" + body
+
+
+class Harness:
+    """A ClientConnection between an in-memory client and an in-memory fake broker."""
+
+    def __init__(self, routes=None, upstream_fails: bool = False, max_in_flight: int = 8):
+        self.client_side, proxy_side = trio.testing.memory_stream_pair()
+        self.client = FramedStream(self.client_side, 1 << 20)
+        self.broker: FramedStream | None = None
+        self.broker_connected = trio.Event()
+        self.upstream_fails = upstream_fails
+        table = ApiVersionTable()
+        table.register_local(LOCAL_API, VersionRange(1, 2))
+        self.connection = ClientConnection(
+            FramedStream(proxy_side, max_frame_size=1024),
+            open_upstream=self._open_upstream,
+            routes=routes or {},
+            api_versions=table,
+            max_in_flight=max_in_flight,
+        )
+
+    async def _open_upstream(self) -> FramedStream:
+        if self.upstream_fails:
+            raise UpstreamError("broker down")
+        proxy_end, broker_end = trio.testing.memory_stream_pair()
+        self.broker = FramedStream(broker_end, 1 << 20)
+        self.broker_connected.set()
+        return FramedStream(proxy_end, 1 << 20)
+
+    async def broker_receive(self) -> bytes:
+        await self.broker_connected.wait()
+        frame = await self.broker.receive_frame()
+        assert frame is not None
+        return frame
+
+
+def correlation_of(request_frame: bytes) -> int:
+    return int.from_bytes(request_frame[4:8], "big", signed=True)
+
+
+async def test_pipelined_requests_are_forwarded_unchanged_and_answered_in_order():
+    h = Harness()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(h.connection.serve)
+        sent = [request(cid, body=b"body-%d" % cid) for cid in (1, 2, 3)]
+        for frame in sent:
+            await h.client.send_frame(frame)
+        forwarded = [await h.broker_receive() for _ in sent]
+        assert forwarded == sent  # byte for byte
+        for cid in (1, 2, 3):
+            await h.broker.send_frame(response(cid, b"answer-%d" % cid))
+        answers = [await h.client.receive_frame() for _ in sent]
+        assert answers == [response(cid, b"answer-%d" % cid) for cid in (1, 2, 3)]
+        await h.client_side.aclose()
+    assert h.connection.closed.is_set()
+
+
+async def test_a_slow_local_answer_holds_back_later_forwarded_ones(autojump_clock):
+    async def slow_local(req: Request, connection: ClientConnection) -> bytes:
+        await trio.sleep(5)
+        return response(req.header.correlation_id, b"local")
+
+    h = Harness(routes={LOCAL_API: ServeLocally(slow_local)})
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(h.connection.serve)
+        await h.client.send_frame(request(1, LOCAL_API, 1))
+        await h.client.send_frame(request(2))
+        assert correlation_of(await h.broker_receive()) == 2
+        await h.broker.send_frame(response(2, b"forwarded"))
+        first = await h.client.receive_frame()
+        second = await h.client.receive_frame()
+        assert (first, second) == (response(1, b"local"), response(2, b"forwarded"))
+        await h.client_side.aclose()
+
+
+async def test_transform_applies_to_its_own_response_only():
+    async def upper(req: Request, payload: bytes) -> bytes:
+        return payload[:4] + payload[4:].upper()
+
+    h = Harness(routes={METADATA: Forward(upper)})
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(h.connection.serve)
+        await h.client.send_frame(request(1, FETCH, 12))
+        await h.client.send_frame(request(2, METADATA, 12))
+        for _ in range(2):
+            frame = await h.broker_receive()
+            await h.broker.send_frame(response(correlation_of(frame), b"abc"))
+        assert await h.client.receive_frame() == response(1, b"abc")
+        assert await h.client.receive_frame() == response(2, b"ABC")
+        await h.client_side.aclose()
+
+
+def produce_request(correlation_id: int, acks: int) -> bytes:
+    # Produce v9 (flexible): compact transactional id (null) then acks.
+    return request(correlation_id, PRODUCE, 9, b"\x00" + acks.to_bytes(2, "big", signed=True) + b"rest")
+
+
+async def test_produce_with_acks_zero_expects_no_response():
+    h = Harness()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(h.connection.serve)
+        await h.client.send_frame(produce_request(1, acks=0))
+        await h.client.send_frame(produce_request(2, acks=1))
+        assert correlation_of(await h.broker_receive()) == 1
+        assert correlation_of(await h.broker_receive()) == 2
+        await h.broker.send_frame(response(2))  # the broker never answers acks=0
+        assert await h.client.receive_frame() == response(2)
+        await h.client_side.aclose()
+
+
+async def assert_closed_by_proxy(h: Harness) -> None:
+    with trio.fail_after(5):
+        assert await h.client_side.receive_some(100) == b""
+        await h.connection.closed.wait()
+
+
+async def run_bad_input(raw: bytes, reason: str) -> None:
+    h = Harness()
+    before = metrics.BAD_FRAMES.labels(reason=reason)._value.get()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(h.connection.serve)
+        await h.client_side.send_all(raw)
+        if reason == "truncated_frame":
+            await h.client_side.send_eof()
+        await assert_closed_by_proxy(h)
+    assert metrics.BAD_FRAMES.labels(reason=reason)._value.get() == before + 1
+
+
+async def test_oversized_size_prefix_closes_the_connection():
+    await run_bad_input((1 << 30).to_bytes(4, "big"), "bad_size_prefix")
+
+
+async def test_negative_size_prefix_closes_the_connection():
+    await run_bad_input(b"\xff\xff\xff\xff", "bad_size_prefix")
+
+
+async def test_garbage_header_closes_the_connection():
+    await run_bad_input(encode_frame(b"\x27\x0f\x00\x01garbage!"), "bad_header")
+
+
+async def test_truncated_frame_closes_the_connection():
+    await run_bad_input(encode_frame(request(1))[:-3], "truncated_frame")
+
+
+async def test_version_the_proxy_does_not_advertise_closes_the_connection():
+    await run_bad_input(encode_frame(request(1, FETCH, 16)), "unsupported_request")
+
+
+async def test_unreachable_upstream_closes_the_connection():
+    h = Harness(upstream_fails=True)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(h.connection.serve)
+        await h.client.send_frame(request(1))
+        await assert_closed_by_proxy(h)
+
+
+async def test_upstream_answering_the_wrong_correlation_id_closes_the_connection():
+    h = Harness()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(h.connection.serve)
+        await h.client.send_frame(request(1))
+        await h.broker_receive()
+        await h.broker.send_frame(response(99))
+        await assert_closed_by_proxy(h)
+
+
+async def test_stop_reading_still_delivers_responses_already_owed():
+    h = Harness()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(h.connection.serve)
+        await h.client.send_frame(request(1))
+        await h.broker_receive()
+        h.connection.stop_reading()
+        await h.broker.send_frame(response(1, b"owed"))
+        assert await h.client.receive_frame() == response(1, b"owed")
+        await assert_closed_by_proxy(h)
+
+
+async def test_max_in_flight_stops_reading_a_client_that_never_reads(autojump_clock):
+    h = Harness(max_in_flight=2)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(h.connection.serve)
+        for cid in range(1, 6):
+            await h.client.send_frame(request(cid))
+        forwarded = []
+        with trio.move_on_after(1):
+            while True:
+                forwarded.append(correlation_of(await h.broker_receive()))
+        # Two slots in the order channel, one held by the writer waiting for its answer.
+        assert forwarded == [1, 2, 3]
+        nursery.cancel_scope.cancel()

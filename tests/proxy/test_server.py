@@ -1,0 +1,202 @@
+"""The whole proxy in-process, in front of fake brokers on loopback TCP."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import trio
+from kio.index import load_payload_module
+from kio.static.constants import EntityType
+from kio.static.primitive import i16, i32
+
+from codec.headers import RequestHeader, encode_request_header, parse_request_header
+from proxy.config import HostPort, ProxyConfig
+from proxy.rewrite import decode_response
+from proxy.server import Proxy
+from proxy.upstream import FramedStream
+from tests.proxy.kio_build import build, response_frame
+
+API_VERSIONS, METADATA, ECHO_API = 18, 3, 32  # DescribeConfigs stands for "anything forwarded"
+
+
+@dataclass
+class FakeCluster:
+    """Brokers that answer ApiVersions, Metadata (listing `brokers`) and echo anything else."""
+
+    brokers: dict[int, int] = field(default_factory=dict)  # node id -> port
+
+    async def start(self, nursery: trio.Nursery, node_id: int) -> None:
+        async def handler(stream: trio.SocketStream) -> None:
+            async with stream:
+                framed = FramedStream(stream, 1 << 20)
+                while (frame := await framed.receive_frame()) is not None:
+                    header, _ = parse_request_header(frame)
+                    await framed.send_frame(self.answer(node_id, header))
+
+        (listener,) = await nursery.start(functools.partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
+        self.brokers[node_id] = listener.socket.getsockname()[1]
+
+    def answer(self, node_id: int, header: RequestHeader) -> bytes:
+        cid, version = header.correlation_id, header.api_version
+        m = load_payload_module(header.api_key, version, EntityType.response) if header.api_key in (18, 3) else None
+        if header.api_key == API_VERSIONS:
+            keys = [(API_VERSIONS, 0, 4), (METADATA, 0, 12), (ECHO_API, 1, 4)]
+            entity = build(
+                m.ApiVersionsResponse,
+                api_keys=tuple(m.ApiVersion(api_key=i16(k), min_version=i16(a), max_version=i16(b)) for k, a, b in keys),
+            )
+            return response_frame(entity, cid)
+        if header.api_key == METADATA:
+            entity = build(
+                m.MetadataResponse,
+                brokers=tuple(
+                    build(m.MetadataResponseBroker, node_id=i32(n), host="127.0.0.1", port=i32(p))
+                    for n, p in sorted(self.brokers.items())
+                ),
+            )
+            return response_frame(entity, cid)
+        return cid.to_bytes(4, "big") + b"from-broker-%d" % node_id
+
+
+async def call(address: HostPort, api_key: int, version: int, correlation_id: int = 1) -> bytes | None:
+    stream = await trio.open_tcp_stream(address.host, address.port)
+    async with stream:
+        framed = FramedStream(stream, 1 << 20)
+        await framed.send_frame(encode_request_header(RequestHeader(api_key, version, correlation_id, "t")))
+        return await framed.receive_frame()
+
+
+async def metadata_brokers(address: HostPort) -> dict[int, int]:
+    frame = await call(address, METADATA, 12)
+    _, entity = decode_response(METADATA, 12, frame)
+    assert {b.host for b in entity.brokers} == {"127.0.0.1"}
+    return {int(b.node_id): int(b.port) for b in entity.brokers}
+
+
+def config(upstream: list[int], **kwargs) -> ProxyConfig:
+    return ProxyConfig(
+        upstream=tuple(HostPort("127.0.0.1", p) for p in upstream),
+        listen=HostPort("127.0.0.1", 0),
+        connect_timeout=2,
+        shutdown_grace=1,
+        **kwargs,
+    )
+
+
+async def test_brokers_are_served_on_their_own_proxy_ports():
+    cluster = FakeCluster()
+    async with trio.open_nursery() as nursery:
+        await cluster.start(nursery, 1)
+        await cluster.start(nursery, 5)
+        proxy = Proxy(config([cluster.brokers[1]]))
+        bootstrap = await nursery.start(proxy.run)
+        ports = await metadata_brokers(bootstrap)
+        assert set(ports) == {1, 5}
+        assert not set(ports.values()) & set(cluster.brokers.values())  # no upstream port leaks
+        assert await call(HostPort("127.0.0.1", ports[5]), ECHO_API, 1, 9) == (9).to_bytes(4, "big") + b"from-broker-5"
+        assert await call(bootstrap, ECHO_API, 1, 8) == (8).to_bytes(4, "big") + b"from-broker-1"
+        # The mapping is stable within the process.
+        assert await metadata_brokers(HostPort("127.0.0.1", ports[1])) == ports
+        proxy.shutdown()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_broker_appearing_later_gets_a_listener_before_clients_hear_of_it():
+    cluster = FakeCluster()
+    async with trio.open_nursery() as nursery:
+        await cluster.start(nursery, 1)
+        proxy = Proxy(config([cluster.brokers[1]]))
+        bootstrap = await nursery.start(proxy.run)
+        assert set(await metadata_brokers(bootstrap)) == {1}
+        await cluster.start(nursery, 2)
+        ports = await metadata_brokers(bootstrap)
+        assert await call(HostPort("127.0.0.1", ports[2]), ECHO_API, 1) == (1).to_bytes(4, "big") + b"from-broker-2"
+        nursery.cancel_scope.cancel()
+
+
+async def test_configured_port_base_maps_broker_ids_deterministically():
+    cluster = FakeCluster()
+    async with trio.open_nursery() as nursery:
+        await cluster.start(nursery, 3)
+        # Find a free block by asking the OS for a port and building from it.
+        probe = trio.socket.socket()
+        await probe.bind(("127.0.0.1", 0))
+        base = probe.getsockname()[1] - 3
+        probe.close()
+        proxy = Proxy(config([cluster.brokers[3]], broker_port_base=base))
+        bootstrap = await nursery.start(proxy.run)
+        assert await metadata_brokers(bootstrap) == {3: base + 3}
+        nursery.cancel_scope.cancel()
+
+
+async def test_garbage_on_one_connection_leaves_others_and_the_proxy_running():
+    cluster = FakeCluster()
+    async with trio.open_nursery() as nursery:
+        await cluster.start(nursery, 1)
+        proxy = Proxy(config([cluster.brokers[1]], max_frame_size=1000))
+        bootstrap = await nursery.start(proxy.run)
+        good = await trio.open_tcp_stream(bootstrap.host, bootstrap.port)
+        good_framed = FramedStream(good, 1 << 20)
+        for garbage in (b"\xde\xad\xbe\xef" * 8, (5000).to_bytes(4, "big"), b"\x00\x00\x00\x10abc"):
+            bad = await trio.open_tcp_stream(bootstrap.host, bootstrap.port)
+            await bad.send_all(garbage)
+            await bad.send_eof()
+            with trio.fail_after(5):
+                assert await bad.receive_some(100) == b""
+            await bad.aclose()
+            await good_framed.send_frame(encode_request_header(RequestHeader(ECHO_API, 1, 7, "good")))
+            assert await good_framed.receive_frame() == (7).to_bytes(4, "big") + b"from-broker-1"
+        await good.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_unreachable_upstream_closes_the_client_but_not_the_proxy():
+    probe = trio.socket.socket()
+    await probe.bind(("127.0.0.1", 0))
+    dead_port = probe.getsockname()[1]
+    probe.close()
+    async with trio.open_nursery() as nursery:
+        proxy = Proxy(config([dead_port]))
+        bootstrap = await nursery.start(proxy.run)
+        for _ in range(2):
+            assert await call(bootstrap, ECHO_API, 1) is None
+        nursery.cancel_scope.cancel()
+
+
+async def test_unsupported_api_versions_version_is_answered_like_kafka():
+    cluster = FakeCluster()
+    async with trio.open_nursery() as nursery:
+        await cluster.start(nursery, 1)
+        proxy = Proxy(config([cluster.brokers[1]]))
+        bootstrap = await nursery.start(proxy.run)
+        answer = await call(bootstrap, API_VERSIONS, 9, 5)
+        assert answer == bytes.fromhex("00000005" "0023" "00000001" "0012" "0000" "0004")
+        nursery.cancel_scope.cancel()
+
+
+async def test_shutdown_stops_listening_and_returns():
+    cluster = FakeCluster()
+    async with trio.open_nursery() as nursery:
+        await cluster.start(nursery, 1)
+        proxy = Proxy(config([cluster.brokers[1]]))
+        done = trio.Event()
+
+        async def run_proxy(task_status=trio.TASK_STATUS_IGNORED):
+            await proxy.run(task_status=task_status)
+            done.set()
+
+        bootstrap = await nursery.start(run_proxy)
+        idle = await trio.open_tcp_stream(bootstrap.host, bootstrap.port)
+        proxy.shutdown()
+        with trio.fail_after(5):
+            await done.wait()
+            assert await idle.receive_some(10) == b""
+        await idle.aclose()
+        try:
+            await trio.open_tcp_stream(bootstrap.host, bootstrap.port)
+        except OSError:
+            pass
+        else:
+            raise AssertionError("proxy still accepting after shutdown")
+        nursery.cancel_scope.cancel()
