@@ -27,6 +27,8 @@ METADATA_VERSION = 12  # topic ids and names; served by Kafka 3.x and 4.x alike
 LIST_OFFSETS_VERSION = 7  # 3.9 and 4.x
 FETCH_MIN_VERSION = 13  # the first Fetch version addressed by topic id
 FETCH_MAX_VERSION = 17
+LIST_GROUPS = 16
+LIST_GROUPS_MAX_VERSION = 5  # v5 reports the group type (classic, consumer, share, streams)
 
 LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2
@@ -190,6 +192,25 @@ class Cluster:
         self._pools.clear()
 
     # ----- requests -----------------------------------------------------------------
+
+    async def upstream_group_type(self, group_id: str) -> str | None:
+        """The type ("classic", "consumer", ...) of a group the upstream cluster knows, else None.
+
+        ListGroups is answered per broker (each lists the groups it coordinates), so every broker
+        is asked.
+        """
+        for node_id in list(self.snapshot.brokers):
+            async with self._client(node_id) as client:
+                versions = await client.api_versions()
+                version = min(versions.get(LIST_GROUPS, (0, 0))[1], LIST_GROUPS_MAX_VERSION)
+                schema = load_request_schema(LIST_GROUPS, version)
+                response = await client.call(schema())
+            if _code(response.error_code) != NONE:
+                raise UpstreamError(f"ListGroups failed on broker {node_id}: error {_code(response.error_code)}")
+            for group in response.groups:
+                if group.group_id == group_id:
+                    return getattr(group, "group_type", "") or group.protocol_type or "classic"
+        return None
 
     async def list_offset(self, topic: TopicInfo, partition: int, timestamp: int) -> int:
         """The offset for `timestamp` (LATEST_TIMESTAMP, EARLIEST_TIMESTAMP or a time in ms).

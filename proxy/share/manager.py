@@ -463,6 +463,13 @@ class ShareService:
             await trio.sleep_until(self._last_refresh + 1.0)
             if trio.current_time() - self._last_refresh >= 1.0:
                 await self._refresh_metadata()
+        other_type = False
+        if int(request.member_epoch) == 0 and not self.coordinator.has_group(request.group_id):
+            # One group-id namespace: a new share group must not shadow an upstream group.
+            try:
+                other_type = await self.cluster.upstream_group_type(request.group_id) is not None
+            except UpstreamError as exc:
+                log.warning("cannot check upstream groups", group=request.group_id, error=str(exc))
         result = self.coordinator.heartbeat(
             request.group_id,
             request.member_id,
@@ -472,6 +479,7 @@ class ShareService:
             subscribed_topic_names=subscribed,
             client_id=client_id,
             client_host=client_host,
+            group_is_other_type=other_type,
         )
         self._handle_events(result.events)
         self._timer_wakeup.set()

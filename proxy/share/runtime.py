@@ -17,6 +17,7 @@ from proxy.server import Proxy
 from proxy.share import state_store
 from proxy.share.cluster import Cluster
 from proxy.share.coordinator import CoordinatorConfig, ShareGroupConfig, ShareGroupLimits, parse_auto_offset_reset
+from proxy.share.group_guard import CONSUMER_GROUP_HEARTBEAT, JOIN_GROUP, ConsumerGroupGuard
 from proxy.share.manager import ShareService, ShareServiceConfig
 from proxy.share.persister import (
     PersistError,
@@ -104,6 +105,9 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
     service.restore(recovered)
     await nursery.start(service.run)
     proxy.routes.update(share_routes(service))
+    guard = ConsumerGroupGuard(service.coordinator)
+    proxy.routes[JOIN_GROUP] = guard
+    proxy.routes[CONSUMER_GROUP_HEARTBEAT] = guard
     for api_key, versions in served_version_ranges().items():
         proxy.api_versions.register_local(api_key, versions)
     log.info("share groups served", state_topic=settings.state_topic, replayed_records=len(replayed))
