@@ -29,20 +29,39 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"integration: Apache Kafka {kafka_version()} (env KSP_KAFKA_VERSION)"
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    """On failure, attach where the broker logs and the tail of the proxy's log to the report."""
+    report = yield
+    if report.failed and isinstance(item, pytest.Function):
+        broker = item.funcargs.get("kafka")
+        if isinstance(broker, LocalKafka) and broker.log_path is not None:
+            report.sections.append(("kafka", f"Apache Kafka {broker.version} log: {broker.log_path}"))
+        running = item.funcargs.get("proxy")
+        if isinstance(running, ProxyProcess):
+            tail = "\n".join(running.log_text().splitlines()[-60:])
+            report.sections.append(("share-proxy serve log (tail)", f"{running.log_path}\n{tail}"))
+    return report
+
+
 @pytest.fixture(scope="session")
-def kafka() -> Iterator[LocalKafka]:
-    """A single-node Kafka broker with share groups off; `.bootstrap`, `.version`, `.broker_id`."""
-    with LocalKafka(version=kafka_version(), share_groups=False) as broker:
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
+    """A single-node Kafka broker with share groups off; `.bootstrap`, `.version`, `.broker_id`.
+
+    Its data and server.log live under pytest's temporary directory, kept after the run.
+    """
+    data_dir = tmp_path_factory.mktemp("kafka")
+    with LocalKafka(version=kafka_version(), share_groups=False, data_dir=data_dir) as broker:
         yield broker
 
 
 @pytest.fixture(scope="session")
-def native_kafka() -> Iterator[LocalKafka]:
+def native_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
     """A second broker with Kafka's own share groups on (4.x only), for side-by-side comparisons."""
     version = kafka_version()
     if not supports_share_groups(version):
         pytest.skip(f"Apache Kafka {version} has no native share groups (KIP-932 needs 4.x)")
-    with LocalKafka(version=version, share_groups=True) as broker:
+    with LocalKafka(version=version, share_groups=True, data_dir=tmp_path_factory.mktemp("native-kafka")) as broker:
         yield broker
 
 

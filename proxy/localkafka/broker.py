@@ -34,6 +34,7 @@ from proxy.localkafka.config import (
     BrokerSettings,
     broker_properties,
     format_command,
+    format_features,
     random_cluster_id,
     render_properties,
     supports_share_groups,
@@ -102,6 +103,7 @@ class LocalKafka:
         *,
         auto_create_topics: bool = True,
         heap: str = "512m",
+        jvm_options: tuple[str, ...] = (),
         startup_timeout: float = 90.0,
         stop_timeout: float = 30.0,
     ) -> None:
@@ -115,6 +117,7 @@ class LocalKafka:
         self._requested_controller_port = controller_port
         self._auto_create_topics = auto_create_topics
         self._heap = heap
+        self._jvm_options = tuple(jvm_options)
         self._startup_timeout = startup_timeout
         self._stop_timeout = stop_timeout
         self._process: subprocess.Popen[bytes] | None = None
@@ -252,7 +255,8 @@ class LocalKafka:
                 if result.returncode != 0 or not (staging / "meta.properties").exists():
                     output = (result.stdout + result.stderr).strip()
                     raise LocalKafkaError(f"formatting KRaft storage failed (exit {result.returncode}):\n{output[-4000:]}")
-                (staging / FORMATTED_MARKER).write_text(" ".join(command[-4:]) + "\n")
+                features = " ".join(format_features(settings)) or "(no features)"
+                (staging / FORMATTED_MARKER).write_text(f"formatted for Kafka {self.version} with {features}\n")
                 shutil.rmtree(template, ignore_errors=True)
                 staging.rename(template)
         return template
@@ -269,6 +273,7 @@ class LocalKafka:
             f"-Dlog4j2.configurationFile={package_file('log4j2.properties')}",
             f"-Dlog4j.configuration=file:{package_file('log4j.properties')}",
             f"-Dkafka.logs.dir={self.data_dir}",
+            *self._jvm_options,
             "-cp",
             classpath(self.lib_dir),
             "kafka.Kafka",
