@@ -1,0 +1,328 @@
+"""Fixtures for share-group integration tests: proxies, topics, names, clients.
+
+`share_proxy(*flags)` starts `share-proxy serve` as a subprocess in front of the session `kafka`
+broker (from integration/conftest.py), with its own fresh state topic unless one is given, and
+SIGTERMs it at teardown. Every test gets unique topic and group names, so tests share the broker
+but never each other's data.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import trio
+from confluent_kafka import Producer, ShareConsumer
+from confluent_kafka.admin import AdminClient, NewTopic
+from kio.index import load_request_schema
+
+from proxy.config import parse_host_port
+from proxy.upstream import UpstreamClient, open_upstream
+
+SHARE_PROXY = str(Path(sys.executable).with_name("share-proxy"))
+READY = re.compile(rb"ready bootstrap=(\S+)")
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 20.0
+
+
+@dataclass(eq=False)
+class RunningProxy:
+    """A `share-proxy serve` subprocess; its stdout and stderr go to `log_path`."""
+
+    upstream: str
+    state_topic: str
+    flags: tuple[str, ...]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    bootstrap: str = ""
+    starts: int = field(default=0)
+
+    def start(self) -> RunningProxy:
+        """Start (or start again, with the same state topic) and wait for the ready line."""
+        assert self.process is None, "already running"
+        self.starts += 1
+        log = self.log_path.with_suffix(f".{self.starts}.log")
+        command = [
+            SHARE_PROXY, "serve",
+            "--upstream", self.upstream,
+            "--listen", "127.0.0.1:0",
+            "--state-topic", self.state_topic,
+            "--share-auto-offset-reset", "earliest",
+            *self.flags,
+        ]
+        with log.open("wb") as out:
+            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            match = READY.search(log.read_bytes())
+            if match:
+                self.bootstrap = match.group(1).decode()
+                return self
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.kill()
+        raise RuntimeError(f"share-proxy did not become ready:\n{self.log_tail(log)}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        """Send `sig` and wait for the exit; SIGKILL if it does not exit in time."""
+        process, self.process = self.process, None
+        if process is None:
+            return 0
+        if process.poll() is None:
+            process.send_signal(sig)
+            try:
+                return process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+                raise RuntimeError(f"share-proxy ignored signal {sig} for {STOP_TIMEOUT_S}s")
+        return process.returncode
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def restart(self) -> RunningProxy:
+        self.stop()
+        return self.start()
+
+    def log_tail(self, log: Path | None = None, lines: int = 60) -> str:
+        log = log or self.log_path.with_suffix(f".{self.starts}.log")
+        if not log.exists():
+            return ""
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+
+ProxyFactory = Callable[..., RunningProxy]
+
+
+class ProxyStarter:
+    """Starts proxies against one broker, each with a fresh state topic unless given one."""
+
+    def __init__(self, upstream: str, directory: Path) -> None:
+        self.upstream = upstream
+        self.directory = directory
+        self.started: list[RunningProxy] = []
+
+    def __call__(self, *flags: str, state_topic: str | None = None) -> RunningProxy:
+        proxy = RunningProxy(
+            upstream=self.upstream,
+            state_topic=state_topic or f"__share_proxy_state_{uuid.uuid4().hex[:12]}",
+            flags=tuple(flags),
+            log_path=self.directory / f"share-proxy-{len(self.started)}",
+        )
+        self.started.append(proxy)
+        return proxy.start()
+
+    def stop_all(self) -> None:
+        failures = []
+        for proxy in self.started:
+            exit_code = proxy.stop()
+            # SIGTERM is a clean shutdown; anything else means the proxy crashed or hung.
+            if exit_code not in (0, -signal.SIGTERM):
+                failures.append(f"proxy exited {exit_code}:\n{proxy.log_tail()}")
+        assert not failures, "\n".join(failures)
+
+
+@pytest.fixture
+def share_proxy(kafka, tmp_path: Path) -> Iterator[ProxyFactory]:
+    """Factory: `share_proxy("--share-delivery-count-limit", "2", state_topic=None)` -> RunningProxy.
+
+    Every proxy it started is stopped (SIGTERM) when the test ends.
+    """
+    starter = ProxyStarter(kafka.bootstrap, tmp_path)
+    yield starter
+    starter.stop_all()
+
+
+@pytest.fixture(scope="module")
+def module_share_proxy(kafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyFactory]:
+    """As `share_proxy`, but the proxies live for the module (a start costs seconds of imports).
+
+    Tests sharing a proxy stay independent through their own topics and groups.
+    """
+    starter = ProxyStarter(kafka.bootstrap, tmp_path_factory.mktemp("share-proxy"))
+    yield starter
+    starter.stop_all()
+
+
+@dataclass(frozen=True, slots=True)
+class Names:
+    topic: str
+    group: str
+
+    def another(self, kind: str) -> str:
+        return f"{self.topic}-{kind}-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture
+def names(request: pytest.FixtureRequest) -> Names:
+    stem = re.sub(r"[^A-Za-z0-9]+", "-", request.node.name)[:60].strip("-")
+    suffix = uuid.uuid4().hex[:8]
+    return Names(topic=f"t-{stem}-{suffix}", group=f"g-{stem}-{suffix}")
+
+
+@pytest.fixture
+def create_topic(kafka) -> Callable[..., str]:
+    """`create_topic(name, partitions=1)`: create and wait until the broker has it."""
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+
+    def create(name: str, partitions: int = 1, config: dict[str, str] | None = None) -> str:
+        futures = admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1,
+                                                config=config or {})])
+        futures[name].result(timeout=30)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            topic = admin.list_topics(name, timeout=10).topics.get(name)
+            if topic is not None and topic.error is None and len(topic.partitions) == partitions:
+                return name
+            time.sleep(0.1)
+        raise RuntimeError(f"topic {name} did not appear")
+
+    return create
+
+
+def produce(bootstrap: str, topic: str, count: int, *, partitions: int = 1, start: int = 0,
+            batch_records: int = 10_000) -> list[bytes]:
+    """Produce values str(start)..str(start+count-1), round-robin over `partitions`; returns them.
+
+    `batch_records` caps records per producer batch: share acquisition is batch-aligned, so
+    smaller batches spread a burst over more consumers.
+    """
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True,
+                         "batch.num.messages": batch_records})
+    values = [str(i).encode() for i in range(start, start + count)]
+    failures: list[str] = []
+
+    def on_delivery(err, _msg) -> None:
+        if err is not None:
+            failures.append(str(err))
+
+    for i, value in enumerate(values):
+        while True:
+            try:
+                producer.produce(topic, value=value, partition=i % partitions, on_delivery=on_delivery)
+                break
+            except BufferError:
+                producer.poll(0.1)
+    remaining = producer.flush(60)
+    assert remaining == 0 and not failures, f"produce failed: {remaining} unflushed, {failures[:3]}"
+    return values
+
+
+def share_consumer(bootstrap: str, group: str, topic: str, config: dict[str, object] | None = None) -> ShareConsumer:
+    """A confluent_kafka.ShareConsumer in `group`, subscribed to `topic`."""
+    settings: dict[str, object] = {"bootstrap.servers": bootstrap, "group.id": group}
+    settings.update(config or {})
+    consumer = ShareConsumer(settings)
+    consumer.subscribe([topic])
+    return consumer
+
+
+def kafka_version(kafka) -> str:
+    return getattr(kafka, "version", os.environ.get("KSP_KAFKA_VERSION", "4.4.0"))
+
+
+# ----- share consumers in threads ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    value: bytes
+    partition: int
+    offset: int
+    delivery_count: int
+
+
+class ConsumerThread(threading.Thread):
+    """Polls a ShareConsumer (implicit acknowledgement) until stopped, recording every delivery.
+
+    `processing_s` is slept after each non-empty poll: work that takes time, so a fast consumer
+    cannot take everything before the others fetch.
+    """
+
+    def __init__(self, bootstrap: str, group: str, topic: str, *, name: str,
+                 config: dict[str, object] | None = None, processing_s: float = 0.0) -> None:
+        super().__init__(name=name, daemon=True)
+        self.consumer = share_consumer(bootstrap, group, topic, config)
+        self.processing_s = processing_s
+        self.deliveries: list[Delivery] = []
+        self.errors: list[str] = []
+        self.polls = 0
+        self._stop_requested = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self._stop_requested.is_set():
+                messages = self.consumer.poll(0.2)
+                self.polls += 1
+                for message in messages:
+                    if message.error() is not None:
+                        self.errors.append(str(message.error()))
+                        continue
+                    self.deliveries.append(Delivery(message.value(), message.partition(), message.offset(),
+                                                    message.delivery_count()))
+                if messages and self.processing_s:
+                    time.sleep(self.processing_s)
+        except Exception as exc:  # noqa: BLE001 - reported by the test through `errors`
+            self.errors.append(f"{type(exc).__name__}: {exc}")
+        finally:
+            self.consumer.close()  # accepts the last poll's records and leaves the group
+
+    def finish(self, timeout: float = 30.0) -> None:
+        self._stop_requested.set()
+        self.join(timeout)
+        assert not self.is_alive(), f"{self.name} did not stop"
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+# ----- ShareGroupDescribe through the proxy --------------------------------------------------
+
+
+def describe_share_group(bootstrap: str, group: str):
+    """The proxy's ShareGroupDescribe (v1) answer for `group` (a kio DescribedGroup)."""
+
+    async def call():
+        stream = await open_upstream(parse_host_port(bootstrap), timeout=10, max_frame_size=1 << 24)
+        client = UpstreamClient(stream, client_id="share-integration-test")
+        try:
+            request = load_request_schema(77, 1)(group_ids=(group,), include_authorized_operations=False)
+            return (await client.call(request)).groups[0]
+        finally:
+            await client.aclose()
+
+    return trio.run(call)
+
+
+def wait_for_assigned_members(bootstrap: str, group: str, count: int, timeout: float = 30.0):
+    """Wait until `group` has `count` members, each assigned at least one partition."""
+    described = None
+
+    def ready() -> bool:
+        nonlocal described
+        described = describe_share_group(bootstrap, group)
+        members = described.members or ()
+        return len(members) == count and all(
+            any(t.partitions for t in m.assignment.topic_partitions) for m in members
+        )
+
+    wait_until(ready, timeout, f"{count} assigned members in {group}", interval=0.2)
+    return described
