@@ -76,7 +76,9 @@ class FrameDecoder:
         if available - SIZE_PREFIX_BYTES < size:
             return None
         payload_start = start + SIZE_PREFIX_BYTES
-        frame = bytes(self._buffer[payload_start : payload_start + size])
+        # One copy straight out of the buffer (slicing the bytearray first would copy twice).
+        with memoryview(self._buffer) as view:
+            frame = bytes(view[payload_start : payload_start + size])
         self._start = payload_start + size
         self._compact()
         return frame
