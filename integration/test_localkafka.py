@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 from integration.kafka_fixtures import kafka_version, share_proxy_executable, terminate, wait_for_ready_line
@@ -79,3 +81,29 @@ def test_local_kafka_command_prints_ready_serves_and_stops_cleanly(tmp_path: Pat
 
     assert java_processes_using(data_dir) == []
     assert (data_dir / "kraft" / "meta.properties").is_file(), "a given --data-dir is kept"
+
+
+def test_killing_the_launcher_takes_the_broker_with_it(tmp_path: Path) -> None:
+    """Even a SIGKILLed launcher (a crashed test run) leaves no orphan JVM behind."""
+    data_dir = tmp_path / "kafka-data"
+    process = subprocess.Popen(
+        [share_proxy_executable(), "local-kafka", "--kafka-version", kafka_version(), "--data-dir", str(data_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        wait_for_ready_line(process, 90, "share-proxy local-kafka", data_dir / "server.log")
+        [broker_pid] = java_processes_using(data_dir)
+
+        process.kill()
+        process.wait(timeout=10)
+
+        deadline = time.monotonic() + 10
+        while java_processes_using(data_dir) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert java_processes_using(data_dir) == [], f"broker {broker_pid} outlived its launcher"
+    finally:
+        terminate(process)
+        for pid in java_processes_using(data_dir):  # only this test's broker: its data dir is unique
+            os.kill(pid, signal.SIGKILL)
