@@ -47,15 +47,19 @@ def _raise_shutdown(signum: int, frame: FrameType | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        kafka = LocalKafka(
+            version=args.kafka_version,
+            share_groups=args.share_groups,
+            data_dir=args.data_dir,
+            port=args.port,
+            controller_port=args.controller_port,
+            heap=args.heap,
+        )
+    except LocalKafkaError as error:
+        print(f"local-kafka: {error}", file=sys.stderr)
+        return 2
     previous = {sig: signal.signal(sig, _raise_shutdown) for sig in (signal.SIGTERM, signal.SIGINT)}
-    kafka = LocalKafka(
-        version=args.kafka_version,
-        share_groups=args.share_groups,
-        data_dir=args.data_dir,
-        port=args.port,
-        controller_port=args.controller_port,
-        heap=args.heap,
-    )
     try:
         kafka.start()
         print(f"ready bootstrap={kafka.bootstrap} version={kafka.version}", flush=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import base64
 import stat
 import xml.etree.ElementTree as ET
@@ -10,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from proxy.localkafka import LocalKafka, LocalKafkaError, free_port
+from proxy.localkafka import cli as local_kafka_cli
+from proxy.localkafka import cli_fetch as fetch_cli
 from proxy.localkafka.config import (
     BrokerSettings,
     broker_properties,
@@ -264,3 +267,53 @@ def test_free_port_is_bindable() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
     assert port > 0
+
+
+# -- command line ----------------------------------------------------------------------------
+
+
+def parse_local_kafka(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    local_kafka_cli.configure(parser)
+    return parser.parse_args(argv)
+
+
+def test_local_kafka_flags_default_to_free_ports_and_share_groups_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KSP_KAFKA_VERSION", raising=False)
+    args = parse_local_kafka([])
+    assert (args.kafka_version, args.port, args.controller_port, args.share_groups, args.data_dir) == (
+        "4.4.0",
+        0,
+        0,
+        False,
+        None,
+    )
+
+
+def test_local_kafka_version_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KSP_KAFKA_VERSION", "3.9.2")
+    assert parse_local_kafka([]).kafka_version == "3.9.2"
+
+
+def test_local_kafka_refuses_native_share_groups_on_kafka_3(capsys: pytest.CaptureFixture[str]) -> None:
+    code = local_kafka_cli.run(parse_local_kafka(["--kafka-version", "3.9.2", "--share-groups"]))
+    assert code == 2
+    assert "has no share groups" in capsys.readouterr().err
+
+
+def test_fetch_kafka_prints_each_cached_lib_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("KSP_KAFKA_CACHE", str(tmp_path))
+    for version in ("4.4.0", "3.9.2"):
+        libs = tmp_path / f"kafka-{version}" / "libs"
+        libs.mkdir(parents=True)
+        (libs / f"kafka_2.13-{version}.jar").write_bytes(b"jar")
+        (libs / COMPLETE_MARKER).write_text(version)
+    parser = argparse.ArgumentParser()
+    fetch_cli.configure(parser)
+
+    code = fetch_cli.run(parser.parse_args(["--kafka-version", "4.4.0", "--kafka-version", "3.9.2"]))
+
+    assert code == 0
+    assert capsys.readouterr().out.split() == [str(tmp_path / "kafka-4.4.0" / "libs"), str(tmp_path / "kafka-3.9.2" / "libs")]
