@@ -523,7 +523,9 @@ class ShareService:
                 # Any acknowledgement may free record locks, so waiting fetches re-check (Kafka
                 # completes delayed share fetches on every acknowledgement, not only on release).
                 released = True
-                if delta is not None:
+                if delta is not None or leader.durable < leader.version:
+                    # Also when nothing changed now but an earlier write of this partition failed
+                    # (e.g. this is the client's retry): answer only once the state is durable.
                     waits.append((tp, leader, self._changed(leader)))
         if released:
             self._work.fire()
