@@ -1,0 +1,551 @@
+"""ShareService driven on virtual time with an in-memory upstream log and a fake state writer.
+
+The fake cluster serves Fetch from batches built with codec.records.encode_batch (long-polling
+like a broker); the fake writer records what would go to the state topic and can hold or fail
+writes on demand. Every test runs on trio's MockClock with autojump (pytest-trio only takes a
+clock from the test's own arguments, hence `autojump_clock` in every signature), so lock expiry
+and long polls take no real time.
+"""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from dataclasses import dataclass, field
+
+import pytest
+import trio
+from kio.index import load_request_schema
+from kio.schema.errors import ErrorCode
+
+from codec.records import encode_batch
+from proxy.config import HostPort
+from proxy.errors import UpstreamError
+from proxy.share import state_store
+from proxy.share.cluster import EARLIEST_TIMESTAMP, ClusterSnapshot, FetchedPartition, PartitionInfo, TopicInfo
+from proxy.share.coordinator import CoordinatorConfig, ShareGroupConfig, ShareGroupLimits, parse_auto_offset_reset
+from proxy.share.manager import ShareService, ShareServiceConfig
+from proxy.share.persister import PersistError
+from proxy.share.states import AcknowledgeType
+
+TOPIC_ID = uuid.UUID("0b6c1f4e-0000-4000-8000-000000000001")
+TP = (TOPIC_ID, 0)
+GROUP = "queue"
+ACCEPT, RELEASE, REJECT = int(AcknowledgeType.ACCEPT), int(AcknowledgeType.RELEASE), int(AcknowledgeType.REJECT)
+LOCK_MS = 15_000
+
+
+# ----- fakes ---------------------------------------------------------------------------------
+
+
+class FakeCluster:
+    """One topic on one broker; Fetch serves whole batches from an in-memory log."""
+
+    def __init__(self, partitions: int = 1) -> None:
+        topic = TopicInfo("orders", TOPIC_ID, {p: PartitionInfo(leader_id=1, leader_epoch=0) for p in range(partitions)})
+        self.snapshot = ClusterSnapshot(
+            brokers={1: HostPort("127.0.0.1", 9092)},
+            topics_by_name={"orders": topic},
+            topics_by_id={TOPIC_ID: topic},
+        )
+        self.logs: dict[int, list[tuple[int, bytes]]] = {p: [] for p in range(partitions)}
+        self.appended = trio.Event()
+        self.fail_fetch = False
+        self.fetches = 0
+
+    def append(self, values: list[bytes], partition: int = 0) -> bytes:
+        log = self.logs[partition]
+        base = self.end_offset(partition)
+        batch = encode_batch(base, values)
+        log.append((base + len(values) - 1, batch))
+        self.appended.set()
+        self.appended = trio.Event()
+        return batch
+
+    def end_offset(self, partition: int = 0) -> int:
+        log = self.logs[partition]
+        return log[-1][0] + 1 if log else 0
+
+    def topic_by_id(self, topic_id: uuid.UUID) -> TopicInfo | None:
+        return self.snapshot.topics_by_id.get(topic_id)
+
+    async def refresh(self, topic_names=None) -> ClusterSnapshot:
+        return self.snapshot
+
+    async def list_offset(self, topic: TopicInfo, partition: int, timestamp: int) -> int:
+        return 0 if timestamp == EARLIEST_TIMESTAMP else self.end_offset(partition)
+
+    async def upstream_group_type(self, group_id: str) -> str | None:
+        return None  # no consumer group upstream shares a share group's id
+
+    async def fetch(self, topic, partition, offset, *, max_bytes, max_wait_ms, read_committed) -> FetchedPartition:
+        self.fetches += 1
+        await trio.sleep(0)
+        if self.fail_fetch:
+            raise UpstreamError("broker went away")
+        with trio.move_on_after(max_wait_ms / 1000):
+            while offset >= self.end_offset(partition):
+                await self.appended.wait()
+        chunks, size = [], 0
+        for last_offset, batch in self.logs[partition]:
+            if last_offset >= offset and (not chunks or size + len(batch) <= max_bytes):
+                chunks.append(batch)
+                size += len(batch)
+        end = self.end_offset(partition)
+        return FetchedPartition(error_code=0, high_watermark=end, last_stable_offset=end, log_start_offset=0,
+                                aborted_transactions=(), records=b"".join(chunks))
+
+    async def aclose(self) -> None:
+        pass
+
+
+class FakeWriter:
+    """Records state-topic writes; `hold` blocks writes until set, `fail` makes them fail."""
+
+    def __init__(self) -> None:
+        self.writes: list[list[tuple[bytes, bytes | None]]] = []
+        self.fail = False
+        self.hold: trio.Event | None = None
+
+    async def write(self, topic: str, records) -> None:
+        if self.hold is not None:
+            await self.hold.wait()
+        await trio.sleep(0)
+        if self.fail:
+            raise PersistError("injected write failure")
+        self.writes.append(list(records))
+
+    async def aclose(self) -> None:
+        pass
+
+    def replayed(self) -> list[tuple[bytes, bytes | None]]:
+        return [record for write in self.writes for record in write]
+
+
+# ----- harness -------------------------------------------------------------------------------
+
+
+@dataclass
+class Member:
+    member_id: str
+    connection: int
+    epoch: int = 0
+    closed: trio.Event = field(default_factory=trio.Event)
+
+
+@dataclass
+class Partition:
+    error: ErrorCode
+    ack_error: ErrorCode
+    acquired: list[tuple[int, int, int]]
+    records: bytes
+
+
+class Harness:
+    def __init__(self, service: ShareService, cluster: FakeCluster, writer: FakeWriter) -> None:
+        self.service = service
+        self.cluster = cluster
+        self.writer = writer
+        self._connections = iter(range(1, 1_000))
+
+    def member(self, name: str) -> Member:
+        member = Member(member_id=f"{name}-{uuid.uuid4().hex[:8]}", connection=next(self._connections))
+        self.service.watch_connection(member.connection, member.closed)
+        return member
+
+    async def join(self, member: Member):
+        request = load_request_schema(76, 1)(
+            group_id=GROUP, member_id=member.member_id, member_epoch=0, rack_id=None,
+            subscribed_topic_names=("orders",),
+        )
+        return await self.service.heartbeat(request, client_id="test", client_host="/127.0.0.1")
+
+    async def fetch(self, member: Member, *, acks=(), max_wait_ms: int = 0, max_records: int = 500,
+                    epoch: int | None = None, partitions=(TP,), version: int = 2) -> dict:
+        schema = load_request_schema(78, version)
+        module = _module(schema)
+        by_topic: dict[uuid.UUID, list] = {}
+        ack_by_tp: dict[tuple[uuid.UUID, int], list] = {}
+        for tp, first, last, ack_type in acks:
+            ack_by_tp.setdefault(tp, []).append(module.AcknowledgementBatch(
+                first_offset=first, last_offset=last, acknowledge_types=(ack_type,)))
+        send_partitions = set(partitions if member.epoch == 0 else ()) | set(ack_by_tp)
+        for tp in sorted(send_partitions, key=lambda k: (str(k[0]), k[1])):
+            by_topic.setdefault(tp[0], []).append(module.FetchPartition(
+                partition_index=tp[1], acknowledgement_batches=tuple(ack_by_tp.get(tp, ()))))
+        extra = {"share_acquire_mode": 0, "is_renew_ack": False} if version >= 2 else {}
+        request = schema(
+            group_id=GROUP, member_id=member.member_id,
+            share_session_epoch=member.epoch if epoch is None else epoch,
+            max_wait=datetime.timedelta(milliseconds=max_wait_ms), min_bytes=1, max_bytes=50 * 1024 * 1024,
+            max_records=max_records, batch_size=max_records,
+            topics=tuple(module.FetchTopic(topic_id=t, partitions=tuple(ps)) for t, ps in by_topic.items()),
+            forgotten_topics_data=(), **extra,
+        )
+        response = await self.service.share_fetch(request, version, member.connection)
+        if response.error_code == ErrorCode.none and epoch is None:
+            member.epoch += 1
+        return _partitions(response)
+
+    async def acknowledge(self, member: Member, acks, *, epoch: int | None = None, version: int = 2):
+        schema = load_request_schema(79, version)
+        module = _module(schema)
+        by_tp: dict[tuple[uuid.UUID, int], list] = {}
+        for tp, first, last, ack_type in acks:
+            by_tp.setdefault(tp, []).append(module.AcknowledgementBatch(
+                first_offset=first, last_offset=last, acknowledge_types=(ack_type,)))
+        topics: dict[uuid.UUID, list] = {}
+        for tp, batches in by_tp.items():
+            topics.setdefault(tp[0], []).append(module.AcknowledgePartition(
+                partition_index=tp[1], acknowledgement_batches=tuple(batches)))
+        request = schema(
+            group_id=GROUP, member_id=member.member_id,
+            share_session_epoch=member.epoch if epoch is None else epoch,
+            is_renew_ack=False,
+            topics=tuple(module.AcknowledgeTopic(topic_id=t, partitions=tuple(ps)) for t, ps in topics.items()),
+        )
+        response = await self.service.share_acknowledge(request, version, member.connection)
+        if response.error_code == ErrorCode.none and epoch is None:
+            member.epoch += 1
+        return response
+
+
+def _module(schema: type):
+    import sys
+
+    return sys.modules[schema.__module__]
+
+
+def _partitions(response) -> dict:
+    """{(topic id, partition): Partition} plus the top-level error under the key 'error'."""
+    result: dict = {"error": response.error_code}
+    for topic in response.responses:
+        for p in topic.partitions:
+            result[(topic.topic_id, int(p.partition_index))] = Partition(
+                error=p.error_code,
+                ack_error=p.acknowledge_error_code,
+                acquired=[(int(a.first_offset), int(a.last_offset), int(a.delivery_count))
+                          for a in p.acquired_records],
+                records=bytes(p.records or b""),
+            )
+    return result
+
+
+def acquired(result: dict, tp=TP) -> list[tuple[int, int, int]]:
+    partition = result.get(tp)
+    return partition.acquired if partition else []
+
+
+def service_config(*, max_record_locks: int = 2_000, delivery_count_limit: int = 5) -> ShareServiceConfig:
+    defaults = ShareGroupConfig(
+        record_lock_duration_ms=LOCK_MS,
+        delivery_count_limit=delivery_count_limit,
+        partition_max_record_locks=max_record_locks,
+        auto_offset_reset=parse_auto_offset_reset("earliest"),
+    )
+    return ShareServiceConfig(coordinator=CoordinatorConfig(group_defaults=defaults, limits=ShareGroupLimits()))
+
+
+def virtual_ms() -> int:
+    return int(trio.current_time() * 1000)
+
+
+async def start_service(nursery, cluster=None, writer=None, config=None, recovered=None) -> Harness:
+    cluster = cluster or FakeCluster()
+    writer = writer or FakeWriter()
+    service = ShareService(cluster, writer, config or service_config(), clock=virtual_ms)
+    if recovered is not None:
+        service.restore(recovered)
+    await nursery.start(service.run)
+    return Harness(service, cluster, writer)
+
+
+@pytest.fixture
+async def harness(nursery) -> Harness:
+    return await start_service(nursery)
+
+
+# ----- fetch ---------------------------------------------------------------------------------
+
+
+async def test_fetch_acquires_records_and_returns_the_broker_batches_unchanged(harness, autojump_clock):
+    batch = harness.cluster.append([b"a", b"b", b"c"])
+    member = harness.member("m")
+    await harness.join(member)
+
+    result = await harness.fetch(member)
+
+    assert result["error"] == ErrorCode.none
+    assert acquired(result) == [(0, 2, 1)]
+    assert result[TP].records == batch
+
+
+async def test_members_acquire_disjoint_records(harness, autojump_clock):
+    harness.cluster.append([b"a", b"b"])
+    first, second = harness.member("one"), harness.member("two")
+    assert acquired(await harness.fetch(first)) == [(0, 1, 1)]
+    harness.cluster.append([b"c", b"d"])
+    assert acquired(await harness.fetch(second)) == [(2, 3, 1)]
+    assert acquired(await harness.fetch(first)) == []
+
+
+async def test_max_records_limits_acquisition_at_batch_boundaries(harness, autojump_clock):
+    for i in range(4):
+        harness.cluster.append([b"x"] * 10)
+    member = harness.member("m")
+    result = await harness.fetch(member, max_records=15)
+    # Batch-optimised acquisition: whole batches, stopping once max_records is covered.
+    assert acquired(result) == [(0, 19, 1)]
+
+
+async def test_unknown_topic_id_is_answered_per_partition(harness, autojump_clock):
+    member = harness.member("m")
+    unknown = (uuid.UUID(int=7), 0)
+    result = await harness.fetch(member, partitions=(unknown,))
+    assert result[unknown].error == ErrorCode.unknown_topic_id
+
+
+async def test_upstream_failure_is_not_leader_or_follower(harness, autojump_clock):
+    harness.cluster.append([b"a"])
+    harness.cluster.fail_fetch = True
+    member = harness.member("m")
+    result = await harness.fetch(member)
+    assert result[TP].error == ErrorCode.not_leader_or_follower
+    assert acquired(result) == []
+
+
+# ----- session epochs --------------------------------------------------------------------------
+
+
+async def test_share_session_epochs_are_checked(harness, autojump_clock):
+    harness.cluster.append([b"a"])
+    member = harness.member("m")
+    stranger = harness.member("stranger")
+    await harness.fetch(member)  # epoch 0 opens, next is 1
+    assert (await harness.fetch(member, epoch=5))["error"] == ErrorCode.invalid_share_session_epoch
+    assert (await harness.fetch(stranger, epoch=1))["error"] == ErrorCode.share_session_not_found
+    assert (await harness.fetch(member))["error"] == ErrorCode.none
+
+
+# ----- acknowledgements and durability ---------------------------------------------------------
+
+
+async def test_acknowledgement_is_answered_only_after_its_state_write(harness, autojump_clock):
+    harness.cluster.append([b"a", b"b"])
+    member = harness.member("m")
+    await harness.join(member)
+    await harness.fetch(member)
+    await trio.sleep(1)  # let the writer settle the group records and the initialisation
+    harness.writer.hold = trio.Event()
+    answered = trio.Event()
+    responses = []
+
+    async def acknowledge():
+        responses.append(await harness.acknowledge(member, [(TP, 0, 1, ACCEPT)]))
+        answered.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(acknowledge)
+        await trio.sleep(5)
+        assert not answered.is_set(), "acknowledgement answered before the write was durable"
+        writes_before = len(harness.writer.writes)
+        harness.writer.hold.set()
+        await answered.wait()
+
+    assert [int(p.error_code) for t in responses[0].responses for p in t.partitions] == [0]
+    assert len(harness.writer.writes) > writes_before
+    recovered = state_store.recover(harness.writer.replayed())
+    # Both records acknowledged: the durable start offset moved past them.
+    assert recovered.partitions[(GROUP, *TP)].snapshot.start_offset == 2
+
+
+async def test_failed_state_write_answers_a_retriable_error_never_success(harness, autojump_clock):
+    harness.cluster.append([b"a", b"b"])
+    member = harness.member("m")
+    await harness.fetch(member)
+    await trio.sleep(1)
+    harness.writer.fail = True
+    response = await harness.acknowledge(member, [(TP, 0, 1, ACCEPT)])
+    codes = [p.error_code for t in response.responses for p in t.partitions]
+    assert codes == [ErrorCode.kafka_storage_error]
+
+
+async def test_piggybacked_acknowledgement_write_failure_is_reported_on_the_fetch(harness, autojump_clock):
+    harness.cluster.append([b"a", b"b"])
+    member = harness.member("m")
+    await harness.fetch(member)
+    await trio.sleep(1)
+    harness.writer.fail = True
+    result = await harness.fetch(member, acks=[(TP, 0, 1, ACCEPT)])
+    assert result[TP].ack_error == ErrorCode.kafka_storage_error
+
+
+async def test_acknowledgement_retried_after_a_failed_write_succeeds_and_becomes_durable(harness, autojump_clock):
+    harness.cluster.append([b"a", b"b"])
+    member = harness.member("m")
+    await harness.join(member)
+    await harness.fetch(member)
+    await trio.sleep(1)
+    harness.writer.fail = True
+    await harness.acknowledge(member, [(TP, 0, 1, ACCEPT)])
+    harness.writer.fail = False
+    response = await harness.acknowledge(member, [(TP, 0, 1, ACCEPT)])
+    assert [p.error_code for t in response.responses for p in t.partitions] == [ErrorCode.none]
+    recovered = state_store.recover(harness.writer.replayed())
+    assert recovered.partitions[(GROUP, *TP)].snapshot.start_offset == 2
+
+
+async def test_acknowledging_records_not_acquired_is_invalid_record_state(harness, autojump_clock):
+    harness.cluster.append([b"a", b"b"])
+    member, other = harness.member("m"), harness.member("other")
+    await harness.fetch(member)
+    await harness.fetch(other)
+    response = await harness.acknowledge(other, [(TP, 0, 1, ACCEPT)])
+    assert [p.error_code for t in response.responses for p in t.partitions] == [ErrorCode.invalid_record_state]
+
+
+async def test_released_records_are_redelivered_with_the_next_delivery_count(harness, autojump_clock):
+    harness.cluster.append([b"a", b"b", b"c"])
+    member = harness.member("m")
+    await harness.fetch(member)
+    result = await harness.fetch(member, acks=[(TP, 0, 0, ACCEPT), (TP, 1, 2, RELEASE)])
+    assert result[TP].ack_error == ErrorCode.none
+    assert acquired(result) == [(1, 2, 2)]
+
+
+async def test_rejected_records_are_not_redelivered(harness, autojump_clock):
+    harness.cluster.append([b"a", b"b"])
+    member = harness.member("m")
+    await harness.fetch(member)
+    await harness.acknowledge(member, [(TP, 0, 1, REJECT)])
+    harness.cluster.append([b"c"])
+    assert acquired(await harness.fetch(member)) == [(2, 2, 1)]
+
+
+# ----- long polling ----------------------------------------------------------------------------
+
+
+async def test_long_poll_waits_until_max_wait_when_nothing_arrives(harness, autojump_clock):
+    member = harness.member("m")
+    start = trio.current_time()
+    result = await harness.fetch(member, max_wait_ms=3_000)
+    assert acquired(result) == []
+    assert trio.current_time() - start == pytest.approx(3.0, abs=0.6)
+
+
+async def test_long_poll_wakes_when_records_arrive(harness, autojump_clock):
+    member = harness.member("m")
+    start = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        results = []
+
+        async def fetch():
+            results.append(await harness.fetch(member, max_wait_ms=10_000))
+
+        nursery.start_soon(fetch)
+        await trio.sleep(2)
+        harness.cluster.append([b"late"])
+    assert acquired(results[0]) == [(0, 0, 1)]
+    assert trio.current_time() - start < 3
+
+
+async def test_long_poll_wakes_when_another_member_releases(harness, autojump_clock):
+    harness.cluster.append([b"a", b"b"])
+    holder, waiter = harness.member("holder"), harness.member("waiter")
+    await harness.fetch(holder)
+    start = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        results = []
+
+        async def fetch():
+            results.append(await harness.fetch(waiter, max_wait_ms=10_000))
+
+        nursery.start_soon(fetch)
+        await trio.sleep(1)
+        await harness.acknowledge(holder, [(TP, 0, 1, RELEASE)])
+    assert acquired(results[0]) == [(0, 1, 2)]
+    assert trio.current_time() - start < 2
+
+
+async def test_acceptance_wakes_a_fetch_waiting_on_the_record_lock_limit(nursery, autojump_clock):
+    harness = await start_service(nursery, config=service_config(max_record_locks=100))
+    for _ in range(3):
+        harness.cluster.append([b"x"] * 50)
+    holder, waiter = harness.member("holder"), harness.member("waiter")
+    assert acquired(await harness.fetch(holder)) == [(0, 99, 1)]  # all record locks taken
+    async with trio.open_nursery() as inner:
+        results = []
+
+        async def fetch():
+            results.append(await harness.fetch(waiter, max_wait_ms=10_000))
+
+        inner.start_soon(fetch)
+        await trio.sleep(1)
+        accepted_at = trio.current_time()
+        await harness.acknowledge(holder, [(TP, 0, 99, ACCEPT)])
+    assert acquired(results[0]) == [(100, 149, 1)]
+    # Woken by the acceptance itself, not by a periodic re-check.
+    assert trio.current_time() - accepted_at < 0.1
+
+
+# ----- lock expiry and releases without a delivery ---------------------------------------------
+
+
+async def test_expired_lock_makes_records_available_to_another_member(harness, autojump_clock):
+    harness.cluster.append([b"a", b"b"])
+    holder, other = harness.member("holder"), harness.member("other")
+    assert acquired(await harness.fetch(holder)) == [(0, 1, 1)]
+    start = trio.current_time()
+    result = await harness.fetch(other, max_wait_ms=60_000)
+    assert acquired(result) == [(0, 1, 2)]
+    assert trio.current_time() - start == pytest.approx(LOCK_MS / 1000, abs=1.0)
+
+
+async def test_expiry_at_the_delivery_limit_archives(nursery, autojump_clock):
+    harness = await start_service(nursery, config=service_config(delivery_count_limit=2))
+    harness.cluster.append([b"a"])
+    member = harness.member("m")
+    assert acquired(await harness.fetch(member)) == [(0, 0, 1)]
+    assert acquired(await harness.fetch(member, max_wait_ms=60_000)) == [(0, 0, 2)]
+    # The second lock expires at the limit: archived, so only new records come next.
+    assert acquired(await harness.fetch(member, max_wait_ms=LOCK_MS + 5_000)) == []
+    harness.cluster.append([b"b"])
+    assert acquired(await harness.fetch(member, max_wait_ms=1_000)) == [(1, 1, 1)]
+
+
+async def test_closed_connection_releases_records_without_counting_a_delivery(harness, autojump_clock):
+    harness.cluster.append([b"a", b"b"])
+    holder, other = harness.member("holder"), harness.member("other")
+    await harness.fetch(holder)
+    holder.closed.set()
+    await trio.sleep(0.1)
+    assert acquired(await harness.fetch(other)) == [(0, 1, 1)]
+
+
+async def test_final_epoch_releases_the_members_records(harness, autojump_clock):
+    harness.cluster.append([b"a", b"b"])
+    holder, other = harness.member("holder"), harness.member("other")
+    await harness.fetch(holder)
+    result = await harness.fetch(holder, epoch=-1, partitions=())
+    assert result["error"] == ErrorCode.none
+    assert acquired(await harness.fetch(other)) == [(0, 1, 1)]
+
+
+# ----- restart from the written state ----------------------------------------------------------
+
+
+async def test_service_restored_from_its_writes_serves_only_what_was_not_done(nursery, autojump_clock):
+    cluster = FakeCluster()
+    first = await start_service(nursery, cluster=cluster)
+    cluster.append([b"a", b"b", b"c", b"d"])
+    member = first.member("m")
+    await first.join(member)
+    await first.fetch(member)
+    await first.acknowledge(member, [(TP, 0, 0, ACCEPT), (TP, 1, 1, RELEASE), (TP, 2, 2, REJECT),
+                                     (TP, 3, 3, ACCEPT)])
+    await trio.sleep(1)  # the group records are written eventually, without waiters
+
+    recovered = state_store.recover(first.writer.replayed())
+    second = await start_service(nursery, cluster=cluster, recovered=recovered)
+    member = second.member("m")
+    assert acquired(await second.fetch(member)) == [(1, 1, 2)]
