@@ -143,12 +143,14 @@ class ShareService:
         config: ShareServiceConfig = ShareServiceConfig(),
         *,
         clock: Clock = wall_clock_ms,
-        node_id_for_leader: Callable[[int], int] = lambda node_id: node_id,
+        advertised_endpoint: Callable[[int], tuple[str, int]] | None = None,
     ) -> None:
         self.cluster = cluster
         self.writer = writer
         self.config = config
         self.clock = clock
+        # node id -> the proxy's (host, port) for that broker: leader hints never leak upstream addresses.
+        self.advertised_endpoint = advertised_endpoint
         self.coordinator = ShareGroupCoordinator(config.coordinator)
         self.sessions = ShareSessionCache(config.max_share_sessions)
         self.leaders: dict[SharePartitionKey, _Leader] = {}
@@ -566,14 +568,14 @@ class ShareService:
 
         if context.kind is ContextKind.FINAL:
             self._release_member(group_id, member_id)
-            return _fetch_response(response_type, {}, ack_results, lock_ms, self.cluster)
+            return _fetch_response(response_type, {}, ack_results, lock_ms, self.cluster, self.advertised_endpoint)
         if context.replaced is not None:
             self._release_member(group_id, member_id)
 
         fetched: dict[tuple[uuid.UUID, int], _Fetched] = {}
         if not getattr(request, "is_renew_ack", False):
             fetched = await self._fetch_records(request, context.session.partitions, group_id, member_id, version)
-        return _fetch_response(response_type, fetched, ack_results, lock_ms, self.cluster)
+        return _fetch_response(response_type, fetched, ack_results, lock_ms, self.cluster, self.advertised_endpoint)
 
     async def _fetch_records(self, request, partitions, group_id: str, member_id: str, version: int):
         max_records = int(getattr(request, "max_records", 0) or 0) or 500
@@ -761,16 +763,19 @@ def _fetch_error(response_type: type, code: ErrorCode, message: str):
     )
 
 
-def _fetch_response(response_type, fetched, ack_results, lock_ms: int, cluster: Cluster):
+def _fetch_response(response_type, fetched, ack_results, lock_ms: int, cluster: Cluster, advertised_endpoint=None):
     types = _nested_types(response_type)
     partition_type, topic_type = types["PartitionData"], types["ShareFetchableTopicResponse"]
     leader_type, acquired_type = types["LeaderIdAndEpoch"], types["AcquiredRecords"]
     by_topic: dict[uuid.UUID, list] = {}
+    moved_leaders: set[int] = set()
     for tp in sorted(set(fetched) | set(ack_results), key=lambda k: (str(k[0]), k[1])):
         outcome = fetched.get(tp) or _Fetched()
         ack_code, ack_message = ack_results.get(tp, (ErrorCode.none, None))
         topic = cluster.topic_by_id(tp[0])
         info = topic.partitions.get(tp[1]) if topic else None
+        if outcome.error is ErrorCode.not_leader_or_follower and info is not None and info.leader_id >= 0:
+            moved_leaders.add(info.leader_id)
         by_topic.setdefault(tp[0], []).append(partition_type(
             partition_index=tp[1],
             error_code=outcome.error,
@@ -791,8 +796,22 @@ def _fetch_response(response_type, fetched, ack_results, lock_ms: int, cluster: 
         error_message=None,
         acquisition_lock_timeout=_ms(lock_ms),
         responses=tuple(topic_type(topic_id=t, partitions=tuple(ps)) for t, ps in by_topic.items()),
-        node_endpoints=(),
+        node_endpoints=_node_endpoints(types["NodeEndpoint"], moved_leaders, advertised_endpoint),
     )
+
+
+def _node_endpoints(endpoint_type, node_ids, advertised_endpoint) -> tuple:
+    """KIP-951 leader hints for moved partitions, with the proxy's endpoints for those nodes."""
+    if advertised_endpoint is None:
+        return ()
+    endpoints = []
+    for node_id in sorted(node_ids):
+        try:
+            host, port = advertised_endpoint(node_id)
+        except KeyError:
+            continue  # a broker the proxy has no listener for yet; the client refreshes metadata
+        endpoints.append(endpoint_type(node_id=node_id, host=host, port=port, rack=None))
+    return tuple(endpoints)
 
 
 def _ack_response(response_type, results, lock_ms: int, code: ErrorCode = ErrorCode.none, message: str | None = None):

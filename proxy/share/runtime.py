@@ -101,6 +101,7 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
             max_share_sessions=settings.max_share_sessions,
             coordinator=settings.coordinator_config(),
         ),
+        advertised_endpoint=proxy.directory.advertised,
     )
     service.restore(recovered)
     await nursery.start(service.run)
