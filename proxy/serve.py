@@ -73,24 +73,41 @@ def share_settings(config: ProxyConfig):
 
 async def serve(config: ProxyConfig) -> None:
     proxy = Proxy(config)
+    log = structlog.get_logger("proxy.serve")
+    stop = trio.Event()
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as service_nursery:
-            service = None
-            if not config.disable_share_groups:
-                from proxy.share.runtime import start_share_service
 
-                # Share state is loaded before the listeners open, so no client is served
-                # from partial state.
-                service = await start_share_service(proxy, share_settings(config), service_nursery)
-            async with trio.open_nursery() as nursery:
-                bootstrap = await nursery.start(proxy.run)
-                print(f"ready bootstrap={bootstrap}", flush=True)
+            async def watch_signals() -> None:
                 async for signum in signals:
-                    structlog.get_logger("proxy.serve").info("signal", signal=signal.Signals(signum).name)
+                    log.info("signal", signal=signal.Signals(signum).name)
+                    stop.set()
                     proxy.shutdown()
-                    break
+
+            service_nursery.start_soon(watch_signals)
+            service = None
+            # A signal during start-up (e.g. while the upstream cluster is still
+            # unreachable) abandons the start instead of being swallowed.
+            with trio.CancelScope() as startup:
+                service_nursery.start_soon(_cancel_when_set, stop, startup)
+                if not config.disable_share_groups:
+                    from proxy.share.runtime import start_share_service
+
+                    # Share state is loaded before the listeners open, so no client is
+                    # served from partial state.
+                    service = await start_share_service(proxy, share_settings(config), service_nursery)
+            if not stop.is_set():
+                async with trio.open_nursery() as nursery:
+                    bootstrap = await nursery.start(proxy.run)
+                    print(f"ready bootstrap={bootstrap}", flush=True)
+                    # proxy.run returns once a signal has called proxy.shutdown().
             # Every client connection is closed: flush state writes, then stop the service.
             if service is not None:
                 with trio.move_on_after(config.shutdown_grace, shield=True):
                     await service.aclose()
             service_nursery.cancel_scope.cancel()
+
+
+async def _cancel_when_set(event: trio.Event, scope: trio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
