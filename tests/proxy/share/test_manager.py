@@ -52,6 +52,8 @@ class FakeCluster:
         self.appended = trio.Event()
         self.fail_fetch = False
         self.fetches = 0
+        self.refreshes = 0
+        self._created: list[TopicInfo] = []
 
     def append(self, values: list[bytes], partition: int = 0) -> bytes:
         log = self.logs[partition]
@@ -69,7 +71,16 @@ class FakeCluster:
     def topic_by_id(self, topic_id: uuid.UUID) -> TopicInfo | None:
         return self.snapshot.topics_by_id.get(topic_id)
 
+    def create_topic(self, name: str, topic_id: uuid.UUID) -> None:
+        """A topic created upstream: the proxy sees it at its next refresh()."""
+        self._created.append(TopicInfo(name, topic_id, {0: PartitionInfo(leader_id=1, leader_epoch=0)}))
+
     async def refresh(self, topic_names=None) -> ClusterSnapshot:
+        self.refreshes += 1
+        for topic in self._created:
+            self.snapshot.topics_by_name[topic.name] = topic
+            self.snapshot.topics_by_id[topic.topic_id] = topic
+            self.logs.setdefault(0, [])
         return self.snapshot
 
     async def list_offset(self, topic: TopicInfo, partition: int, timestamp: int) -> int:
@@ -153,10 +164,10 @@ class Harness:
         self.service.watch_connection(member.connection, member.closed)
         return member
 
-    async def join(self, member: Member):
+    async def join(self, member: Member, topics=("orders",)):
         request = load_request_schema(76, 1)(
             group_id=GROUP, member_id=member.member_id, member_epoch=0, rack_id=None,
-            subscribed_topic_names=("orders",),
+            subscribed_topic_names=tuple(topics),
         )
         return await self.service.heartbeat(request, client_id="test", client_host="/127.0.0.1")
 
@@ -480,7 +491,7 @@ async def test_acceptance_wakes_a_fetch_waiting_on_the_record_lock_limit(nursery
             results.append(await harness.fetch(waiter, max_wait_ms=10_000))
 
         inner.start_soon(fetch)
-        await trio.sleep(1)
+        await trio.sleep(1.2)  # off the 0.5 s grid of any periodic re-check
         accepted_at = trio.current_time()
         await harness.acknowledge(holder, [(TP, 0, 99, ACCEPT)])
     assert acquired(results[0]) == [(100, 149, 1)]
@@ -549,3 +560,27 @@ async def test_service_restored_from_its_writes_serves_only_what_was_not_done(nu
     second = await start_service(nursery, cluster=cluster, recovered=recovered)
     member = second.member("m")
     assert acquired(await second.fetch(member)) == [(1, 1, 2)]
+
+
+# ----- heartbeat -----------------------------------------------------------------------------
+
+
+async def test_join_on_a_topic_created_just_after_a_refresh_is_assigned_at_once(harness, autojump_clock):
+    await trio.sleep(0.2)  # within a second of the start-up refresh
+    fresh_id = uuid.UUID(int=42)
+    harness.cluster.create_topic("fresh", fresh_id)
+    member = harness.member("m")
+    start = trio.current_time()
+    response = await harness.join(member, topics=("fresh",))
+    assert response.error_code == ErrorCode.none
+    assert harness.service.cluster.topic_by_id(fresh_id) is not None
+    assert trio.current_time() - start <= 1.0
+    # The next heartbeat (after the partitions are initialised) carries the assignment.
+    await trio.sleep(0.1)
+    request = load_request_schema(76, 1)(
+        group_id=GROUP, member_id=member.member_id, member_epoch=response.member_epoch, rack_id=None,
+        subscribed_topic_names=None,
+    )
+    assigned = (await harness.service.heartbeat(request, client_id="test", client_host="/127.0.0.1")).assignment
+    assigned = assigned or response.assignment
+    assert [(t.topic_id, tuple(t.partitions)) for t in assigned.topic_partitions] == [(fresh_id, (0,))]
