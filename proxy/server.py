@@ -171,7 +171,11 @@ class Proxy:
             for connection in list(self._connections):
                 connection.stop_reading()
             with trio.move_on_after(config.shutdown_grace):
-                await self._all_closed.wait()
+                # Loop: a connection accepted just before the listeners closed may
+                # register after this wait began.
+                while self._connections:
+                    await self._all_closed.wait()
+                    await trio.sleep(0)
             connection_nursery.cancel_scope.cancel()
         log.info("stopped")
 
@@ -233,6 +237,8 @@ class Proxy:
         )
         self._connections.add(connection)
         self._all_closed = trio.Event()
+        if self._shutdown.is_set():
+            connection.stop_reading()
         try:
             await connection.serve()
         finally:
