@@ -81,8 +81,10 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
     delay = 0.5
     while True:
         try:
-            await trio.to_thread.run_sync(ensure_state_topics, bootstrap, [spec])
-            replayed = await trio.to_thread.run_sync(replay_state_topic, bootstrap, settings.state_topic)
+            await trio.to_thread.run_sync(ensure_state_topics, bootstrap, [spec], abandon_on_cancel=True)
+            replayed = await trio.to_thread.run_sync(
+                replay_state_topic, bootstrap, settings.state_topic, abandon_on_cancel=True
+            )
             break
         except Exception as exc:  # noqa: BLE001 - PersistError or any confluent-kafka error
             log.warning("share state not loadable yet; retrying", error=str(exc), retry_in_s=delay)
