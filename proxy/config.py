@@ -100,6 +100,7 @@ class ProxyConfig:
     share_min_heartbeat_interval_ms: int = 5_000
     share_partition_max_record_locks: int = 2_000
     max_share_sessions: int = 2_000
+    share_metadata_refresh_ms: int = 10_000
 
     @property
     def effective_advertised_host(self) -> str:
@@ -163,6 +164,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("share_heartbeat_interval_ms", int, "member heartbeat interval (group.share.heartbeat.interval.ms, default 5000)", "MS"),
     Option("share_min_heartbeat_interval_ms", int, "lowest heartbeat interval a group may set (default 5000)", "MS"),
     Option("share_partition_max_record_locks", int, "in-flight records per share-partition (group.share.partition.max.record.locks, default 2000, 100-10000)", "N"),
+    Option("share_metadata_refresh_ms", int, "how often topic metadata is refreshed, so new topics and partitions reach share-group assignments (default 10000)", "MS"),
     Option("max_share_sessions", int, "share sessions the proxy keeps (group.share.max.share.sessions, default 2000)", "N"),
 )
 

@@ -68,6 +68,7 @@ def share_settings(config: ProxyConfig):
         min_heartbeat_interval_ms=config.share_min_heartbeat_interval_ms,
         partition_max_record_locks=config.share_partition_max_record_locks,
         auto_offset_reset=config.share_auto_offset_reset,
+        metadata_refresh_ms=config.share_metadata_refresh_ms,
     )
 
 

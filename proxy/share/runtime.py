@@ -48,6 +48,7 @@ class ShareSettings:
     min_heartbeat_interval_ms: int = 5_000  # group.share.min.heartbeat.interval.ms
     partition_max_record_locks: int = 2_000  # group.share.partition.max.record.locks
     auto_offset_reset: str = "latest"  # share.auto.offset.reset default for new groups
+    metadata_refresh_ms: int = 10_000  # new topics/partitions reach assignments within this
 
     def coordinator_config(self) -> CoordinatorConfig:
         limits = ShareGroupLimits(
@@ -101,6 +102,7 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
         ShareServiceConfig(
             state_topic=settings.state_topic,
             max_share_sessions=settings.max_share_sessions,
+            metadata_refresh_interval_s=settings.metadata_refresh_ms / 1000,
             coordinator=settings.coordinator_config(),
         ),
         advertised_endpoint=proxy.directory.advertised,
