@@ -23,11 +23,17 @@ public final class Main {
         SUBCOMMANDS.put("consume", ProduceConsume::consume);
         SUBCOMMANDS.put("produce-consume", ProduceConsume::produceConsume);
         SUBCOMMANDS.put("describe-cluster", ProduceConsume::describeCluster);
+        SUBCOMMANDS.put("share-consume", ShareConsume::run);
     }
 
     private Main() {}
 
     public static void main(String[] argv) {
+        // Before any logger exists: slf4j-simple reads its level once.
+        String logLevel = System.getenv().getOrDefault("KSP_JAVA_LOG_LEVEL", "warn");
+        System.setProperty("org.slf4j.simpleLogger.defaultLogLevel", logLevel);
+        System.setProperty("org.slf4j.simpleLogger.showDateTime", "true");
+        System.setProperty("org.slf4j.simpleLogger.dateTimeFormat", "HH:mm:ss.SSS");
         if (argv.length == 0 || !SUBCOMMANDS.containsKey(argv[0])) {
             System.err.println("usage: Main {" + String.join("|", SUBCOMMANDS.keySet()) + "} --bootstrap HOST:PORT ...");
             System.exit(2);
