@@ -72,6 +72,7 @@ def assert_consumed_once(summary: dict, produced: set[str]) -> None:
     assert summary["ack_errors"] == []
     assert summary["callback_acknowledged"] == summary["received"], "an acknowledgement was never confirmed"
     assert summary["per_partition"] == [f"{p}={RECORDS // PARTITIONS}" for p in range(PARTITIONS)]
+    assert summary["acquisition_lock_timeout_ms"] == 30_000  # the proxy's record lock, as the client saw it
 
 
 def test_implicit_acknowledgement_consumes_topic_fully(default_proxy, loaded_topic, names):
@@ -148,10 +149,31 @@ def test_renew_keeps_records_locked_past_the_lock_duration(kafka, short_lock_pro
     got = deliveries(summary)
     assert {d[3] for d in got} == produced
     assert {d[2] for d in got} == {1}, "a lock expired: the record was redelivered"
+    assert summary["acquisition_lock_timeout_ms"] == LOCK_MS
     assert summary["max_hold_ms"] > LOCK_MS
     assert (summary["renew_returns"], summary["renew_confirmed"], summary["finished"]) == (1000, 1000, 1000)
     assert summary["duplicates"] == 0
     assert summary["ack_errors"] == []
+
+
+def test_records_left_unacknowledged_at_close_go_to_the_next_consumer(default_proxy, loaded_topic, names):
+    """Closing with records unacknowledged (explicit mode) hands them to the group's next consumer.
+
+    Their delivery count stays 1: Kafka does not count records released by a closing share session.
+    """
+    name, produced = loaded_topic
+    leaver = share_consume(default_proxy, names.group, name, ack_mode="explicit", max_poll_records=100,
+                           abandon_after_polls=2)
+    accepted = {d[3] for d in leaver["deliveries"]}
+    abandoned = {d[3] for d in leaver["abandoned"]}
+    assert len(accepted) == len(abandoned) == 100 and leaver["ack_errors"] == []
+    follower = share_consume(default_proxy, names.group, name, ack_mode="explicit", commit="sync",
+                             count=RECORDS - len(accepted))
+    got = deliveries(follower)
+    assert collections.Counter(d[3] for d in got) == collections.Counter(produced - accepted)
+    assert abandoned <= {d[3] for d in got}
+    assert {d[2] for d in got} == {1}
+    assert follower["duplicates"] == 0 and follower["ack_errors"] == []
 
 
 def test_java_and_confluent_consumers_split_a_topic(kafka, default_proxy, create_topic, names):

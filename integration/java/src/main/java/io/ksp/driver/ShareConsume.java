@@ -33,7 +33,8 @@ import org.apache.kafka.common.serialization.StringDeserializer;
  * next ShareFetch; sync/async: ShareAcknowledge after every poll). Explicit-mode behaviour:
  * {@code --renew true} renews every record once (AcknowledgeType.RENEW) and accepts it when the
  * client hands it back; {@code --release P:O,...} releases those records on their first delivery;
- * {@code --reject P:O,...} rejects them.
+ * {@code --reject P:O,...} rejects them; {@code --abandon-after-polls N} closes right after the Nth
+ * non-empty poll leaving its records unacknowledged (reported as "abandoned", not "deliveries").
  */
 final class ShareConsume {
     private ShareConsume() {}
@@ -49,6 +50,7 @@ final class ShareConsume {
         long idleStopMs = args.getInt("idle-stop-ms", 0);
         long pollMs = args.getInt("poll-ms", 500);
         long processMs = args.getInt("process-ms", 0);
+        int abandonAfterPolls = args.getInt("abandon-after-polls", 0);
         String ackMode = args.get("ack-mode", "implicit");
         String acquireMode = args.get("acquire-mode", "batch_optimized");
         int maxPollRecords = args.getInt("max-poll-records", ConsumerConfig.DEFAULT_MAX_POLL_RECORDS);
@@ -73,6 +75,7 @@ final class ShareConsume {
 
         Map<String, Fate> fates = new HashMap<>();
         List<List<Object>> deliveries = new ArrayList<>();
+        List<List<Object>> abandoned = new ArrayList<>();
         List<Integer> pollSizes = new ArrayList<>();
         List<String> ackErrors = new ArrayList<>();
         Map<String, Integer> callbackOffsets = new TreeMap<>();
@@ -92,6 +95,7 @@ final class ShareConsume {
         long lingerUntil = Long.MAX_VALUE;
         long lastRecordAt = 0;
         boolean closedCleanly = false;
+        int lockTimeoutMs = -1;
         KafkaShareConsumer<String, String> consumer = new KafkaShareConsumer<>(config);
         try {
             consumer.setAcknowledgementCommitCallback((offsets, error) -> {
@@ -119,6 +123,13 @@ final class ShareConsume {
                     lastRecordAt = now;
                     if (processMs > 0) {
                         Thread.sleep(processMs); // slow work: holds the acquisition locks
+                    }
+                    if (pollSizes.size() == abandonAfterPolls) {
+                        for (ConsumerRecord<String, String> record : records) {
+                            int deliveryCount = record.deliveryCount().map(Short::intValue).orElse(-1);
+                            abandoned.add(List.of(record.partition(), record.offset(), deliveryCount, String.valueOf(record.value())));
+                        }
+                        break; // close with these records unacknowledged: the proxy must release them
                     }
                 }
                 for (ConsumerRecord<String, String> record : records) {
@@ -185,7 +196,10 @@ final class ShareConsume {
                     break;
                 }
             }
-            commit(consumer, "sync", ackErrors);
+            if (abandoned.isEmpty()) {
+                commit(consumer, "sync", ackErrors);
+            }
+            lockTimeoutMs = consumer.acquisitionLockTimeoutMs().orElse(-1);
         } finally {
             consumer.close(Duration.ofSeconds(30));
             closedCleanly = true;
@@ -213,12 +227,14 @@ final class ShareConsume {
                 .put("max_poll_size", pollSizes.stream().mapToInt(Integer::intValue).max().orElse(0))
                 .put("poll_sizes", pollSizes)
                 .put("per_partition", perPartition.entrySet().stream().map(e -> e.getKey() + "=" + e.getValue()).toList())
+                .put("acquisition_lock_timeout_ms", lockTimeoutMs)
                 .put("max_hold_ms", TimeUnit.NANOSECONDS.toMillis(maxHoldNanos))
                 .put("callback_acknowledged", callbackState[0])
                 .put("ack_errors", ackErrors)
                 .put("closed_cleanly", closedCleanly)
                 .put("consume_ms", TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - started))
-                .put("deliveries", deliveries);
+                .put("deliveries", deliveries)
+                .put("abandoned", abandoned);
     }
 
     /** Send pending acknowledgements now (ShareAcknowledge) unless they should ride on the next poll. */
