@@ -1,0 +1,370 @@
+"""Share-consumption throughput: the proxy's share groups vs Kafka's native share groups.
+
+One run measures, with the same record count and size:
+
+* **plain consumer group, direct** -- Kafka's ConsumerPerformance against the broker;
+* **plain consumer group, proxy** -- the same tool through `share-proxy serve`;
+* **share group, proxy** -- Kafka's ShareConsumerPerformance (KafkaShareConsumer, implicit
+  acknowledgement) through the proxy, with 1, 4 and 16 consumers (the tool's --threads), on a
+  broker that has no share groups of its own;
+* **share group, native** -- the same tool against a second broker of the same version started
+  with Kafka's own share groups enabled (KIP-932), with 1, 4 and 16 consumers.
+
+The brokers run one after the other (never two at once on this small machine): phase 1 is the
+plain broker with the proxy in front of it, phase 2 the share-enabled broker. Every measurement
+consumes a fresh group from the earliest offset (share groups via share.auto.offset.reset=earliest:
+the proxy's --share-auto-offset-reset flag, the native broker's group config).
+
+The perf tools come from the kafka-tools jar, which the broker's classpath lacks: it is fetched
+from Maven Central into ~/.m2 with `mvn dependency:get` (the broker's own version when published,
+else the newest published 4.x listed below) and run on the broker's jar cache (kafka-clients of the
+broker's version).
+
+Two rates per measurement, from the tools' own output (their MB are MiB): the **whole run**, from
+the tool's start (before the group join) to the last record, and **after the first record**, from
+the first record any consumer received to the last (the share tool's progress rows tell when each
+consumer got its first record; ConsumerPerformance reports its post-join fetch time). The proxy's
+`ksp_share_records_acquired` counter is read around each proxied share run: acquisitions beyond the
+record count would mean redeliveries inflated the tool's count.
+
+    .venv/bin/python -m integration.bench.share_bench --records 200000 --size 1024 --repeat 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+from integration.kafka_fixtures import ProxyProcess, admin_client, create_topics, unique_name
+from proxy.localkafka import DEFAULT_VERSION, LocalKafka
+from proxy.localkafka.broker import find_java, free_port
+from proxy.localkafka.jars import fetch_kafka
+
+# kafka-tools releases to try when the broker's own version is not on Maven Central, newest first.
+TOOLS_FALLBACK_VERSIONS = ("4.3.0", "4.2.0", "4.1.1")
+TOOL_PACKAGE = "org.apache.kafka.tools"
+# The tools print a header line ("start.time, end.time, data.consumed.in.MB, MB.sec, ...") and one
+# line of values; the column order differs between ConsumerPerformance and ShareConsumerPerformance.
+TOOL_DATE_FORMAT = "%Y-%m-%d %H:%M:%S:%f"
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    label: str
+    path: str  # "direct", "proxy" or "native"
+    kind: str  # "consumer group" or "share group"
+    consumers: int
+    records: int
+    megabytes: float  # MiB, as the Kafka tools count
+    seconds: float  # the tool's whole run: group join, assignment, consumption
+    first_record_s: float  # from the tool's start to the first record
+    acquired: int | None = None  # records the proxy acquired during the run (its metrics)
+
+    @property
+    def records_per_second(self) -> float:
+        return self.records / self.seconds
+
+    @property
+    def megabytes_per_second(self) -> float:
+        return self.megabytes / self.seconds
+
+    @property
+    def streaming_records_per_second(self) -> float:
+        """From the first record to the last: the rate once the group has settled."""
+        return self.records / max(self.seconds - self.first_record_s, 1e-3)
+
+    @property
+    def streaming_megabytes_per_second(self) -> float:
+        return self.megabytes / max(self.seconds - self.first_record_s, 1e-3)
+
+
+# ----- the Kafka perf tools ---------------------------------------------------------------------
+
+
+def m2_jar(version: str) -> Path:
+    return Path.home() / ".m2" / "repository" / "org" / "apache" / "kafka" / "kafka-tools" / version / f"kafka-tools-{version}.jar"
+
+
+def kafka_tools_jar(broker_version: str) -> Path:
+    """The kafka-tools jar (perf tools), fetched with mvn into ~/.m2 unless already there."""
+    for version in (broker_version, *TOOLS_FALLBACK_VERSIONS):
+        jar = m2_jar(version)
+        if jar.is_file():
+            return jar
+        mvn = shutil.which("mvn")
+        if mvn is None:
+            raise RuntimeError("`mvn` is needed to fetch org.apache.kafka:kafka-tools")
+        subprocess.run(
+            [mvn, "-q", "-B", "dependency:get", f"-Dartifact=org.apache.kafka:kafka-tools:{version}",
+             "-Dtransitive=false"],
+            capture_output=True, text=True, timeout=300,
+        )
+        if jar.is_file():
+            return jar
+    raise RuntimeError(f"no kafka-tools jar among {[broker_version, *TOOLS_FALLBACK_VERSIONS]} on Maven Central")
+
+
+@dataclass(frozen=True, slots=True)
+class PerfTools:
+    java: str
+    classpath: str
+    tools_version: str
+
+    def run(self, tool: str, arguments: Sequence[str], timeout: float) -> str:
+        command = [self.java, "-Xmx1g", "-cp", self.classpath, f"{TOOL_PACKAGE}.{tool}", *arguments]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        if result.returncode != 0:
+            raise RuntimeError(f"{tool} exited {result.returncode}:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
+        return result.stdout
+
+
+def perf_tools(broker_version: str) -> PerfTools:
+    libs = fetch_kafka(broker_version)
+    jar = kafka_tools_jar(broker_version)
+    # kafka-clients and the tools' other dependencies come from the broker's own classpath.
+    return PerfTools(find_java(), f"{jar}{os.pathsep}{libs / '*'}", jar.parent.name)
+
+
+def _time(text: str) -> datetime.datetime:
+    return datetime.datetime.strptime(text.strip(), TOOL_DATE_FORMAT)
+
+
+def parse_stats(output: str, what: str) -> tuple[dict[str, str], list[dict[str, str]]]:
+    """The tool's summary row and its per-consumer progress rows, as {column: value}."""
+    names: list[str] = []
+    summary: dict[str, str] | None = None
+    progress: list[dict[str, str]] = []
+    for line in output.splitlines():
+        if line.startswith("start.time"):
+            names = [name.strip() for name in line.split(",")]
+        elif names and re.match(r"^\d{4}-\d\d-\d\d ", line):
+            body, _, consumer = line.partition(" for share consumer ")
+            row = dict(zip(names, (value.strip() for value in body.split(",")), strict=False))
+            if consumer:
+                progress.append(row | {"consumer": consumer.strip()})
+            else:
+                summary = row
+    if summary is None:
+        raise RuntimeError(f"{what}: no statistics in the tool's output:\n{output[-2000:]}")
+    return summary, progress
+
+
+def consumer_perf(tools: PerfTools, bootstrap: str, topic: str, records: int, label: str, path: str) -> Measurement:
+    output = tools.run("ConsumerPerformance", [
+        "--bootstrap-server", bootstrap, "--topic", topic, "--num-records", str(records),
+        "--group", unique_name("bench-cg"), "--timeout", "30000",
+    ], timeout=300)
+    summary, _ = parse_stats(output, label)
+    seconds = (_time(summary["end.time"]) - _time(summary["start.time"])).total_seconds()
+    # fetch.time.ms is the run after the group join (rebalance.time.ms) completed.
+    first_record_s = max(0.0, seconds - float(summary["fetch.time.ms"]) / 1000)
+    return Measurement(label, path, "consumer group", 1, int(summary["data.consumed.in.nMsg"]),
+                       float(summary["data.consumed.in.MB"]), seconds, first_record_s)
+
+
+def share_perf(tools: PerfTools, bootstrap: str, topic: str, group: str, records: int, consumers: int,
+               label: str, path: str) -> Measurement:
+    output = tools.run("ShareConsumerPerformance", [
+        "--bootstrap-server", bootstrap, "--topic", topic, "--num-records", str(records),
+        "--group", group, "--threads", str(consumers), "--timeout", "30000",
+        # Progress rows tell when each consumer got its first record (its first row is printed then).
+        "--show-detailed-stats", "--reporting-interval", "100",
+    ], timeout=300)
+    if "WARNING: Exiting before consuming" in output:
+        raise RuntimeError(f"{label}: the tool timed out before consuming {records} records:\n{output[-2000:]}")
+    summary, progress = parse_stats(output, label)
+    started, ended = _time(summary["start.time"]), _time(summary["end.time"])
+    first_rows = {row["consumer"]: row for row in reversed(progress)}  # the earliest row per consumer
+    first_record = min((_time(row["end.time"]) for row in first_rows.values()), default=started)
+    return Measurement(label, path, "share group", consumers, int(summary["data.consumed.in.nMsg"]),
+                       float(summary["data.consumed.in.MB"]), (ended - started).total_seconds(),
+                       (first_record - started).total_seconds())
+
+
+def proxy_counter(metrics_url: str, name: str) -> float:
+    """A counter's value from the proxy's Prometheus endpoint (0 before its first increment)."""
+    with urllib.request.urlopen(metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    match = re.search(rf"^{re.escape(name)}_total (\S+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+# ----- data ---------------------------------------------------------------------------------------
+
+
+def produce(bootstrap: str, topic: str, records: int, size: int) -> None:
+    producer = Producer({
+        "bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5, "batch.size": 1_000_000,
+        "queue.buffering.max.messages": 1_000_000, "queue.buffering.max.kbytes": 2_097_151,
+    })
+    value = os.urandom(size)
+    failures = 0
+
+    def on_delivery(error: object, _message: object) -> None:
+        nonlocal failures
+        failures += error is not None
+
+    for index in range(records):
+        while True:
+            try:
+                producer.produce(topic, value=value, key=str(index).encode(), on_delivery=on_delivery)
+                break
+            except BufferError:
+                producer.poll(0.01)
+    if producer.flush(120) != 0 or failures:
+        raise RuntimeError(f"produce to {topic}: {failures} failed deliveries")
+
+
+def set_native_share_reset_earliest(bootstrap: str, group: str) -> None:
+    """Kafka's share groups start at the latest offset unless the group config says otherwise."""
+    resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=[
+        ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET),
+    ])
+    admin = admin_client(bootstrap)  # must outlive the futures: a collected client cancels them
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(timeout=30)
+
+
+# ----- the run --------------------------------------------------------------------------------------
+
+
+def phase_proxy(args: argparse.Namespace, tools: PerfTools, log_dir: Path) -> list[Measurement]:
+    results: list[Measurement] = []
+    with LocalKafka(version=args.kafka_version, share_groups=False, data_dir=log_dir / "kafka") as kafka:
+        topic = create_topics(kafka.bootstrap, [unique_name("bench-share")], partitions=args.partitions)[0]
+        produce(kafka.bootstrap, topic, args.records, args.size)
+        metrics_port = free_port()
+        metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        extra = ("--share-auto-offset-reset", "earliest", "--state-topic", unique_name("__bench_share_state"),
+                 "--log-level", "warning", "--metrics-port", str(metrics_port))
+        with ProxyProcess(upstream=kafka.bootstrap, log_path=log_dir / "proxy.log", extra_args=extra) as proxy:
+            for _ in range(args.repeat):
+                for bootstrap, path in ((kafka.bootstrap, "direct"), (proxy.bootstrap, "proxy")):
+                    results.append(consumer_perf(tools, bootstrap, topic, args.records, f"consumer group, {path}", path))
+                    report_progress(results[-1])
+                for consumers in args.consumers:
+                    acquired_before = proxy_counter(metrics_url, "ksp_share_records_acquired")
+                    results.append(share_perf(tools, proxy.bootstrap, topic, unique_name("bench-share"),
+                                              args.records, consumers, f"share group x{consumers}, proxy", "proxy"))
+                    report_progress(results[-1])
+                    # More acquisitions than records would mean redeliveries inflated the count.
+                    acquired = int(proxy_counter(metrics_url, "ksp_share_records_acquired") - acquired_before)
+                    results[-1] = dataclasses.replace(results[-1], acquired=acquired)
+                    print(f"    the proxy acquired {acquired:,} records for {results[-1].records:,} consumed",
+                          file=sys.stderr, flush=True)
+    return results
+
+
+def phase_native(args: argparse.Namespace, tools: PerfTools, log_dir: Path) -> list[Measurement]:
+    results: list[Measurement] = []
+    with LocalKafka(version=args.kafka_version, share_groups=True, data_dir=log_dir / "native-kafka") as kafka:
+        topic = create_topics(kafka.bootstrap, [unique_name("bench-share")], partitions=args.partitions)[0]
+        produce(kafka.bootstrap, topic, args.records, args.size)
+        for _ in range(args.repeat):
+            for consumers in args.consumers:
+                group = unique_name("bench-share")
+                set_native_share_reset_earliest(kafka.bootstrap, group)
+                results.append(share_perf(tools, kafka.bootstrap, topic, group, args.records, consumers,
+                                          f"share group x{consumers}, native", "native"))
+                report_progress(results[-1])
+    return results
+
+
+def report_progress(measurement: Measurement) -> None:
+    print(f"  {measurement.label}: {measurement.records_per_second:,.0f} records/s whole run, "
+          f"{measurement.streaming_records_per_second:,.0f} after the first record "
+          f"({measurement.first_record_s:.1f} s)", file=sys.stderr, flush=True)
+
+
+def best(results: Sequence[Measurement], label: str) -> Measurement | None:
+    """The fastest of the repeats: on a shared, noisy machine the best run is the least disturbed."""
+    matching = [m for m in results if m.label == label]
+    return max(matching, key=lambda m: m.records_per_second) if matching else None
+
+
+def _ratio(numerator: float, denominator: float | None) -> str:
+    return f"{numerator / denominator:.2f}" if denominator else ""
+
+
+def table(results: Sequence[Measurement], consumers: Sequence[int]) -> str:
+    """Markdown table; ratios are records/s (whole run / first record to last)."""
+    rows = [
+        "| measurement | consumers | records/s | MB/s | first record after s | records/s after first | "
+        "MB/s after first | proxy/native | proxy/direct |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    direct = best(results, "consumer group, direct")
+
+    def row(m: Measurement, baseline: Measurement | None = None, against_direct: bool = False) -> None:
+        ratios = ["", ""]
+        for index, other in ((0, baseline), (1, direct if against_direct else None)):
+            if other is not None:
+                ratios[index] = (f"{_ratio(m.records_per_second, other.records_per_second)} / "
+                                 f"{_ratio(m.streaming_records_per_second, other.streaming_records_per_second)}")
+        rows.append(
+            f"| {m.label} | {m.consumers} | {m.records_per_second:,.0f} | {m.megabytes_per_second:.1f} | "
+            f"{m.first_record_s:.1f} | {m.streaming_records_per_second:,.0f} | "
+            f"{m.streaming_megabytes_per_second:.1f} | {ratios[0]} | {ratios[1]} |"
+        )
+
+    if direct:
+        row(direct)
+    if proxied_group := best(results, "consumer group, proxy"):
+        row(proxied_group, against_direct=True)
+    for count in consumers:
+        native = best(results, f"share group x{count}, native")
+        if native:
+            row(native, against_direct=True)
+        if proxied := best(results, f"share group x{count}, proxy"):
+            row(proxied, baseline=native, against_direct=True)
+    return "\n".join(rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--size", type=int, default=1024, help="record value size in bytes")
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--consumers", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16],
+                        help="share consumer counts, comma separated")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per measurement (the best is reported)")
+    parser.add_argument("--kafka-version", default=DEFAULT_VERSION)
+    parser.add_argument("--keep-logs", action="store_true", help="keep broker and proxy logs")
+    args = parser.parse_args(argv)
+
+    tools = perf_tools(args.kafka_version)
+    log_dir = Path(tempfile.mkdtemp(prefix="share-bench-"))
+    started = time.monotonic()
+    print(f"Apache Kafka {args.kafka_version} brokers, kafka-tools {tools.tools_version} perf tools, "
+          f"{args.records:,} records x {args.size} B on {args.partitions} partitions; logs in {log_dir}",
+          file=sys.stderr, flush=True)
+    try:
+        results = phase_proxy(args, tools, log_dir) + phase_native(args, tools, log_dir)
+    finally:
+        if not args.keep_logs:
+            shutil.rmtree(log_dir, ignore_errors=True)
+    print(table(results, args.consumers))
+    print(f"\n{args.records:,} records x {args.size} B, {args.partitions} partitions, best of {args.repeat}; "
+          f"ratios are whole run / after the first record; total run {time.monotonic() - started:.0f} s")
+    acquired = [f"x{m.consumers}: {m.acquired:,}" for m in results if m.acquired is not None]
+    print(f"records the proxy acquired per share run (redeliveries would exceed the count): {', '.join(acquired)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
