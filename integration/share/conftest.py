@@ -286,11 +286,13 @@ class ConsumerThread(threading.Thread):
         assert not self.is_alive(), f"{self.name} did not stop"
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.05) -> None:
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str | Callable[[], str],
+               interval: float = 0.05) -> None:
+    """Poll `predicate`; `what` (or what it returns, evaluated on timeout) names the wait."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout}s waiting for {what() if callable(what) else what}")
         time.sleep(interval)
 
 

@@ -256,7 +256,9 @@ def test_consumer_group_and_producer_work_beside_a_share_group(kafka, default_pr
                 received.append(message.value())
         classic.commit(asynchronous=False)
         committed = classic.committed([TopicPartition(topic, 0), TopicPartition(topic, 1)], timeout=10)
-        wait_until(lambda: len({d.value for d in sharer.deliveries}) >= len(values), 60, "share consumer")
+        wait_until(lambda: len({d.value for d in sharer.deliveries}) >= len(values), 60,
+                   lambda: f"the share consumer ({len(sharer.deliveries)} of {len(values)} records, "
+                           f"errors {sharer.errors[:3]})")
     finally:
         classic.close()
         sharer.finish()
