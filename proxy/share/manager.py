@@ -90,6 +90,9 @@ log = structlog.get_logger(__name__)
 SharePartitionKey = tuple[str, uuid.UUID, int]
 Clock = Callable[[], int]
 
+FIRST_FETCH_BYTES = 1024 * 1024  # until the partition's record size is known
+MIN_FETCH_BYTES = 64 * 1024
+
 
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
@@ -118,6 +121,9 @@ class _Leader:
     failed: int = 0  # the highest version whose write failed
     settled: trio.Event = field(default_factory=trio.Event)
     reading: int = 0  # fetches currently reading this partition upstream
+    # Log bytes per record, learned from fetches: a fetch reads about what it can acquire, not
+    # max_bytes (a fetch acquiring 500 records must not pull 8 MiB from the broker and drop most).
+    bytes_per_record: float = 0.0
 
 
 class _Wakeup:
@@ -496,6 +502,18 @@ class ShareService:
         self, group_id: str, member_id: str, topics: Iterable[object]
     ) -> dict[tuple[uuid.UUID, int], tuple[ErrorCode, str | None]]:
         """Apply acknowledgement batches per partition, then wait until they are durable."""
+        results, waits = self._apply_acknowledgements(group_id, member_id, topics)
+        await self._await_durable(results, waits)
+        return results
+
+    def _apply_acknowledgements(
+        self, group_id: str, member_id: str, topics: Iterable[object]
+    ) -> tuple[dict[tuple[uuid.UUID, int], tuple[ErrorCode, str | None]], list[tuple[tuple[uuid.UUID, int], _Leader, int]]]:
+        """Apply acknowledgement batches to the engines (atomic per partition, in memory).
+
+        Returns the per-partition results and the state versions that must be durable before
+        any of those results may be reported as a success.
+        """
         results: dict[tuple[uuid.UUID, int], tuple[ErrorCode, str | None]] = {}
         waits: list[tuple[tuple[uuid.UUID, int], _Leader, int]] = []
         now = self.clock()
@@ -532,6 +550,10 @@ class ShareService:
         if released:
             self._work.fire()
         self._arm_timer(0)
+        return results, waits
+
+    async def _await_durable(self, results, waits) -> None:
+        """Turn each result whose state write failed into a retriable error."""
         for tp, leader, version in waits:
             try:
                 await self._durable(leader, version)
@@ -539,7 +561,6 @@ class ShareService:
                 results[tp] = (ErrorCode.kafka_storage_error,
                                f"The acknowledgement could not be made durable; retry. ({exc})")
         metrics.ACKNOWLEDGEMENTS.inc(sum(1 for code, _ in results.values() if code is ErrorCode.none))
-        return results
 
     # ----- ShareFetch ---------------------------------------------------------------------
 
@@ -563,18 +584,26 @@ class ShareService:
         except ShareSessionError as exc:
             return _fetch_error(response_type, exc.code, str(exc))
 
-        ack_results = await self._acknowledge(group_id, member_id, request.topics) if has_acks else {}
+        ack_results, ack_waits = (self._apply_acknowledgements(group_id, member_id, request.topics)
+                                  if has_acks else ({}, []))
         lock_ms = self.coordinator.group_config(group_id).record_lock_duration_ms
 
         if context.kind is ContextKind.FINAL:
+            await self._await_durable(ack_results, ack_waits)
             self._release_member(group_id, member_id)
             return _fetch_response(response_type, {}, ack_results, lock_ms, self.cluster, self.advertised_endpoint)
         if context.replaced is not None:
             self._release_member(group_id, member_id)
 
+        # The state write of the acknowledgements and the read of new records overlap: the
+        # response goes out when both are done, so an acknowledgement is still reported only
+        # once durable, but the fetch does not wait behind the write.
         fetched: dict[tuple[uuid.UUID, int], _Fetched] = {}
-        if not getattr(request, "is_renew_ack", False):
-            fetched = await self._fetch_records(request, context.session.partitions, group_id, member_id, version)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._await_durable, ack_results, ack_waits)
+            if not getattr(request, "is_renew_ack", False):
+                fetched = await self._fetch_records(request, context.session.partitions, group_id, member_id,
+                                                    version)
         return _fetch_response(response_type, fetched, ack_results, lock_ms, self.cluster, self.advertised_endpoint)
 
     async def _fetch_records(self, request, partitions, group_id: str, member_id: str, version: int):
@@ -666,6 +695,10 @@ class ShareService:
             return None  # record-lock limit reached and nothing released in the window
         offset = engine.next_fetch_offset()
         read_bytes = min(max_bytes, self.config.max_fetch_bytes_per_partition)
+        if leader.bytes_per_record:
+            read_bytes = min(read_bytes, max(MIN_FETCH_BYTES, int(max_records * leader.bytes_per_record * 1.25)))
+        else:
+            read_bytes = min(read_bytes, FIRST_FETCH_BYTES)
         try:
             data = await self.cluster.fetch(topic, tp[1], offset, max_bytes=max(read_bytes, 1),
                                             max_wait_ms=0, read_committed=engine.config.read_committed)
@@ -692,6 +725,10 @@ class ShareService:
             return _Fetched(error=ErrorCode.corrupt_message, message=str(exc))
         if not batches:
             return _Fetched(idle_at=offset)
+        records_read = sum(b.record_count for b in batches) or 1
+        observed = (batches[-1].position + batches[-1].size) / records_read
+        leader.bytes_per_record = (observed if not leader.bytes_per_record
+                                   else 0.8 * leader.bytes_per_record + 0.2 * observed)
         result = engine.acquire(
             member_id, batches, now=self.clock(), max_records=max_records, batch_size=batch_size, mode=mode,
             aborted_transactions=data.aborted_transactions,
