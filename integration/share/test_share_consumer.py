@@ -14,8 +14,11 @@ import pytest
 from confluent_kafka import AcknowledgeType, Consumer, Producer, TopicPartition
 
 from integration.share.conftest import (
+    EXPLICIT,
     ConsumerThread,
+    acknowledge_all,
     describe_share_group,
+    poll_until,
     produce,
     share_consumer,
     wait_for_assigned_members,
@@ -24,7 +27,6 @@ from integration.share.conftest import (
 
 pytestmark = pytest.mark.integration
 
-EXPLICIT = {"share.acknowledgement.mode": "explicit"}
 # Two-second locks and a delivery limit of 2 for the lock-timeout and delivery-limit tests.
 STRICT_FLAGS = ("--share-record-lock-duration-ms", "2000", "--share-min-record-lock-duration-ms", "1000",
                 "--share-delivery-count-limit", "2")
@@ -39,28 +41,6 @@ def default_proxy(module_share_proxy):
 @pytest.fixture(scope="module")
 def strict_proxy(module_share_proxy):
     return module_share_proxy(*STRICT_FLAGS)
-
-
-def poll_until(consumer, wanted: int, timeout: float = 20.0) -> list:
-    """Poll until at least `wanted` records arrived (acknowledging nothing); returns them."""
-    messages: list = []
-    deadline = time.monotonic() + timeout
-    while len(messages) < wanted:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"got {len(messages)} of {wanted} records in {timeout}s: "
-                                 f"{[(m.offset(), m.delivery_count()) for m in messages]}")
-        for message in consumer.poll(0.5):
-            assert message.error() is None, message.error()
-            messages.append(message)
-    return messages
-
-
-def acknowledge_all(consumer, messages, ack_type_for=lambda message: AcknowledgeType.ACCEPT) -> None:
-    for message in messages:
-        consumer.acknowledge(message, ack_type_for(message))
-    results = consumer.commit_sync(30)
-    failed = {tp: error for tp, error in results.items() if error is not None}
-    assert not failed, f"acknowledgement failed: {failed}"
 
 
 def test_three_consumers_share_30000_records_each_processed_exactly_once(kafka, default_proxy, create_topic,

@@ -12,8 +12,7 @@ import signal
 import pytest
 from confluent_kafka import AcknowledgeType
 
-from integration.share.conftest import produce, share_consumer
-from integration.share.test_share_consumer import EXPLICIT, acknowledge_all, poll_until
+from integration.share.conftest import EXPLICIT, acknowledge_all, poll_until, produce, share_consumer
 
 pytestmark = pytest.mark.integration
 
