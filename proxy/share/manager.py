@@ -215,11 +215,12 @@ class ShareService:
         """Write what is still dirty, then close the writer and upstream connections."""
         if self._dirty or self._dirty_groups:
             self._dirty_wakeup.set()
-            for leader in list(self._dirty):
-                try:
-                    await self._durable(leader, leader.version)
-                except PersistError:
-                    pass
+        # Dirty leaders and those whose write is in flight (taken off `_dirty` by the writer).
+        for leader in [lead for lead in self.leaders.values() if lead.durable < lead.version]:
+            try:
+                await self._durable(leader, leader.version)
+            except PersistError:
+                pass  # already answered as failed; nothing more can be done at shutdown
         await self.writer.aclose()
         await self.cluster.aclose()
 
