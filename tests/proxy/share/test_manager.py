@@ -117,6 +117,7 @@ class FakeWriter:
         self.writes: list[list[tuple[bytes, bytes | None]]] = []
         self.fail = False
         self.hold: trio.Event | None = None
+        self.closed = False
 
     async def write(self, topic: str, records) -> None:
         if self.hold is not None:
@@ -127,7 +128,7 @@ class FakeWriter:
         self.writes.append(list(records))
 
     async def aclose(self) -> None:
-        pass
+        self.closed = True
 
     def replayed(self) -> list[tuple[bytes, bytes | None]]:
         return [record for write in self.writes for record in write]
@@ -247,9 +248,10 @@ def acquired(result: dict, tp=TP) -> list[tuple[int, int, int]]:
     return partition.acquired if partition else []
 
 
-def service_config(*, max_record_locks: int = 2_000, delivery_count_limit: int = 5) -> ShareServiceConfig:
+def service_config(*, max_record_locks: int = 2_000, delivery_count_limit: int = 5,
+                   lock_ms: int = LOCK_MS) -> ShareServiceConfig:
     defaults = ShareGroupConfig(
-        record_lock_duration_ms=LOCK_MS,
+        record_lock_duration_ms=lock_ms,
         delivery_count_limit=delivery_count_limit,
         partition_max_record_locks=max_record_locks,
         auto_offset_reset=parse_auto_offset_reset("earliest"),
@@ -584,3 +586,45 @@ async def test_join_on_a_topic_created_just_after_a_refresh_is_assigned_at_once(
     assigned = (await harness.service.heartbeat(request, client_id="test", client_host="/127.0.0.1")).assignment
     assigned = assigned or response.assignment
     assert [(t.topic_id, tuple(t.partitions)) for t in assigned.topic_partitions] == [(fresh_id, (0,))]
+
+
+async def test_member_session_timeout_releases_its_records_without_counting_a_delivery(nursery, autojump_clock):
+    # Locks outlive the 45 s session timeout, so only the member's removal can free the records.
+    harness = await start_service(nursery, config=service_config(lock_ms=60_000))
+    harness.cluster.append([b"a", b"b"])
+    silent, other = harness.member("silent"), harness.member("other")
+    await harness.join(silent)
+    assert acquired(await harness.fetch(silent)) == [(0, 1, 1)]
+    await trio.sleep(50)  # no heartbeat from `silent`
+    described = harness.service.describe(load_request_schema(77, 1)(group_ids=(GROUP,),
+                                                                    include_authorized_operations=False))
+    assert [m.member_id for m in described.groups[0].members] == []
+    assert acquired(await harness.fetch(other)) == [(0, 1, 1)]
+
+
+# ----- shutdown --------------------------------------------------------------------------------
+
+
+async def test_aclose_finishes_pending_writes_before_closing_the_writer(harness, autojump_clock):
+    harness.cluster.append([b"a", b"b"])
+    member = harness.member("m")
+    await harness.join(member)
+    await harness.fetch(member)
+    await trio.sleep(1)
+    harness.writer.hold = trio.Event()
+    closed = trio.Event()
+
+    async def close():
+        await harness.service.aclose()
+        closed.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(harness.acknowledge, member, [(TP, 0, 1, ACCEPT)])
+        await trio.sleep(1)
+        nursery.start_soon(close)
+        await trio.sleep(5)
+        assert not closed.is_set() and not harness.writer.closed, "closed with a write still pending"
+        harness.writer.hold.set()
+        await closed.wait()
+    assert harness.writer.closed
+    assert state_store.recover(harness.writer.replayed()).partitions[(GROUP, *TP)].snapshot.start_offset == 2
