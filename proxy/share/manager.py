@@ -92,6 +92,8 @@ Clock = Callable[[], int]
 
 FIRST_FETCH_BYTES = 1024 * 1024  # until the partition's record size is known
 MIN_FETCH_BYTES = 64 * 1024
+# Fetch failures that mean our metadata may be stale trigger a refresh at most this often.
+STALE_METADATA_REFRESH_S = 0.5
 
 
 def wall_clock_ms() -> int:
@@ -171,6 +173,8 @@ class ShareService:
         self._nursery: trio.Nursery | None = None
         self._group_created: dict[str, int] = {}
         self._last_refresh = 0.0
+        self._stale_refresh_pending = False
+        self._stale_refresh_at = float("-inf")
 
     # ----- lifecycle -----------------------------------------------------------------
 
@@ -338,6 +342,24 @@ class ShareService:
         while True:
             await trio.sleep(self.config.metadata_refresh_interval_s)
             await self._refresh_metadata()
+
+    def _refresh_stale_metadata(self) -> None:
+        """Refresh metadata in the background after a fetch found it stale (e.g. a leader of -1
+        seen while the broker restarted): one refresh at a time, at most every
+        STALE_METADATA_REFRESH_S, so a burst of failing fetches costs one refresh, not one each."""
+        if self._stale_refresh_pending or self._nursery is None:
+            return
+        self._stale_refresh_pending = True
+
+        async def refresh() -> None:
+            try:
+                await trio.sleep_until(self._stale_refresh_at + STALE_METADATA_REFRESH_S)
+                self._stale_refresh_at = trio.current_time()
+                await self._refresh_metadata()
+            finally:
+                self._stale_refresh_pending = False
+
+        self._nursery.start_soon(refresh)
 
     async def _refresh_metadata(self) -> None:
         try:
@@ -705,6 +727,9 @@ class ShareService:
                                             max_wait_ms=0, read_committed=engine.config.read_committed)
         except UpstreamError as exc:
             log.warning("upstream fetch failed", topic=topic.name, partition=tp[1], error=str(exc))
+            # Without a refresh a leader seen as -1 (or a moved broker) would fail every fetch
+            # until the periodic refresh, while clients retry at once.
+            self._refresh_stale_metadata()
             return _Fetched(error=ErrorCode.not_leader_or_follower, message=str(exc))
         if data.error_code == OFFSET_OUT_OF_RANGE:
             # Retention removed records below the window: move SPSO up to the log start.
@@ -713,7 +738,7 @@ class ShareService:
                 self._changed(leader)
             return None
         if data.error_code in RETRIABLE_FETCH_ERRORS:
-            self._nursery.start_soon(self._refresh_metadata)  # type: ignore[union-attr]
+            self._refresh_stale_metadata()
             return _Fetched(error=ErrorCode.not_leader_or_follower, message="Partition leadership moved.")
         if data.error_code != NONE:
             return _Fetched(error=ErrorCode(data.error_code), message="Upstream fetch failed.")
