@@ -232,40 +232,48 @@ def replay_state_topic(
     )
     consumer = Consumer(config)
     try:
-        metadata = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
-        if metadata is None or metadata.error is not None:
-            raise PersistError(f"state topic {topic!r} is not readable: {metadata and metadata.error}")
-        starts: dict[int, int] = {}
-        ends: dict[int, int] = {}
-        for partition in metadata.partitions:
-            low, high = consumer.get_watermark_offsets(
-                TopicPartition(topic, partition), timeout=timeout_s
-            )
-            if high > low:
-                starts[partition], ends[partition] = low, high
-        if not ends:
-            return []
-        consumer.assign([TopicPartition(topic, p, offset) for p, offset in starts.items()])
-        records: list[ReplayedRecord] = []
-        remaining = dict(ends)
-        deadline = time.monotonic() + timeout_s
-        while remaining:
-            if time.monotonic() > deadline:
-                raise PersistError(f"replay of {topic!r} did not reach the end in {timeout_s}s")
-            for message in consumer.consume(num_messages=10_000, timeout=0.5):
-                if message.error() is not None:
-                    raise PersistError(f"replay of {topic!r} failed: {message.error()}")
-                partition, offset = message.partition(), message.offset()
-                if partition in remaining:
-                    records.append(ReplayedRecord(partition, offset, message.key() or b"", message.value()))
-                    if offset + 1 >= remaining[partition]:
-                        del remaining[partition]
-            # Compaction can remove the records just below the high watermark; the consumer's
-            # position then tells us we are past them without returning a message.
-            for tp in consumer.position([TopicPartition(topic, p) for p in list(remaining)]):
-                if tp.offset >= 0 and tp.offset >= remaining[tp.partition]:
-                    del remaining[tp.partition]
-        return records
+        return _replay(consumer, topic, timeout_s)
+    except KafkaException as exc:
+        # e.g. NOT_LEADER_FOR_PARTITION right after the topic was created: the caller retries.
+        raise PersistError(f"replay of {topic!r} failed: {exc}") from exc
     finally:
         consumer.close()
+
+
+def _replay(consumer: Consumer, topic: str, timeout_s: float) -> list[ReplayedRecord]:
+    """Read `topic` from its start to the high watermarks seen now (see replay_state_topic)."""
+    metadata = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+    if metadata is None or metadata.error is not None:
+        raise PersistError(f"state topic {topic!r} is not readable: {metadata and metadata.error}")
+    starts: dict[int, int] = {}
+    ends: dict[int, int] = {}
+    for partition in metadata.partitions:
+        low, high = consumer.get_watermark_offsets(
+            TopicPartition(topic, partition), timeout=timeout_s
+        )
+        if high > low:
+            starts[partition], ends[partition] = low, high
+    if not ends:
+        return []
+    consumer.assign([TopicPartition(topic, p, offset) for p, offset in starts.items()])
+    records: list[ReplayedRecord] = []
+    remaining = dict(ends)
+    deadline = time.monotonic() + timeout_s
+    while remaining:
+        if time.monotonic() > deadline:
+            raise PersistError(f"replay of {topic!r} did not reach the end in {timeout_s}s")
+        for message in consumer.consume(num_messages=10_000, timeout=0.5):
+            if message.error() is not None:
+                raise PersistError(f"replay of {topic!r} failed: {message.error()}")
+            partition, offset = message.partition(), message.offset()
+            if partition in remaining:
+                records.append(ReplayedRecord(partition, offset, message.key() or b"", message.value()))
+                if offset + 1 >= remaining[partition]:
+                    del remaining[partition]
+        # Compaction can remove the records just below the high watermark; the consumer's
+        # position then tells us we are past them without returning a message.
+        for tp in consumer.position([TopicPartition(topic, p) for p in list(remaining)]):
+            if tp.offset >= 0 and tp.offset >= remaining[tp.partition]:
+                del remaining[tp.partition]
+    return records
 

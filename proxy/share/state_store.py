@@ -191,15 +191,19 @@ def recover(replayed: Iterable[tuple[bytes, bytes | None]]) -> RecoveredState:
                 if current is not None and int(value.snapshot_epoch) == current.snapshot_epoch:
                     current.updates.append(StateDelta(int(value.start_offset), _batches(value.state_batches)))
             continue
-        group = state.groups.setdefault(key.group_id, GroupRecovery())
         if value is None:
+            # A tombstone never creates a group: group_tombstones() deletes the metadata first,
+            # and the partitions/config tombstones that follow must not bring the group back.
+            group = state.groups.get(key.group_id)
             if kind is records.RecordType.PROXY_GROUP_METADATA:
                 state.groups.pop(key.group_id, None)
-            elif kind is records.RecordType.PROXY_GROUP_PARTITIONS:
+            elif group is not None and kind is records.RecordType.PROXY_GROUP_PARTITIONS:
                 group.initialized.clear()
-            else:
+            elif group is not None:
                 group.configs.clear()
-        elif kind is records.RecordType.PROXY_GROUP_METADATA:
+            continue
+        group = state.groups.setdefault(key.group_id, GroupRecovery())
+        if kind is records.RecordType.PROXY_GROUP_METADATA:
             group.group_epoch = int(value.group_epoch)
         elif kind is records.RecordType.PROXY_GROUP_PARTITIONS:
             group.initialized = {

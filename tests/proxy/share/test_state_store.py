@@ -155,11 +155,6 @@ def test_partition_tombstone_forgets_the_partition_until_a_new_snapshot():
     assert again.partitions[KEY].snapshot_epoch == 9
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "state_store.recover() re-creates a tombstoned group: group_tombstones() writes the metadata "
-    "tombstone first, and the partitions/config tombstones after it go through "
-    "state.groups.setdefault(), so the group (epoch 0) and its share-partitions come back"
-))
 def test_group_tombstone_drops_the_group_and_its_partitions():
     other_key = ("group-b", TOPIC, 0)
     recovered = state_store.recover([
