@@ -126,6 +126,30 @@ class _Leader:
     # Log bytes per record, learned from fetches: a fetch reads about what it can acquire, not
     # max_bytes (a fetch acquiring 500 records must not pull 8 MiB from the broker and drop most).
     bytes_per_record: float = 0.0
+    # One upstream read per share-partition at a time: members fetching the same partition
+    # queue here and then take their records from what the read brought in (the cache)
+    # instead of each reading -- and mostly discarding -- the same log bytes.
+    read_lock: trio.Lock = field(default_factory=trio.Lock)
+    readers_waiting: int = 0
+    cache: _ReadCache | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _ReadCache:
+    """The batches of the last upstream read of a share-partition, kept until taken."""
+
+    records: bytes
+    batches: tuple[RecordBatchHeader, ...]
+    aborted_transactions: tuple[tuple[int, int], ...]
+
+    def batches_from(self, offset: int) -> tuple[RecordBatchHeader, ...]:
+        """The cached batches holding `offset` and after, or () when `offset` is not cached."""
+        if not self.batches or not self.batches[0].base_offset <= offset <= self.batches[-1].last_offset:
+            return ()
+        return tuple(b for b in self.batches if b.last_offset >= offset)
+
+
+_BUSY = object()  # _fetch_partition(wait=False): another fetch is reading this partition
 
 
 class _Wakeup:
@@ -645,11 +669,15 @@ class ShareService:
             work = self._work.event
             idle_partitions = []
             remaining_records, remaining_bytes = max_records, max_bytes
-            for tp in order:
+            busy = []
+            for tp, wait in _passes(order, results, busy):
                 if remaining_records <= 0 or remaining_bytes <= 0:
                     break
                 outcome = await self._fetch_partition(group_id, member_id, tp, remaining_records, remaining_bytes,
-                                                      batch_size, mode)
+                                                      batch_size, mode, wait=wait)
+                if outcome is _BUSY:
+                    busy.append(tp)
+                    continue
                 if outcome is None:
                     continue
                 if outcome.idle_at is not None:
@@ -698,8 +726,8 @@ class ShareService:
 
     async def _fetch_partition(
         self, group_id: str, member_id: str, tp: TopicIdPartition, max_records: int, max_bytes: int,
-        batch_size: int | None, mode: AcquireMode,
-    ) -> _Fetched | None:
+        batch_size: int | None, mode: AcquireMode, *, wait: bool = True,
+    ):
         topic = self.cluster.topic_by_id(tp[0])
         if topic is None:
             await self._refresh_metadata()
@@ -713,13 +741,75 @@ class ShareService:
             leader = await self._ensure_leader(key)
         except (UpstreamError, PersistError) as exc:
             return _Fetched(error=ErrorCode.coordinator_not_available, message=str(exc))
+        if not leader.engine.can_acquire():
+            return None  # record-lock limit reached and nothing released in the window
+        if not wait and leader.read_lock.locked():
+            return _BUSY
+        leader.readers_waiting += 1
+        queued = True
+        try:
+            async with leader.read_lock:
+                leader.readers_waiting -= 1
+                queued = False
+                return await self._read_and_acquire(leader, topic, tp, member_id, max_records, max_bytes,
+                                                    batch_size, mode)
+        finally:
+            if queued:  # cancelled while waiting for the lock
+                leader.readers_waiting -= 1
+
+    async def _read_and_acquire(
+        self, leader: _Leader, topic: TopicInfo, tp: TopicIdPartition, member_id: str, max_records: int,
+        max_bytes: int, batch_size: int | None, mode: AcquireMode,
+    ) -> _Fetched | None:
         engine = leader.engine
         if not engine.can_acquire():
-            return None  # record-lock limit reached and nothing released in the window
+            return None
         offset = engine.next_fetch_offset()
+        cached = leader.cache.batches_from(offset) if leader.cache is not None else ()
+        if cached:
+            assert leader.cache is not None
+            records, batches, aborted = leader.cache.records, cached, leader.cache.aborted_transactions
+        else:
+            leader.cache = None
+            fetched = await self._read(leader, topic, tp, offset, max_records, max_bytes)
+            if not isinstance(fetched, tuple):
+                return fetched
+            records, batches, aborted = fetched
+            leader.cache = _ReadCache(records, batches, aborted)
+        result = engine.acquire(
+            member_id, batches, now=self.clock(), max_records=max_records, batch_size=batch_size, mode=mode,
+            aborted_transactions=aborted,
+        )
+        if result.delta is not None:
+            self._changed(leader)  # archived control/aborted records: durable eventually
+        if not result.acquired:
+            return None
+        self._timer_wakeup.set()
+        acquired = result.acquired
+        lo, hi = acquired[0].first_offset, acquired[-1].last_offset
+        if hi >= batches[-1].last_offset:
+            leader.cache = None  # all taken: free the bytes
+        view = memoryview(records)
+        chunks = [
+            view[b.position:b.position + b.size]
+            for b in batches
+            if b.last_offset >= lo and b.base_offset <= hi and not b.is_control
+        ]
+        metrics.RECORDS_ACQUIRED.inc(result.count)
+        return _Fetched(records=b"".join(chunks), acquired=acquired, count=result.count,
+                        leader_id=topic.partitions[tp[1]].leader_id,
+                        leader_epoch=topic.partitions[tp[1]].leader_epoch)
+
+    async def _read(
+        self, leader: _Leader, topic: TopicInfo, tp: TopicIdPartition, offset: int, max_records: int, max_bytes: int,
+    ):
+        """Read the log upstream from `offset`: (records, batches, aborted) or a _Fetched/None outcome."""
+        engine = leader.engine
         read_bytes = min(max_bytes, self.config.max_fetch_bytes_per_partition)
         if leader.bytes_per_record:
-            read_bytes = min(read_bytes, max(MIN_FETCH_BYTES, int(max_records * leader.bytes_per_record * 1.25)))
+            # Read for the members queued behind this read too; they take from the cache.
+            wanted = max_records * (1 + leader.readers_waiting) * leader.bytes_per_record * 1.25
+            read_bytes = min(read_bytes, max(MIN_FETCH_BYTES, int(wanted)))
         else:
             read_bytes = min(read_bytes, FIRST_FETCH_BYTES)
         try:
@@ -755,27 +845,7 @@ class ShareService:
         observed = (batches[-1].position + batches[-1].size) / records_read
         leader.bytes_per_record = (observed if not leader.bytes_per_record
                                    else 0.8 * leader.bytes_per_record + 0.2 * observed)
-        result = engine.acquire(
-            member_id, batches, now=self.clock(), max_records=max_records, batch_size=batch_size, mode=mode,
-            aborted_transactions=data.aborted_transactions,
-        )
-        if result.delta is not None:
-            self._changed(leader)  # archived control/aborted records: durable eventually
-        if not result.acquired:
-            return None
-        self._timer_wakeup.set()
-        acquired = result.acquired
-        lo, hi = acquired[0].first_offset, acquired[-1].last_offset
-        view = memoryview(data.records)
-        chunks = [
-            view[b.position:b.position + b.size]
-            for b in batches
-            if b.last_offset >= lo and b.base_offset <= hi and not b.is_control
-        ]
-        metrics.RECORDS_ACQUIRED.inc(result.count)
-        return _Fetched(records=b"".join(chunks), acquired=acquired, count=result.count,
-                        leader_id=topic.partitions[tp[1]].leader_id,
-                        leader_epoch=topic.partitions[tp[1]].leader_epoch)
+        return data.records, tuple(batches), data.aborted_transactions
 
     # ----- ShareAcknowledge -------------------------------------------------------------
 
@@ -806,6 +876,16 @@ class _Fetched:
     idle_at: int | None = None  # caught up at this offset: long-poll upstream here
     leader_id: int = -1
     leader_epoch: int = -1
+
+
+def _passes(order, results, busy):
+    """Partitions to fetch: all in rotated order without waiting, then -- only if that acquired
+    nothing -- the ones another fetch was reading, waiting for them."""
+    for tp in order:
+        yield tp, False
+    if not any(r.count for r in results.values()):
+        for tp in list(busy):
+            yield tp, True
 
 
 def _ms(ms: int) -> datetime.timedelta:
