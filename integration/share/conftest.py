@@ -26,6 +26,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kio.index import load_request_schema
 
 from proxy.config import parse_host_port
+from proxy.share.partition import PartitionSnapshot
+from proxy.share.persister import replay_state_topic
+from proxy.share.state_store import recover
 from proxy.upstream import UpstreamClient, open_upstream
 
 SHARE_PROXY = str(Path(sys.executable).with_name("share-proxy"))
@@ -355,3 +358,19 @@ def wait_for_assigned_members(bootstrap: str, group: str, count: int, timeout: f
 
     wait_until(ready, timeout, f"{count} assigned members in {group}", interval=0.2)
     return described
+
+
+# ----- the durable share state, read back ------------------------------------------------------
+
+
+def durable_state(bootstrap: str, state_topic: str, group: str) -> dict[int, PartitionSnapshot]:
+    """What a restarted proxy would rebuild for `group` from the state topic: partition -> snapshot."""
+    recovered = recover((r.key, r.value) for r in replay_state_topic(bootstrap, state_topic, timeout_s=20))
+    return {key[2]: found.snapshot for key, found in recovered.partitions.items() if key[0] == group}
+
+
+def finished_durably(bootstrap: str, state_topic: str, group: str, ends: dict[int, int]) -> bool:
+    """True when every partition's durable SPSO is at its log end (`ends`) with nothing in flight."""
+    state = durable_state(bootstrap, state_topic, group)
+    return all(p in state and state[p].start_offset == end and not state[p].state_batches
+               for p, end in ends.items())

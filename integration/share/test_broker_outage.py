@@ -40,14 +40,13 @@ from integration.share.conftest import (
     Names,
     ProxyStarter,
     RunningProxy,
+    finished_durably,
     produce,
     wait_until,
 )
 from proxy.config import parse_host_port
 from proxy.localkafka import LocalKafka
 from proxy.localkafka.broker import free_port
-from proxy.share.persister import replay_state_topic
-from proxy.share.state_store import recover
 from proxy.upstream import UpstreamClient, open_upstream
 
 pytestmark = pytest.mark.integration
@@ -312,15 +311,6 @@ class AcknowledgingConsumer(threading.Thread):
         assert not self.is_alive(), f"{self.name} did not stop"
 
 
-def durable_spso(bootstrap: str, state_topic: str, group: str) -> dict[int, tuple[int, int]]:
-    """partition -> (SPSO, in-flight batches) as a restart would rebuild them from the state topic."""
-    recovered = recover((r.key, r.value) for r in replay_state_topic(bootstrap, state_topic, timeout_s=20))
-    return {
-        key[2]: (found.snapshot.start_offset, len(found.snapshot.state_batches))
-        for key, found in recovered.partitions.items() if key[0] == group
-    }
-
-
 # ----- 1. an outage in the middle of a run ---------------------------------------------------
 
 RECORDS = 6_000
@@ -368,14 +358,13 @@ def test_broker_outage_mid_run_loses_no_acknowledgement(running_broker, proxies,
         up_at = time.monotonic()
         probes.append((round(up_at - down_at, 1), api_versions_probe(proxy.bootstrap)))
 
-        def finished_durably() -> bool:
+        def all_finished_durably() -> bool:
             if not produced <= run.acknowledged():
                 return False
-            state = durable_spso(broker.bootstrap, proxy.state_topic, names.group)
-            return all(state.get(p) == (end, 0) for p, end in ends.items())
+            return finished_durably(broker.bootstrap, proxy.state_topic, names.group, ends)
 
         try:
-            wait_until(finished_durably, 45, "every record accepted durably", interval=0.5)
+            wait_until(all_finished_durably, 45, "every record accepted durably", interval=0.5)
         except AssertionError:
             print(f"\nstalled: {len(run.accepted)} confirmed, {len(run.unconfirmed)} unconfirmed of {len(produced)};"
                   f" client errors {run.client_errors[:5]}\nproxy log:\n{proxy.log_tail()}")

@@ -29,9 +29,7 @@ from dataclasses import dataclass
 import pytest
 from confluent_kafka import KafkaException, ShareConsumer
 
-from integration.share.conftest import produce, wait_until
-from proxy.share.persister import replay_state_topic
-from proxy.share.state_store import recover
+from integration.share.conftest import durable_state, finished_durably, produce, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -158,24 +156,6 @@ def _ranges(offsets: set[tuple[int, int]]) -> list[tuple[int, int, int]]:
     return runs
 
 
-@dataclass(frozen=True, slots=True)
-class DurableState:
-    """One share-partition as the state topic would rebuild it."""
-
-    partition: int
-    start_offset: int  # SPSO: every offset below is finished (acknowledged or archived)
-    batches: tuple  # PersistedBatch, in-flight state at and above SPSO
-
-
-def durable_state(bootstrap: str, state_topic: str, group: str) -> dict[int, DurableState]:
-    """What a restart would rebuild for `group`, read back from the state topic."""
-    recovered = recover((record.key, record.value) for record in replay_state_topic(bootstrap, state_topic))
-    return {
-        key[2]: DurableState(key[2], found.snapshot.start_offset, found.snapshot.state_batches)
-        for key, found in recovered.partitions.items() if key[0] == group
-    }
-
-
 def test_kill_9_mid_run_loses_no_acknowledgement(kafka, share_proxy, create_topic, names, record_property):
     listen_port = free_port()
     # The proxy serves broker N on BASE+N: fixed ports so clients find the restarted proxy again.
@@ -198,8 +178,7 @@ def test_kill_9_mid_run_loses_no_acknowledgement(kafka, share_proxy, create_topi
         # Every record has an acceptance sent, and the durable state has moved SPSO past all of them.
         if not produced <= run.acknowledged():
             return False
-        state = durable_state(kafka.bootstrap, proxy.state_topic, names.group)
-        return all(p in state and state[p].start_offset == end and not state[p].batches for p, end in ends.items())
+        return finished_durably(kafka.bootstrap, proxy.state_topic, names.group, ends)
 
     try:
         wait_until(lambda: len(run.acknowledged()) >= KILL_AFTER_ACCEPTED, 60,
