@@ -129,6 +129,7 @@ class ClientConnection:
     ) -> None:
         self.client = client
         self.id = next(_connection_ids)
+        self.peer = peer  # "host:port" of the client, reported by ShareGroupDescribe
         self.log = structlog.get_logger("proxy.connection").bind(conn=self.id, listener=listener, peer=peer)
         self._open_upstream = open_upstream
         self._routes = routes
