@@ -8,7 +8,7 @@ import pytest
 
 from integration.bench.share_bench import kafka_tools_jar
 from integration.share.conftest import ConsumerThread, wait_for_assigned_members
-from proxy.localkafka import lib_dir
+from proxy.localkafka import fetch_kafka
 
 # The tool and its kafka-clients come from the newest Kafka whatever broker is upstream: the tool
 # talks to the proxy, which serves the share-group APIs itself.
@@ -16,7 +16,7 @@ TOOLS_KAFKA = "4.4.0"
 
 
 def share_group_command(bootstrap: str, *args: str) -> str:
-    classpath = f"{kafka_tools_jar(TOOLS_KAFKA)}:{lib_dir(TOOLS_KAFKA)}/*"
+    classpath = f"{kafka_tools_jar(TOOLS_KAFKA)}:{fetch_kafka(TOOLS_KAFKA)}/*"
     result = subprocess.run(
         ["java", "-cp", classpath, "org.apache.kafka.tools.consumer.group.ShareGroupCommand",
          "--bootstrap-server", bootstrap, *args],
