@@ -122,7 +122,6 @@ class _Leader:
     durable: int = 0  # the highest version known durable
     failed: int = 0  # the highest version whose write failed
     settled: trio.Event = field(default_factory=trio.Event)
-    reading: int = 0  # fetches currently reading this partition upstream
     # Log bytes per record, learned from fetches: a fetch reads about what it can acquire, not
     # max_bytes (a fetch acquiring 500 records must not pull 8 MiB from the broker and drop most).
     bytes_per_record: float = 0.0
@@ -285,10 +284,6 @@ class ShareService:
     def _queue_group_records(self, group_id: str, records: list[tuple[bytes, bytes | None]]) -> None:
         self._dirty_groups.setdefault(group_id, []).extend(records)
         self._dirty_wakeup.set()
-
-    def _arm_timer(self, deadline: int | None) -> None:
-        if deadline is not None:
-            self._timer_wakeup.set()
 
     # ----- background tasks ---------------------------------------------------------
 
@@ -596,7 +591,6 @@ class ShareService:
                     waits.append((tp, leader, self._changed(leader)))
         if released:
             self._work.fire()
-        self._arm_timer(0)
         return results, waits
 
     async def _await_durable(self, results, waits) -> None:

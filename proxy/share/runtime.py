@@ -20,7 +20,6 @@ from proxy.share.coordinator import CoordinatorConfig, ShareGroupConfig, ShareGr
 from proxy.share.group_guard import CONSUMER_GROUP_HEARTBEAT, JOIN_GROUP, ConsumerGroupGuard
 from proxy.share.manager import ShareService, ShareServiceConfig
 from proxy.share.persister import (
-    PersistError,
     StateLogWriter,
     StateTopicSpec,
     ensure_state_topics,
