@@ -76,11 +76,19 @@ def _build_flexibility_table() -> dict[int, ApiFlexibility]:
     table = {}
     for api_key, name in api_key_map.items():
         versions = sorted(schema_name_map[name])
-        flexible = [v for v in versions if _payload_class(api_key, v).__flexible__]
+        # Flexibility is never withdrawn, so binary-search the first flexible version: loading
+        # every schema module of every API made importing this module take over a second.
+        low, high = 0, len(versions)
+        while low < high:
+            middle = (low + high) // 2
+            if _payload_class(api_key, versions[middle]).__flexible__:
+                high = middle
+            else:
+                low = middle + 1
         table[api_key] = ApiFlexibility(
             min_version=versions[0],
             max_version=versions[-1],
-            first_flexible=flexible[0] if flexible else None,
+            first_flexible=versions[low] if low < len(versions) else None,
         )
     return table
 
