@@ -36,7 +36,7 @@ import enum
 import heapq
 import itertools
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -825,14 +825,10 @@ class SharePartition:
             lock = self._locks.get(lock_id)
             if lock is None or lock.deadline != deadline:
                 continue
-            for batch in list(self._batches_from(lock.first_offset, lock.last_offset)):
-                if batch.offsets is None:
-                    if batch.state is _ACQUIRED and batch.lock_id == lock_id:
-                        self._apply_batch(batch, _LOCK_EXPIRED, None, 0, changes)
-                else:
-                    for offset, holder in batch.holders(lock.first_offset, lock.last_offset):
-                        if holder.state is _ACQUIRED and holder.lock_id == lock_id:
-                            self._apply_offset(holder, offset, _LOCK_EXPIRED, None, 0, changes)
+            self._release_acquired(
+                self._batches_from(lock.first_offset, lock.last_offset), lock.first_offset, lock.last_offset,
+                lambda holder, lock_id=lock_id: holder.lock_id == lock_id, _LOCK_EXPIRED, changes,
+            )
         return self._finish(changes)
 
     def release_member(self, member_id: str) -> StateDelta | None:
@@ -842,15 +838,25 @@ class SharePartition:
         application, so this is not a delivery attempt and never archives.
         """
         changes = _Changes()
-        for batch in list(self._batches.values()):
-            if batch.offsets is None:
-                if batch.state is _ACQUIRED and batch.member_id == member_id:
-                    self._apply_batch(batch, _MEMBER_LEFT, None, 0, changes)
-            else:
-                for offset, holder in batch.holders(batch.first_offset, batch.last_offset):
-                    if holder.state is _ACQUIRED and holder.member_id == member_id:
-                        self._apply_offset(holder, offset, _MEMBER_LEFT, None, 0, changes)
+        self._release_acquired(
+            self._batches.values(), self._start, self._end - 1,
+            lambda holder: holder.member_id == member_id, _MEMBER_LEFT, changes,
+        )
         return self._finish(changes)
+
+    def _release_acquired(
+        self, batches: Iterable[_InFlightBatch], first: int, last: int,
+        selected: Callable[[_InFlightBatch | _OffsetState], bool], event: Event, changes: _Changes,
+    ) -> None:
+        """Apply `event` to the Acquired records in [first, last] whose holder is `selected`."""
+        for batch in list(batches):
+            if batch.offsets is None:
+                if batch.state is _ACQUIRED and selected(batch):
+                    self._apply_batch(batch, event, None, 0, changes)
+            else:
+                for offset, holder in batch.holders(first, last):
+                    if holder.state is _ACQUIRED and selected(holder):
+                        self._apply_offset(holder, offset, event, None, 0, changes)
 
     # ----- SPSO moves from outside ----------------------------------------------------------------
 
