@@ -188,6 +188,15 @@ def decode_entity(entity_type: type, body: bytes | bytearray | memoryview) -> ob
     return entity
 
 
+def nested_types(entity_type: type) -> dict[str, type]:
+    """The entity classes defined beside `entity_type` (kio keeps a schema's nested structs in
+    its module), by Kafka's struct name: ``nested_types(FetchRequest)["FetchTopic"]``."""
+    import sys
+
+    module = sys.modules[entity_type.__module__]
+    return {name: value for name, value in vars(module).items() if isinstance(value, type)}
+
+
 def encode(entity: object) -> bytes:
     """Serialize a request or response entity (any kio-compatible entity) to body bytes."""
     buffer = io.BytesIO()

@@ -17,6 +17,7 @@ import structlog
 import trio
 from kio.index import load_request_schema
 
+from codec.registry import nested_types
 from proxy.config import HostPort
 from proxy.errors import UpstreamError
 from proxy.upstream import UpstreamClient, open_first_upstream, open_upstream
@@ -127,7 +128,7 @@ class Cluster:
                 schema = load_request_schema(3, METADATA_VERSION)
                 topics = None
                 if topic_names is not None:
-                    topic_type = _nested(schema, "topics")
+                    topic_type = nested_types(schema)["MetadataRequestTopic"]
                     topics = tuple(topic_type(topic_id=None, name=n) for n in topic_names)
                 response = await client.call(
                     schema(topics=topics, allow_auto_topic_creation=False,
@@ -220,8 +221,8 @@ class Cluster:
         """
         leader = topic.partitions[partition].leader_id
         schema = load_request_schema(2, LIST_OFFSETS_VERSION)
-        topic_type = _nested(schema, "topics")
-        partition_type = _nested(topic_type, "partitions")
+        types = nested_types(schema)
+        topic_type, partition_type = types["ListOffsetsTopic"], types["ListOffsetsPartition"]
         request = schema(
             replica_id=-1,
             isolation_level=0,
@@ -254,8 +255,8 @@ class Cluster:
         if info is None:
             raise UpstreamError(f"{topic.name} has no partition {partition}")
         schema = load_request_schema(1, self.fetch_version)
-        topic_type = _nested(schema, "topics")
-        partition_type = _nested(topic_type, "partitions")
+        types = nested_types(schema)
+        topic_type, partition_type = types["FetchTopic"], types["FetchPartition"]
         request = schema(
             max_wait=_timedelta_ms(max_wait_ms),
             min_bytes=1,
@@ -286,24 +287,6 @@ class Cluster:
             aborted_transactions=aborted,
             records=bytes(data.records or b""),
         )
-
-
-def _nested(schema: type, field_name: str) -> type:
-    """The entity class of a tuple-of-entities field (kio keeps it in the module namespace)."""
-    import dataclasses
-    import sys
-    import typing
-
-    module = sys.modules[schema.__module__]
-    hints = typing.get_type_hints(schema, vars(module))
-    for f in dataclasses.fields(schema):
-        if f.name == field_name:
-            hint = hints[f.name]
-            for arg in typing.get_args(hint) or (hint,):
-                for inner in typing.get_args(arg) or (arg,):
-                    if dataclasses.is_dataclass(inner):
-                        return inner
-    raise KeyError(f"{schema.__name__} has no nested entity field {field_name!r}")
 
 
 def _code(error_code: object) -> int:

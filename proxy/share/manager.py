@@ -51,6 +51,7 @@ from kio.schema.errors import ErrorCode
 
 from codec.errors import RecordBatchError
 from codec.records import RecordBatchHeader, iter_batches
+from codec.registry import nested_types
 from proxy.errors import UpstreamError
 from proxy.share import metrics, state_store
 from proxy.share.assignor import TopicIdPartition
@@ -886,13 +887,6 @@ def _ms(ms: int) -> datetime.timedelta:
     return datetime.timedelta(milliseconds=ms)
 
 
-def _nested_types(response_type: type) -> dict[str, type]:
-    import sys
-
-    module = sys.modules[response_type.__module__]
-    return {name: getattr(module, name) for name in dir(module) if isinstance(getattr(module, name), type)}
-
-
 def _fetch_error(response_type: type, code: ErrorCode, message: str):
     return response_type(
         throttle_time=_ms(0), error_code=code, error_message=message, acquisition_lock_timeout=_ms(0),
@@ -901,7 +895,7 @@ def _fetch_error(response_type: type, code: ErrorCode, message: str):
 
 
 def _fetch_response(response_type, fetched, ack_results, lock_ms: int, cluster: Cluster, advertised_endpoint=None):
-    types = _nested_types(response_type)
+    types = nested_types(response_type)
     partition_type, topic_type = types["PartitionData"], types["ShareFetchableTopicResponse"]
     leader_type, acquired_type = types["LeaderIdAndEpoch"], types["AcquiredRecords"]
     by_topic: dict[uuid.UUID, list] = {}
@@ -952,7 +946,7 @@ def _node_endpoints(endpoint_type, node_ids, advertised_endpoint) -> tuple:
 
 
 def _ack_response(response_type, results, lock_ms: int, code: ErrorCode = ErrorCode.none, message: str | None = None):
-    types = _nested_types(response_type)
+    types = nested_types(response_type)
     partition_type, topic_type, leader_type = (
         types["PartitionData"], types["ShareAcknowledgeTopicResponse"], types["LeaderIdAndEpoch"],
     )
