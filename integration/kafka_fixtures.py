@@ -201,3 +201,33 @@ def wait_for_leaders(admin: AdminClient, topics: Sequence[str], partitions: int,
         if time.monotonic() > deadline:
             raise TimeoutError(f"topics {list(topics)} have no leaders after {timeout}s")
         time.sleep(0.05)
+
+
+# ----- Kafka's command-line tools (not on the broker's classpath) --------------------------------
+
+# kafka-tools releases to try when the broker's own version is not on Maven Central (4.4.0 is not),
+# newest first.
+TOOLS_FALLBACK_VERSIONS = ("4.3.0", "4.2.0", "4.1.1")
+
+
+def m2_jar(version: str) -> Path:
+    return Path.home() / ".m2" / "repository" / "org" / "apache" / "kafka" / "kafka-tools" / version / f"kafka-tools-{version}.jar"
+
+
+def kafka_tools_jar(broker_version: str) -> Path:
+    """The kafka-tools jar (perf tools), fetched with mvn into ~/.m2 unless already there."""
+    for version in (broker_version, *TOOLS_FALLBACK_VERSIONS):
+        jar = m2_jar(version)
+        if jar.is_file():
+            return jar
+        mvn = shutil.which("mvn")
+        if mvn is None:
+            raise RuntimeError("`mvn` is needed to fetch org.apache.kafka:kafka-tools")
+        subprocess.run(
+            [mvn, "-q", "-B", "dependency:get", f"-Dartifact=org.apache.kafka:kafka-tools:{version}",
+             "-Dtransitive=false"],
+            capture_output=True, text=True, timeout=300,
+        )
+        if jar.is_file():
+            return jar
+    raise RuntimeError(f"no kafka-tools jar among {[broker_version, *TOOLS_FALLBACK_VERSIONS]} on Maven Central")

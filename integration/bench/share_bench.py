@@ -47,16 +47,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from confluent_kafka import Producer
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
-from integration.kafka_fixtures import ProxyProcess, admin_client, create_topics, unique_name
+from integration.bench.passthrough import produce
+from integration.kafka_fixtures import ProxyProcess, admin_client, create_topics, kafka_tools_jar, unique_name
 from proxy.localkafka import DEFAULT_VERSION, LocalKafka
 from proxy.localkafka.broker import find_java, free_port
 from proxy.localkafka.jars import fetch_kafka
 
-# kafka-tools releases to try when the broker's own version is not on Maven Central, newest first.
-TOOLS_FALLBACK_VERSIONS = ("4.3.0", "4.2.0", "4.1.1")
 TOOL_PACKAGE = "org.apache.kafka.tools"
 # The tools print a header line ("start.time, end.time, data.consumed.in.MB, MB.sec, ...") and one
 # line of values; the column order differs between ConsumerPerformance and ShareConsumerPerformance.
@@ -94,29 +92,6 @@ class Measurement:
 
 
 # ----- the Kafka perf tools ---------------------------------------------------------------------
-
-
-def m2_jar(version: str) -> Path:
-    return Path.home() / ".m2" / "repository" / "org" / "apache" / "kafka" / "kafka-tools" / version / f"kafka-tools-{version}.jar"
-
-
-def kafka_tools_jar(broker_version: str) -> Path:
-    """The kafka-tools jar (perf tools), fetched with mvn into ~/.m2 unless already there."""
-    for version in (broker_version, *TOOLS_FALLBACK_VERSIONS):
-        jar = m2_jar(version)
-        if jar.is_file():
-            return jar
-        mvn = shutil.which("mvn")
-        if mvn is None:
-            raise RuntimeError("`mvn` is needed to fetch org.apache.kafka:kafka-tools")
-        subprocess.run(
-            [mvn, "-q", "-B", "dependency:get", f"-Dartifact=org.apache.kafka:kafka-tools:{version}",
-             "-Dtransitive=false"],
-            capture_output=True, text=True, timeout=300,
-        )
-        if jar.is_file():
-            return jar
-    raise RuntimeError(f"no kafka-tools jar among {[broker_version, *TOOLS_FALLBACK_VERSIONS]} on Maven Central")
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,29 +182,6 @@ def proxy_counter(metrics_url: str, name: str) -> float:
 # ----- data ---------------------------------------------------------------------------------------
 
 
-def produce(bootstrap: str, topic: str, records: int, size: int) -> None:
-    producer = Producer({
-        "bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5, "batch.size": 1_000_000,
-        "queue.buffering.max.messages": 1_000_000, "queue.buffering.max.kbytes": 2_097_151,
-    })
-    value = os.urandom(size)
-    failures = 0
-
-    def on_delivery(error: object, _message: object) -> None:
-        nonlocal failures
-        failures += error is not None
-
-    for index in range(records):
-        while True:
-            try:
-                producer.produce(topic, value=value, key=str(index).encode(), on_delivery=on_delivery)
-                break
-            except BufferError:
-                producer.poll(0.01)
-    if producer.flush(120) != 0 or failures:
-        raise RuntimeError(f"produce to {topic}: {failures} failed deliveries")
-
-
 def set_native_share_reset_earliest(bootstrap: str, group: str) -> None:
     """Kafka's share groups start at the latest offset unless the group config says otherwise."""
     resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=[
@@ -247,7 +199,7 @@ def phase_proxy(args: argparse.Namespace, tools: PerfTools, log_dir: Path) -> li
     results: list[Measurement] = []
     with LocalKafka(version=args.kafka_version, share_groups=False, data_dir=log_dir / "kafka") as kafka:
         topic = create_topics(kafka.bootstrap, [unique_name("bench-share")], partitions=args.partitions)[0]
-        produce(kafka.bootstrap, topic, args.records, args.size)
+        produce(kafka.bootstrap, topic, args.records, args.size, compression="none")
         metrics_port = free_port()
         metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         extra = ("--share-auto-offset-reset", "earliest", "--state-topic", unique_name("__bench_share_state"),
@@ -274,7 +226,7 @@ def phase_native(args: argparse.Namespace, tools: PerfTools, log_dir: Path) -> l
     results: list[Measurement] = []
     with LocalKafka(version=args.kafka_version, share_groups=True, data_dir=log_dir / "native-kafka") as kafka:
         topic = create_topics(kafka.bootstrap, [unique_name("bench-share")], partitions=args.partitions)[0]
-        produce(kafka.bootstrap, topic, args.records, args.size)
+        produce(kafka.bootstrap, topic, args.records, args.size, compression="none")
         for _ in range(args.repeat):
             for consumers in args.consumers:
                 group = unique_name("bench-share")

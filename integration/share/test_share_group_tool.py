@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from integration.bench.share_bench import kafka_tools_jar
+from integration.kafka_fixtures import kafka_tools_jar
 from integration.share.conftest import ConsumerThread, wait_for_assigned_members
 from proxy.localkafka import fetch_kafka
 
