@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import collections
 import signal
-import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ import pytest
 from confluent_kafka import KafkaException, ShareConsumer
 
 from integration.share.conftest import durable_state, finished_durably, produce, wait_until
+from proxy.localkafka.broker import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -40,12 +40,6 @@ KILL_AFTER_ACCEPTED = 20_000
 # Work per poll: keeps the run long enough that the kill lands in the middle, not at the end.
 PROCESSING_S = 0.002
 COMPLETION_TIMEOUT_S = 60.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass(frozen=True, slots=True)
