@@ -10,6 +10,7 @@ request/response header in a frame (see :mod:`codec.headers`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import struct
 from collections.abc import Iterable
@@ -188,6 +189,7 @@ def decode_entity(entity_type: type, body: bytes | bytearray | memoryview) -> ob
     return entity
 
 
+@functools.cache
 def nested_types(entity_type: type) -> dict[str, type]:
     """The entity classes defined beside `entity_type` (kio keeps a schema's nested structs in
     its module), by Kafka's struct name: ``nested_types(FetchRequest)["FetchTopic"]``."""
