@@ -345,7 +345,13 @@ def describe_share_group(bootstrap: str, group: str):
 
 
 def wait_for_assigned_members(bootstrap: str, group: str, count: int, timeout: float = 30.0):
-    """Wait until `group` has `count` members, each assigned at least one partition."""
+    """Wait until `group` has `count` members, each reconciled and assigned at least one partition.
+
+    A share member takes its new assignment on its next heartbeat (no revocation step), so right
+    after a join an older member can still hold partitions the target gave to the newcomer.
+    "Reconciled" means every member is at the group's assignment epoch: the assignments then
+    are the target's, as describe tools show them.
+    """
     described = None
 
     def ready() -> bool:
@@ -353,7 +359,9 @@ def wait_for_assigned_members(bootstrap: str, group: str, count: int, timeout: f
         described = describe_share_group(bootstrap, group)
         members = described.members or ()
         return len(members) == count and all(
-            any(t.partitions for t in m.assignment.topic_partitions) for m in members
+            m.member_epoch == described.assignment_epoch
+            and any(t.partitions for t in m.assignment.topic_partitions)
+            for m in members
         )
 
     wait_until(ready, timeout, f"{count} assigned members in {group}", interval=0.2)
