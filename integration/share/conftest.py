@@ -8,6 +8,7 @@ but never each other's data.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import subprocess
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from confluent_kafka import AcknowledgeType, Producer, ShareConsumer
+from confluent_kafka import AcknowledgeType, KafkaException, Message, Producer, ShareConsumer
 from confluent_kafka.admin import AdminClient, NewTopic
 from kio.index import load_request_schema
 
@@ -308,6 +309,87 @@ class ConsumerThread(threading.Thread):
                 self.consumer.commit_sync(30)
             except Exception as exc:  # noqa: BLE001 - reported by the test through `errors`
                 self.errors.append(f"commit before close: {type(exc).__name__}: {exc}")
+            self.consumer.close()
+
+    def finish(self, timeout: float = 30.0) -> None:
+        self._stop_requested.set()
+        self.join(timeout)
+        assert not self.is_alive(), f"{self.name} did not stop"
+
+
+@contextlib.contextmanager
+def consumer_threads(bootstrap: str, group: str, topic: str, count: int, *,
+                     processing_s: float = 0.0, name: str = "consumer") -> Iterator[list[ConsumerThread]]:
+    """`count` ConsumerThreads in `group`, started and reconciled on entry, finished on exit."""
+    consumers = [ConsumerThread(bootstrap, group, topic, name=f"{name}-{i}", processing_s=processing_s)
+                 for i in range(count)]
+    for consumer in consumers:
+        consumer.start()
+    try:
+        wait_for_assigned_members(bootstrap, group, count)
+        yield consumers
+    finally:
+        for consumer in consumers:
+            consumer.finish()
+
+
+class AcknowledgingConsumer(threading.Thread):
+    """Polls, accepts every record explicitly and commits synchronously after each poll, until stopped.
+
+    The crash and outage tests record what happened through hooks:
+    `on_delivery(message, polled_at)` sees each record before it is accepted;
+    `on_acknowledged(offsets, error, sent_at)` is the acknowledgement-commit callback, `sent_at`
+    being when the poll or commit that carried the acknowledgement began;
+    `before_acknowledge(messages)`, if given, runs after each poll and may block to hold records.
+    Poll, commit and per-message errors are kept in `errors` (transient while a proxy or broker is down).
+    """
+
+    def __init__(self, bootstrap: str, group: str, topic: str, *, name: str,
+                 on_delivery: Callable[[Message, float], None],
+                 on_acknowledged: Callable[[dict, KafkaException | None, float], None],
+                 processing_s: float,
+                 before_acknowledge: Callable[[list[Message]], None] | None = None,
+                 config: dict[str, object] | None = None) -> None:
+        super().__init__(name=name, daemon=True)
+        self.on_delivery = on_delivery
+        self.before_acknowledge = before_acknowledge
+        self.processing_s = processing_s
+        self.sent_at = time.monotonic()
+        self.errors: list[str] = []
+        self.consumer = share_consumer(bootstrap, group, topic, {**EXPLICIT, **(config or {})})
+        self.consumer.set_acknowledgement_commit_callback(
+            lambda offsets, error: on_acknowledged(offsets, error, self.sent_at))
+        self._stop_requested = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self._stop_requested.is_set():
+                self.sent_at = time.monotonic()
+                try:
+                    messages = self.consumer.poll(0.5)
+                except KafkaException as exc:
+                    self.errors.append(f"{self.name} poll: {exc}")
+                    continue
+                polled_at = time.monotonic()
+                if messages and self.before_acknowledge is not None:
+                    self.before_acknowledge(messages)
+                acknowledged = 0
+                for message in messages:
+                    if message.error() is not None:
+                        self.errors.append(f"{self.name} message: {message.error()}")
+                        continue
+                    self.on_delivery(message, polled_at)
+                    self.consumer.acknowledge(message)
+                    acknowledged += 1
+                if acknowledged:
+                    time.sleep(self.processing_s)
+                    self.sent_at = time.monotonic()
+                    try:
+                        self.consumer.commit_sync(30)
+                    except KafkaException as exc:
+                        # Not confirmed: the records come back once their acquisition ends.
+                        self.errors.append(f"{self.name} commit: {exc}")
+        finally:
             self.consumer.close()
 
     def finish(self, timeout: float = 30.0) -> None:

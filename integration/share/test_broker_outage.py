@@ -29,13 +29,13 @@ from pathlib import Path
 
 import pytest
 import trio
-from confluent_kafka import KafkaException, ShareConsumer
 from confluent_kafka.admin import AdminClient, NewTopic
 from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
 
 from integration.kafka_fixtures import kafka_version
 from integration.share.conftest import (
+    AcknowledgingConsumer,
     ConsumerThread,
     Names,
     ProxyStarter,
@@ -217,9 +217,9 @@ class OutageRun:
         self.unconfirmed: set[tuple[int, int]] = set()  # acceptances answered with an error
         # A record delivered again although its acceptance had been confirmed: the bug we look for.
         self.redelivered_after_confirmation: list[tuple[tuple[int, int], float, float]] = []
-        self.client_errors: list[str] = []
 
-    def delivered(self, delivery: Delivery) -> None:
+    def on_delivery(self, message, polled_at: float) -> None:
+        delivery = Delivery(message.partition(), message.offset(), message.delivery_count(), polled_at)
         record = (delivery.partition, delivery.offset)
         with self.lock:
             self.deliveries.append(delivery)
@@ -243,72 +243,19 @@ class OutageRun:
             return self.accepted | self.unconfirmed
 
 
-class AcknowledgingConsumer(threading.Thread):
-    """Polls, accepts every record explicitly and commits synchronously after each poll."""
+class Holder:
+    """`before_acknowledge` hook: once `hold` is set, keep the next polled records unacknowledged
+    until `broker_down` is set, so their acknowledgements go out during the outage."""
 
-    def __init__(self, bootstrap: str, group: str, topic: str, run: OutageRun, name: str,
-                 processing_s: float, broker_down: threading.Event | None = None) -> None:
-        super().__init__(name=name, daemon=True)
-        self.run_state = run
-        self.processing_s = processing_s
-        self.sent_at = time.monotonic()
-        # Hold mode: once `hold` is set, keep the next polled records unacknowledged until
-        # `broker_down` is set, then acknowledge them, so acknowledgements go out during the outage.
+    def __init__(self, broker_down: threading.Event) -> None:
         self.hold = threading.Event()
         self.holding = threading.Event()
         self.broker_down = broker_down
-        self.held_records = 0
-        self.consumer = ShareConsumer({
-            "bootstrap.servers": bootstrap,
-            "group.id": group,
-            "share.acknowledgement.mode": "explicit",
-            "max.poll.records": 200,
-            "reconnect.backoff.ms": 100,
-            "reconnect.backoff.max.ms": 1000,
-        })
-        self.consumer.set_acknowledgement_commit_callback(
-            lambda offsets, error: run.on_acknowledged(offsets, error, self.sent_at))
-        self.consumer.subscribe([topic])
-        self._stop_requested = threading.Event()
 
-    def run(self) -> None:
-        state = self.run_state
-        try:
-            while not self._stop_requested.is_set():
-                self.sent_at = time.monotonic()
-                try:
-                    messages = self.consumer.poll(0.5)
-                except KafkaException as exc:
-                    state.client_errors.append(f"{self.name} poll: {exc}")
-                    continue
-                polled_at = time.monotonic()
-                if messages and self.hold.is_set() and not self.holding.is_set() and self.broker_down is not None:
-                    self.held_records = len(messages)
-                    self.holding.set()
-                    self.broker_down.wait(60)
-                acknowledged = 0
-                for message in messages:
-                    if message.error() is not None:
-                        state.client_errors.append(f"{self.name} message: {message.error()}")
-                        continue
-                    state.delivered(Delivery(message.partition(), message.offset(), message.delivery_count(),
-                                             polled_at))
-                    self.consumer.acknowledge(message)
-                    acknowledged += 1
-                if acknowledged:
-                    time.sleep(self.processing_s)
-                    self.sent_at = time.monotonic()
-                    try:
-                        self.consumer.commit_sync(30)
-                    except KafkaException as exc:
-                        state.client_errors.append(f"{self.name} commit: {exc}")
-        finally:
-            self.consumer.close()
-
-    def finish(self, timeout: float = 30.0) -> None:
-        self._stop_requested.set()
-        self.join(timeout)
-        assert not self.is_alive(), f"{self.name} did not stop"
+    def __call__(self, messages) -> None:
+        if self.hold.is_set() and not self.holding.is_set():
+            self.holding.set()
+            self.broker_down.wait(60)
 
 
 # ----- 1. an outage in the middle of a run ---------------------------------------------------
@@ -316,6 +263,7 @@ class AcknowledgingConsumer(threading.Thread):
 RECORDS = 6_000
 PARTITIONS = 2
 CONSUMERS = 2
+CONSUMER_CONFIG = {"max.poll.records": 200, "reconnect.backoff.ms": 100, "reconnect.backoff.max.ms": 1000}
 STOP_AFTER_ACCEPTED = 2_000
 
 
@@ -331,10 +279,16 @@ def test_broker_outage_mid_run_loses_no_acknowledgement(running_broker, proxies,
 
     run = OutageRun()
     broker_down = threading.Event()
-    consumers = [AcknowledgingConsumer(proxy.bootstrap, names.group, topic, run, f"consumer-{i}",
-                                       processing_s=0.05, broker_down=broker_down)
+    holder = Holder(broker_down)
+    consumers = [AcknowledgingConsumer(proxy.bootstrap, names.group, topic, name=f"consumer-{i}",
+                                       on_delivery=run.on_delivery, on_acknowledged=run.on_acknowledged,
+                                       processing_s=0.05, before_acknowledge=holder if i == 0 else None,
+                                       config=CONSUMER_CONFIG)
                  for i in range(CONSUMERS)]
-    holder = consumers[0]
+
+    def client_errors() -> list[str]:
+        return [error for consumer in consumers for error in consumer.errors]
+
     started = time.monotonic()
     for consumer in consumers:
         consumer.start()
@@ -342,7 +296,7 @@ def test_broker_outage_mid_run_loses_no_acknowledgement(running_broker, proxies,
     try:
         wait_until(lambda: len(run.accepted) >= STOP_AFTER_ACCEPTED, 40,
                    lambda: f"{STOP_AFTER_ACCEPTED} confirmed acceptances (have {len(run.accepted)}, "
-                           f"client errors {run.client_errors[:3]})", interval=0.01)
+                           f"client errors {client_errors()[:3]})", interval=0.01)
         holder.hold.set()
         wait_until(holder.holding.is_set, 20, "the holding consumer to poll records it keeps unacknowledged")
         stop_began = time.monotonic()
@@ -367,7 +321,7 @@ def test_broker_outage_mid_run_loses_no_acknowledgement(running_broker, proxies,
             wait_until(all_finished_durably, 45, "every record accepted durably", interval=0.5)
         except AssertionError:
             print(f"\nstalled: {len(run.accepted)} confirmed, {len(run.unconfirmed)} unconfirmed of {len(produced)};"
-                  f" client errors {run.client_errors[:5]}\nproxy log:\n{proxy.log_tail()}")
+                  f" client errors {client_errors()[:5]}\nproxy log:\n{proxy.log_tail()}")
             raise
         time.sleep(1.0)  # a late redelivery would show up here
     finally:
@@ -406,8 +360,8 @@ def test_broker_outage_mid_run_loses_no_acknowledgement(running_broker, proxies,
     print("all acknowledgement errors: "
           f"{dict(collections.Counter(c.error for c in run.confirmations if c.error is not None))}")
     print(f"ApiVersions probes on the proxy (seconds after the broker stopped, outcome): {probes}")
-    if run.client_errors:
-        print(f"client errors ({len(run.client_errors)}), first: {run.client_errors[:3]}")
+    if client_errors():
+        print(f"client errors ({len(client_errors())}), first: {client_errors()[:3]}")
 
     assert watch.failures == [], watch.failures
     assert proxy.process is not None and proxy.process.pid == watch.pid and proxy.process.poll() is None

@@ -26,9 +26,8 @@ import time
 from dataclasses import dataclass
 
 import pytest
-from confluent_kafka import KafkaException, ShareConsumer
 
-from integration.share.conftest import durable_state, finished_durably, produce, wait_until
+from integration.share.conftest import AcknowledgingConsumer, durable_state, finished_durably, produce, wait_until
 from proxy.localkafka.broker import free_port
 
 pytestmark = pytest.mark.integration
@@ -40,6 +39,8 @@ KILL_AFTER_ACCEPTED = 20_000
 # Work per poll: keeps the run long enough that the kill lands in the middle, not at the end.
 PROCESSING_S = 0.002
 COMPLETION_TIMEOUT_S = 60.0
+# Reconnect quickly to the restarted proxy.
+RECONNECT_QUICKLY = {"reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 500}
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,23 +56,31 @@ class CrashRun:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.killed = threading.Event()
+        self.killed_at = float("inf")  # time.monotonic() of the kill, once it happened
         self.deliveries: list[Delivery] = []
         self.accepted: set[tuple[int, int]] = set()
         self.accepted_before_kill: set[tuple[int, int]] = set()
         # Acknowledgements the proxy did not confirm: (partition, offset) -> (error, sent after the kill).
         self.unconfirmed: dict[tuple[int, int], tuple[str, bool]] = {}
-        self.errors: list[str] = []
 
-    def on_acknowledged(self, offsets, error, sent_after_kill: bool) -> None:
+    def kill_starts(self) -> None:
+        self.killed_at = time.monotonic()
+
+    def on_delivery(self, message, polled_at: float) -> None:
+        delivery = Delivery(message.partition(), message.offset(), message.delivery_count(),
+                            after_kill=polled_at >= self.killed_at)
+        with self.lock:
+            self.deliveries.append(delivery)
+
+    def on_acknowledged(self, offsets, error, sent_at: float) -> None:
         # Decide "before the kill" after the confirmation arrived: a confirmation seen while the
-        # kill flag is still clear was answered by the first proxy process before it died.
-        before_kill = not self.killed.is_set()
+        # kill has not started was answered by the first proxy process before it died.
+        before_kill = time.monotonic() < self.killed_at
         records = {(tp.partition, offset) for tp, batch in offsets.items() for offset in batch}
         with self.lock:
             if error is not None:
                 for record in records:
-                    self.unconfirmed[record] = (str(error), sent_after_kill)
+                    self.unconfirmed[record] = (str(error), sent_at >= self.killed_at)
                 return
             self.accepted |= records
             if before_kill:
@@ -81,62 +90,6 @@ class CrashRun:
         """Records with an acceptance sent, confirmed or not."""
         with self.lock:
             return self.accepted | self.unconfirmed.keys()
-
-
-class AcknowledgingConsumer(threading.Thread):
-    """Polls, accepts every record explicitly and commits synchronously, until stopped."""
-
-    def __init__(self, bootstrap: str, group: str, topic: str, run: CrashRun, name: str) -> None:
-        super().__init__(name=name, daemon=True)
-        self.run_state = run
-        self.consumer = ShareConsumer({
-            "bootstrap.servers": bootstrap,
-            "group.id": group,
-            "share.acknowledgement.mode": "explicit",
-            # Reconnect quickly to the restarted proxy.
-            "reconnect.backoff.ms": 50,
-            "reconnect.backoff.max.ms": 500,
-        })
-        self.sent_after_kill = False
-        self.consumer.set_acknowledgement_commit_callback(
-            lambda offsets, error: run.on_acknowledged(offsets, error, self.sent_after_kill))
-        self.consumer.subscribe([topic])
-        self._stop_requested = threading.Event()
-
-    def run(self) -> None:
-        state = self.run_state
-        try:
-            while not self._stop_requested.is_set():
-                try:
-                    messages = self.consumer.poll(0.5)
-                except KafkaException as exc:
-                    state.errors.append(f"{self.name} poll: {exc}")
-                    continue
-                after_kill = state.killed.is_set()
-                delivered = []
-                for message in messages:
-                    if message.error() is not None:
-                        continue  # transient errors while the proxy is down; counted by outcome
-                    delivered.append(Delivery(message.partition(), message.offset(),
-                                              message.delivery_count(), after_kill))
-                    self.consumer.acknowledge(message)
-                with state.lock:
-                    state.deliveries.extend(delivered)
-                if delivered:
-                    time.sleep(PROCESSING_S)
-                    self.sent_after_kill = state.killed.is_set()
-                    try:
-                        self.consumer.commit_sync(30)
-                    except KafkaException as exc:
-                        # Not confirmed: the records come back once their acquisition ends.
-                        state.errors.append(f"{self.name} commit: {exc}")
-        finally:
-            self.consumer.close()
-
-    def finish(self, timeout: float = 30.0) -> None:
-        self._stop_requested.set()
-        self.join(timeout)
-        assert not self.is_alive(), f"{self.name} did not stop"
 
 
 def _ranges(offsets: set[tuple[int, int]]) -> list[tuple[int, int, int]]:
@@ -162,7 +115,9 @@ def test_kill_9_mid_run_loses_no_acknowledgement(kafka, share_proxy, create_topi
     produced = {(partition, offset) for partition, end in ends.items() for offset in range(end)}
 
     run = CrashRun()
-    consumers = [AcknowledgingConsumer(proxy.bootstrap, names.group, topic, run, f"consumer-{i}")
+    consumers = [AcknowledgingConsumer(proxy.bootstrap, names.group, topic, name=f"consumer-{i}",
+                                       on_delivery=run.on_delivery, on_acknowledged=run.on_acknowledged,
+                                       processing_s=PROCESSING_S, config=RECONNECT_QUICKLY)
                  for i in range(CONSUMERS)]
     started = time.monotonic()
     for consumer in consumers:
@@ -177,7 +132,7 @@ def test_kill_9_mid_run_loses_no_acknowledgement(kafka, share_proxy, create_topi
     try:
         wait_until(lambda: len(run.acknowledged()) >= KILL_AFTER_ACCEPTED, 60,
                    f"{KILL_AFTER_ACCEPTED} accepted records before the kill", interval=0.005)
-        run.killed.set()
+        run.kill_starts()
         proxy.stop(signal.SIGKILL)
         killed_at = time.monotonic()
         proxy.start()
@@ -187,7 +142,7 @@ def test_kill_9_mid_run_loses_no_acknowledgement(kafka, share_proxy, create_topi
         except AssertionError:
             print(f"\nstalled: {len(run.accepted)} confirmed and {len(run.unconfirmed)} unconfirmed "
                   f"acceptances of {len(produced)} records; never acknowledged: "
-                  f"{_ranges(produced - run.acknowledged())}; client errors {run.errors[:5]}\n"
+                  f"{_ranges(produced - run.acknowledged())}; client errors {[e for c in consumers for e in c.errors][:5]}\n"
                   f"state topic: {durable_state(kafka.bootstrap, proxy.state_topic, names.group)}\n"
                   f"restarted proxy log:\n{proxy.log_tail()}")
             raise
@@ -223,8 +178,9 @@ def test_kill_9_mid_run_loses_no_acknowledgement(kafka, share_proxy, create_topi
     record_property("crash_counts", counts)
     print(f"\ncrash-safety counts (Kafka {kafka.version}): {counts}")
     print(f"unconfirmed acknowledgement errors: {dict(unconfirmed_errors)}")
-    if run.errors:
-        print(f"client errors ({len(run.errors)}), first: {run.errors[:3]}")
+    client_errors = [error for consumer in consumers for error in consumer.errors]
+    if client_errors:
+        print(f"client errors ({len(client_errors)}), first: {client_errors[:3]}")
 
     assert produced <= run.acknowledged(), f"never accepted: {_ranges(produced - run.acknowledged())}"
     assert confirmed_then_redelivered == set(), (

@@ -17,11 +17,11 @@ from integration.share.conftest import (
     EXPLICIT,
     ConsumerThread,
     acknowledge_all,
+    consumer_threads,
     describe_share_group,
     poll_until,
     produce,
     share_consumer,
-    wait_for_assigned_members,
     wait_until,
 )
 
@@ -47,14 +47,7 @@ def test_three_consumers_share_30000_records_each_processed_exactly_once(kafka, 
                                                                          names, record_property):
     proxy = default_proxy
     topic = create_topic(names.topic, partitions=1)
-    consumers = [
-        ConsumerThread(proxy.bootstrap, names.group, topic, name=f"consumer-{i}", processing_s=0.002)
-        for i in range(3)
-    ]
-    for consumer in consumers:
-        consumer.start()
-    try:
-        wait_for_assigned_members(proxy.bootstrap, names.group, 3)
+    with consumer_threads(proxy.bootstrap, names.group, topic, 3, processing_s=0.002) as consumers:
         produced = set(produce(kafka.bootstrap, topic, 30_000, batch_records=250))
 
         def seen() -> set[bytes]:
@@ -62,9 +55,6 @@ def test_three_consumers_share_30000_records_each_processed_exactly_once(kafka, 
 
         wait_until(lambda: len(seen()) >= len(produced), 90, "all 30,000 records")
         time.sleep(1.0)  # a late duplicate would show up here
-    finally:
-        for consumer in consumers:
-            consumer.finish()
 
     values = [d.value for c in consumers for d in c.deliveries]
     counts = collections.Counter(values)
@@ -83,14 +73,7 @@ def test_three_consumers_share_30000_records_each_processed_exactly_once(kafka, 
 def test_more_consumers_than_partitions_all_receive_work(kafka, default_proxy, create_topic, names):
     proxy = default_proxy
     topic = create_topic(names.topic, partitions=2)
-    consumers = [
-        ConsumerThread(proxy.bootstrap, names.group, topic, name=f"consumer-{i}", processing_s=0.02)
-        for i in range(4)
-    ]
-    for consumer in consumers:
-        consumer.start()
-    try:
-        wait_for_assigned_members(proxy.bootstrap, names.group, 4)
+    with consumer_threads(proxy.bootstrap, names.group, topic, 4, processing_s=0.02) as consumers:
         produced = set(produce(kafka.bootstrap, topic, 8_000, partitions=2, batch_records=250))
         wait_until(lambda: len({d.value for c in consumers for d in c.deliveries}) >= len(produced), 60,
                    "all 8,000 records")
@@ -103,9 +86,6 @@ def test_more_consumers_than_partitions_all_receive_work(kafka, default_proxy, c
             )
 
         wait_until(lambda: sharing() == {0: 2, 1: 2}, 20, "two members per partition", interval=0.5)
-    finally:
-        for consumer in consumers:
-            consumer.finish()
 
     split = {c.name: len(c.deliveries) for c in consumers}
     print(f"\nper-consumer split of 8,000 records on 2 partitions: {split}")

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from integration.kafka_fixtures import kafka_tools_jar
-from integration.share.conftest import ConsumerThread, wait_for_assigned_members
+from integration.share.conftest import consumer_threads, describe_share_group
 from proxy.localkafka import fetch_kafka
 
 # The tool and its kafka-clients come from the newest Kafka whatever broker is upstream: the tool
@@ -30,11 +30,8 @@ def share_group_command(bootstrap: str, *args: str) -> str:
 def test_kafka_share_groups_tool_describes_members_and_state(share_proxy, names, create_topic):
     proxy = share_proxy()
     topic = create_topic(names.topic, partitions=2)
-    consumers = [ConsumerThread(proxy.bootstrap, names.group, topic, name=f"member-{i}") for i in range(2)]
-    for consumer in consumers:
-        consumer.start()
-    try:
-        described = wait_for_assigned_members(proxy.bootstrap, names.group, 2)
+    with consumer_threads(proxy.bootstrap, names.group, topic, 2, name="member"):
+        described = describe_share_group(proxy.bootstrap, names.group)
         member_ids = {m.member_id for m in described.members}
 
         members = share_group_command(proxy.bootstrap, "--describe", "--group", names.group, "--members")
@@ -48,6 +45,3 @@ def test_kafka_share_groups_tool_describes_members_and_state(share_proxy, names,
         state = share_group_command(proxy.bootstrap, "--describe", "--group", names.group, "--state")
         row = next(line.split() for line in state.splitlines() if line.startswith(names.group))
         assert row[-2:] == ["Stable", "2"], state
-    finally:
-        for consumer in consumers:
-            consumer.finish()
