@@ -25,12 +25,10 @@ SHARE_GROUP_DESCRIBE = 77
 SHARE_FETCH = 78
 SHARE_ACKNOWLEDGE = 79
 
-# Versions served: v0 of these APIs was Kafka 4.0's early access and is not served.
+# Versions served: those the codec registry decodes (v0, Kafka 4.0's early access, is not served).
 SERVED_VERSIONS = {
-    SHARE_GROUP_HEARTBEAT: (1, 1),
-    SHARE_GROUP_DESCRIBE: (1, 1),
-    SHARE_FETCH: (1, 2),
-    SHARE_ACKNOWLEDGE: (1, 2),
+    api_key: DEFAULT_REGISTRY.supported_versions(api_key)
+    for api_key in (SHARE_GROUP_HEARTBEAT, SHARE_GROUP_DESCRIBE, SHARE_FETCH, SHARE_ACKNOWLEDGE)
 }
 
 Handler = Callable[[object, Request, ClientConnection], Awaitable[object]]
