@@ -38,20 +38,20 @@ its sessions are evicted and their members' acquired records released (no delive
 from __future__ import annotations
 
 import datetime
+import functools
 import itertools
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import structlog
 import trio
-from kio.index import load_response_schema
 from kio.schema.errors import ErrorCode
 
 from codec.errors import RecordBatchError
 from codec.records import RecordBatchHeader, iter_batches
-from codec.registry import nested_types
+from codec.registry import DEFAULT_REGISTRY, nested_types
 from proxy.errors import UpstreamError
 from proxy.share import metrics, state_store
 from proxy.share.assignor import TopicIdPartition
@@ -607,7 +607,7 @@ class ShareService:
     # ----- ShareFetch ---------------------------------------------------------------------
 
     async def share_fetch(self, request, version: int, connection_id: int):
-        response_type = load_response_schema(78, version)
+        response_type = DEFAULT_REGISTRY.response_type(78, version)
         group_id, member_id = request.group_id, request.member_id
         if not group_id or not member_id:
             return _fetch_error(response_type, ErrorCode.invalid_request, "GroupId and MemberId are required.")
@@ -845,7 +845,7 @@ class ShareService:
     # ----- ShareAcknowledge -------------------------------------------------------------
 
     async def share_acknowledge(self, request, version: int, connection_id: int):
-        response_type = load_response_schema(79, version)
+        response_type = DEFAULT_REGISTRY.response_type(79, version)
         group_id, member_id = request.group_id, request.member_id
         if not group_id or not member_id:
             return _ack_response(response_type, {}, 0, ErrorCode.invalid_request, "GroupId and MemberId are required.")
@@ -964,7 +964,6 @@ def _ack_response(response_type, results, lock_ms: int, code: ErrorCode = ErrorC
     )
 
 
+@functools.cache
 def _has_field(entity_type: type, name: str) -> bool:
-    import dataclasses
-
-    return any(f.name == name for f in dataclasses.fields(entity_type))
+    return any(f.name == name for f in fields(entity_type))
