@@ -191,6 +191,7 @@ class ShareService:
         self._dirty_groups: dict[str, list[tuple[bytes, bytes | None]]] = {}
         self._dirty_wakeup = trio.Event()
         self._timer_wakeup = trio.Event()
+        self._timer_due = 0  # clock ms at which the timer task next wakes unless woken earlier
         self._work = _Wakeup()  # fired when records may have become acquirable anywhere
         self._watched_connections: set[int] = set()
         self._rotation = itertools.count()
@@ -340,10 +341,17 @@ class ShareService:
             member_deadline = self.coordinator.next_deadline()
             if member_deadline is not None:
                 deadlines.append(member_deadline)
-            sleep_ms = min(deadlines) - self.clock() if deadlines else 1000
-            with trio.move_on_after(max(0.0, min(sleep_ms, 1000) / 1000)):
+            now = self.clock()
+            self._timer_due = min([*deadlines, now + 1000])  # re-checked at least every second
+            with trio.move_on_after(max(0, self._timer_due - now) / 1000):
                 await self._timer_wakeup.wait()
             self._timer_wakeup = trio.Event()
+
+    def _wake_timer(self, deadline: int | None) -> None:
+        """Wake the timer task for a new `deadline` only if it falls before the task's own wake-up:
+        each timer pass walks every share-partition, so it must not run on every acquisition."""
+        if deadline is not None and deadline < self._timer_due:
+            self._timer_wakeup.set()
 
     def _expire(self, now: int) -> None:
         released = False
@@ -533,7 +541,7 @@ class ShareService:
             group_is_other_type=other_type,
         )
         self._handle_events(result.events)
-        self._timer_wakeup.set()
+        self._wake_timer(self.coordinator.next_deadline())
         return heartbeat_response(result)
 
     def describe(self, request):
@@ -779,7 +787,7 @@ class ShareService:
             self._changed(leader)  # archived control/aborted records: durable eventually
         if not result.acquired:
             return None
-        self._timer_wakeup.set()
+        self._wake_timer(engine.next_deadline())
         acquired = result.acquired
         lo, hi = acquired[0].first_offset, acquired[-1].last_offset
         if hi >= batches[-1].last_offset:
