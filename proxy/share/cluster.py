@@ -9,7 +9,7 @@ one for up to MaxWaitMs; a connection that fails is dropped, never reused.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -39,7 +39,6 @@ NONE = 0
 OFFSET_OUT_OF_RANGE = 1
 UNKNOWN_TOPIC_OR_PARTITION = 3
 NOT_LEADER_OR_FOLLOWER = 6
-UNKNOWN_TOPIC_ID = 100
 FENCED_LEADER_EPOCH = 74
 UNKNOWN_LEADER_EPOCH = 75
 RETRIABLE_FETCH_ERRORS = frozenset({NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH,
@@ -71,8 +70,6 @@ class FetchedPartition:
     """One partition of an upstream Fetch response; `records` are passed through untouched."""
 
     error_code: int
-    high_watermark: int
-    last_stable_offset: int
     log_start_offset: int
     aborted_transactions: tuple[tuple[int, int], ...]
     records: bytes
@@ -109,8 +106,8 @@ class Cluster:
 
     # ----- metadata -------------------------------------------------------------------
 
-    async def refresh(self, topic_names: Iterable[str] | None = None) -> ClusterSnapshot:
-        """Refresh brokers and topics (all topics when `topic_names` is None)."""
+    async def refresh(self) -> ClusterSnapshot:
+        """Refresh brokers and all topics."""
         async with self._refresh_lock:
             _, stream = await open_first_upstream(
                 self._bootstrap, timeout=self._connect_timeout, max_frame_size=self._max_frame_size
@@ -126,24 +123,17 @@ class Cluster:
                         "share groups need Kafka 3.1 or newer"
                     )
                 schema = load_request_schema(3, METADATA_VERSION)
-                topics = None
-                if topic_names is not None:
-                    topic_type = nested_types(schema)["MetadataRequestTopic"]
-                    topics = tuple(topic_type(topic_id=None, name=n) for n in topic_names)
                 response = await client.call(
-                    schema(topics=topics, allow_auto_topic_creation=False,
+                    schema(topics=None, allow_auto_topic_creation=False,
                            include_topic_authorized_operations=False)
                 )
             finally:
                 await client.aclose()
         snapshot = ClusterSnapshot(
             brokers={int(b.node_id): HostPort(b.host, int(b.port)) for b in response.brokers},
-            topics_by_name=dict(self.snapshot.topics_by_name) if topic_names is not None else {},
         )
         for topic in response.topics:
             if _code(topic.error_code) != NONE or topic.name is None or topic.topic_id is None:
-                if topic.name is not None and topic_names is not None:
-                    snapshot.topics_by_name.pop(topic.name, None)
                 continue
             snapshot.topics_by_name[topic.name] = TopicInfo(
                 topic.name,
@@ -281,8 +271,6 @@ class Cluster:
         )
         return FetchedPartition(
             error_code=_code(data.error_code),
-            high_watermark=int(data.high_watermark),
-            last_stable_offset=int(data.last_stable_offset),
             log_start_offset=int(data.log_start_offset),
             aborted_transactions=aborted,
             records=bytes(data.records or b""),

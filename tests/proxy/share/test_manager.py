@@ -75,7 +75,7 @@ class FakeCluster:
         """A topic created upstream: the proxy sees it at its next refresh()."""
         self._created.append(TopicInfo(name, topic_id, {0: PartitionInfo(leader_id=1, leader_epoch=0)}))
 
-    async def refresh(self, topic_names=None) -> ClusterSnapshot:
+    async def refresh(self) -> ClusterSnapshot:
         self.refreshes += 1
         for topic in self._created:
             self.snapshot.topics_by_name[topic.name] = topic
@@ -102,9 +102,7 @@ class FakeCluster:
             if last_offset >= offset and (not chunks or size + len(batch) <= max_bytes):
                 chunks.append(batch)
                 size += len(batch)
-        end = self.end_offset(partition)
-        return FetchedPartition(error_code=0, high_watermark=end, last_stable_offset=end, log_start_offset=0,
-                                aborted_transactions=(), records=b"".join(chunks))
+        return FetchedPartition(error_code=0, log_start_offset=0, aborted_transactions=(), records=b"".join(chunks))
 
     async def aclose(self) -> None:
         pass

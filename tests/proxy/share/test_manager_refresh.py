@@ -23,9 +23,9 @@ class StaleLeaderCluster(FakeCluster):
         super().__init__()
         self.stale = False
 
-    async def refresh(self, topic_names=None) -> ClusterSnapshot:
+    async def refresh(self) -> ClusterSnapshot:
         self.stale = False
-        return await super().refresh(topic_names)
+        return await super().refresh()
 
     async def fetch(self, topic, partition, offset, **kwargs):
         if self.stale:
