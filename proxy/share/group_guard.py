@@ -62,7 +62,7 @@ class ConsumerGroupGuard:
 
 def error_response(response_type: type, error_code: ErrorCode, message: str | None = None) -> object:
     """A response carrying only an error: every other required field gets its empty value."""
-    hints = typing.get_type_hints(response_type, vars(__import__(response_type.__module__, fromlist=["_"])))
+    hints = typing.get_type_hints(response_type)
     values: dict[str, object] = {}
     for field in dataclasses.fields(response_type):
         if field.name == "error_code":
