@@ -209,22 +209,4 @@ def encode(entity: object) -> bytes:
     return buffer.getvalue()
 
 
-encode_request = encode
-encode_response = encode
-
 DEFAULT_REGISTRY = MessageRegistry()
-
-
-def supported_versions(api_key: int) -> tuple[int, int]:
-    """Versions served for ``api_key`` by the default registry (extension keys 81/82)."""
-    return DEFAULT_REGISTRY.supported_versions(api_key)
-
-
-def decode_request(api_key: int, version: int, body: bytes | bytearray | memoryview) -> object:
-    """Decode with the default registry."""
-    return DEFAULT_REGISTRY.decode_request(api_key, version, body)
-
-
-def decode_response(api_key: int, version: int, body: bytes | bytearray | memoryview) -> object:
-    """Decode with the default registry."""
-    return DEFAULT_REGISTRY.decode_response(api_key, version, body)

@@ -6,7 +6,6 @@ from hypothesis import strategies as st
 from kio.schema.share_fetch.v2.request import ShareFetchRequest
 from kio.static.primitive import i32
 
-from codec import registry
 from codec.errors import MessageDecodeError, MessageEncodeError, UnsupportedApi
 from codec.registry import DEFAULT_REGISTRY, MessageRegistry, encode
 
@@ -65,7 +64,7 @@ def test_unserved_api_key_is_unsupported():
     with pytest.raises(UnsupportedApi):
         DEFAULT_REGISTRY.supported_versions(0)
     with pytest.raises(UnsupportedApi):
-        registry.decode_request(79, 3, b"")
+        DEFAULT_REGISTRY.decode_request(79, 3, b"")
 
 
 def test_trailing_bytes_after_a_body_are_rejected():
