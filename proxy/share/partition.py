@@ -1005,11 +1005,9 @@ class SharePartition:
         """In-flight batches overlapping [first, last] (to SPEO when ``last`` is None), in order."""
         if not self._batches:
             return
-        index = max(self._batches.bisect_right(first) - 1, 0)
-        keys = self._batches.keys()
-        values = self._batches.values()
-        for i in range(index, len(keys)):
-            batch = values[i]
+        batches = self._batches
+        for key in batches.islice(max(batches.bisect_right(first) - 1, 0)):
+            batch = batches[key]
             if last is not None and batch.first_offset > last:
                 return
             if batch.last_offset >= first:
