@@ -10,6 +10,7 @@ and long polls take no real time.
 from __future__ import annotations
 
 import datetime
+import inspect
 import uuid
 from dataclasses import dataclass, field
 
@@ -196,6 +197,22 @@ class Harness:
         if response.error_code == ErrorCode.none and epoch is None:
             member.epoch += 1
         return _partitions(response)
+
+    async def long_poll_while(self, member: Member, after_s: float, trigger) -> tuple[dict, float]:
+        """A 10 s long-poll fetch by `member` with `trigger()` run `after_s` into it (awaited if
+        it returns an awaitable): the fetch result and the time the trigger ran."""
+        results = []
+        async with trio.open_nursery() as nursery:
+            async def fetch():
+                results.append(await self.fetch(member, max_wait_ms=10_000))
+
+            nursery.start_soon(fetch)
+            await trio.sleep(after_s)
+            triggered_at = trio.current_time()
+            outcome = trigger()
+            if inspect.isawaitable(outcome):
+                await outcome
+        return results[0], triggered_at
 
     async def acknowledge(self, member: Member, acks, *, epoch: int | None = None, version: int = 2):
         schema = load_request_schema(79, version)
@@ -447,16 +464,8 @@ async def test_long_poll_waits_until_max_wait_when_nothing_arrives(harness, auto
 async def test_long_poll_wakes_when_records_arrive(harness, autojump_clock):
     member = harness.member("m")
     start = trio.current_time()
-    async with trio.open_nursery() as nursery:
-        results = []
-
-        async def fetch():
-            results.append(await harness.fetch(member, max_wait_ms=10_000))
-
-        nursery.start_soon(fetch)
-        await trio.sleep(2)
-        harness.cluster.append([b"late"])
-    assert acquired(results[0]) == [(0, 0, 1)]
+    result, _ = await harness.long_poll_while(member, 2, lambda: harness.cluster.append([b"late"]))
+    assert acquired(result) == [(0, 0, 1)]
     assert trio.current_time() - start < 3
 
 
@@ -465,16 +474,8 @@ async def test_long_poll_wakes_when_another_member_releases(harness, autojump_cl
     holder, waiter = harness.member("holder"), harness.member("waiter")
     await harness.fetch(holder)
     start = trio.current_time()
-    async with trio.open_nursery() as nursery:
-        results = []
-
-        async def fetch():
-            results.append(await harness.fetch(waiter, max_wait_ms=10_000))
-
-        nursery.start_soon(fetch)
-        await trio.sleep(1)
-        await harness.acknowledge(holder, [(TP, 0, 1, RELEASE)])
-    assert acquired(results[0]) == [(0, 1, 2)]
+    result, _ = await harness.long_poll_while(waiter, 1, lambda: harness.acknowledge(holder, [(TP, 0, 1, RELEASE)]))
+    assert acquired(result) == [(0, 1, 2)]
     assert trio.current_time() - start < 2
 
 
@@ -484,17 +485,10 @@ async def test_acceptance_wakes_a_fetch_waiting_on_the_record_lock_limit(nursery
         harness.cluster.append([b"x"] * 50)
     holder, waiter = harness.member("holder"), harness.member("waiter")
     assert acquired(await harness.fetch(holder)) == [(0, 99, 1)]  # all record locks taken
-    async with trio.open_nursery() as inner:
-        results = []
-
-        async def fetch():
-            results.append(await harness.fetch(waiter, max_wait_ms=10_000))
-
-        inner.start_soon(fetch)
-        await trio.sleep(1.2)  # off the 0.5 s grid of any periodic re-check
-        accepted_at = trio.current_time()
-        await harness.acknowledge(holder, [(TP, 0, 99, ACCEPT)])
-    assert acquired(results[0]) == [(100, 149, 1)]
+    # 1.2 s: off the 0.5 s grid of any periodic re-check.
+    result, accepted_at = await harness.long_poll_while(
+        waiter, 1.2, lambda: harness.acknowledge(holder, [(TP, 0, 99, ACCEPT)]))
+    assert acquired(result) == [(100, 149, 1)]
     # Woken by the acceptance itself, not by a periodic re-check.
     assert trio.current_time() - accepted_at < 0.1
 
