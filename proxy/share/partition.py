@@ -597,6 +597,7 @@ class SharePartition:
         throttle_at = self.config.throttle_delivery_count
         cap: int | None = None
         taken = 0
+        run: list[int] = []  # [first, last, delivery count] of the contiguous run acquired so far
         for offset, holder in batch.holders(lo, hi):
             if holder.state is not _AVAILABLE:
                 continue
@@ -609,7 +610,12 @@ class SharePartition:
                 # Batches halve with each attempt past the throttle threshold.
                 cap = max(1, batch.full_size >> (count - throttle_at + 1))
             self._apply_offset(holder, offset, _ACQUIRE, member_id, lock_id, None)
-            self._emit(out, offset, offset, holder.delivery_count, merge=True)
+            if run and run[1] + 1 == offset and run[2] == holder.delivery_count:
+                run[1] = offset
+            else:
+                if run:
+                    self._emit(out, *run, merge=True)
+                run = [offset, offset, holder.delivery_count]
             taken += 1
             if limit > 2 and holder.delivery_count == limit:
                 break
@@ -617,6 +623,8 @@ class SharePartition:
                 break
             if cap is not None and taken >= cap:
                 break
+        if run:
+            self._emit(out, *run, merge=True)
         return taken
 
     def _excluded_batches(
