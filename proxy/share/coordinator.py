@@ -426,11 +426,6 @@ class ShareGroupCoordinator:
     def group_config_overrides(self, group_id: str) -> dict[str, str | int]:
         return dict(self._config_overrides.get(group_id, {}))
 
-    def member_assignment(self, group_id: str, member_id: str) -> frozenset[TopicIdPartition] | None:
-        group = self._groups.get(group_id)
-        member = group.members.get(member_id) if group else None
-        return member.assigned if member else None
-
     def initialized_partitions(self, group_id: str) -> frozenset[TopicIdPartition]:
         group = self._groups.get(group_id)
         return frozenset(group.initialized) if group else frozenset()
