@@ -854,17 +854,18 @@ class SharePartition:
 
     def _release_acquired(
         self, batches: Iterable[_InFlightBatch], first: int, last: int,
-        selected: Callable[[_InFlightBatch | _OffsetState], bool], event: Event, changes: _Changes,
+        selected: Callable[[_InFlightBatch | _OffsetState], bool], row: tuple, changes: _Changes,
     ) -> None:
-        """Apply `event` to the Acquired records in [first, last] whose holder is `selected`."""
+        """Apply one event (its table ``row``) to the Acquired records in [first, last] whose holder
+        is `selected`."""
         for batch in list(batches):
             if batch.offsets is None:
                 if batch.state is _ACQUIRED and selected(batch):
-                    self._apply_batch(batch, event, None, 0, changes)
+                    self._apply_batch(batch, row, None, 0, changes)
             else:
                 for offset, holder in batch.holders(first, last):
                     if holder.state is _ACQUIRED and selected(holder):
-                        self._apply_offset(holder, offset, event, None, 0, changes)
+                        self._apply_offset(holder, offset, row, None, 0, changes)
 
     # ----- SPSO moves from outside ----------------------------------------------------------------
 
