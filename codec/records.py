@@ -41,7 +41,6 @@ _COMPRESSION_MASK = 0x07
 _TIMESTAMP_TYPE_BIT = 0x08
 _TRANSACTIONAL_BIT = 0x10
 _CONTROL_BIT = 0x20
-_DELETE_HORIZON_BIT = 0x40
 
 
 class Compression(enum.IntEnum):
@@ -116,10 +115,6 @@ class RecordBatchHeader(typing.NamedTuple):
     @property
     def is_control(self) -> bool:
         return bool(self.attributes & _CONTROL_BIT)
-
-    @property
-    def has_delete_horizon(self) -> bool:
-        return bool(self.attributes & _DELETE_HORIZON_BIT)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
