@@ -3,7 +3,8 @@
 Theory of operation
 -------------------
 The proxy keeps share-partition state in memory and makes every change that must survive a
-restart durable by appending a record to a state topic (``__share_group_state`` by default)
+restart durable by appending a record to a state topic (``__share_proxy_state`` by default;
+Kafka 4.x reserves ``__share_group_state`` for itself)
 before it answers the client. The producer is idempotent with ``acks=all``; a write completes
 only when the broker has acknowledged every record of it, and a failure is raised to the caller
 (never a silent success), so the caller can answer the client with a retriable error.
