@@ -120,8 +120,6 @@ class MessageRegistry:
                     f"api key {entry.api_key} assigned to both {self._entries[entry.api_key].name} and {entry.name}"
                 )
             self._entries[entry.api_key] = entry
-        self.mark_in_progress_key = mark_in_progress_key
-        self.describe_in_flight_key = describe_in_flight_key
 
     def api_keys(self) -> list[int]:
         """Every api key the registry serves, ascending."""
