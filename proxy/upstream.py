@@ -75,7 +75,6 @@ async def open_upstream(address: HostPort, *, timeout: float, max_frame_size: in
             stream = await trio.open_tcp_stream(address.host, address.port)
     except (OSError, trio.TooSlowError) as exc:
         raise UpstreamError(f"cannot connect to upstream {address}: {exc or 'timed out'}") from exc
-    stream.setsockopt(*_NODELAY)
     return FramedStream(stream, max_frame_size)
 
 
@@ -90,15 +89,6 @@ async def open_first_upstream(
         except UpstreamError as exc:
             errors.append(str(exc))
     raise UpstreamError("; ".join(errors) or "no upstream addresses")
-
-
-def _nodelay() -> tuple[int, int, int]:
-    import socket
-
-    return (socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-_NODELAY = _nodelay()
 
 
 class UpstreamClient:
