@@ -17,7 +17,7 @@ import dataclasses
 import io
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 from kio.index import load_response_schema
 from kio.serial import entity_reader, entity_writer
@@ -28,9 +28,6 @@ from codec.headers import parse_response_header, response_header_version
 from proxy.errors import UpstreamError
 
 PRODUCE, FETCH, METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER = 0, 1, 3, 10, 60
-
-# APIs whose responses may carry broker endpoints.
-ENDPOINT_APIS: Final = frozenset({PRODUCE, FETCH, METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER})
 
 
 @dataclass(frozen=True, slots=True)
