@@ -27,9 +27,8 @@ from kio.static.constants import EntityType
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16
 
-from codec.headers import FLEXIBILITY, encode_response_header
+from codec.headers import API_VERSIONS_KEY, FLEXIBILITY, encode_response_header
 
-API_VERSIONS: Final = 18
 UNSUPPORTED_VERSION: Final = 35
 
 
@@ -92,7 +91,7 @@ class ApiVersionTable:
 
     @property
     def api_versions_range(self) -> VersionRange:
-        return self._forwardable[API_VERSIONS]
+        return self._forwardable[API_VERSIONS_KEY]
 
     def accepts(self, api_key: int, api_version: int) -> bool:
         """Whether a client request of this API and version may be served or forwarded."""
@@ -117,7 +116,7 @@ class ApiVersionTable:
 
 def narrow_response(entity: Any, table: ApiVersionTable) -> Any:
     """Return an ApiVersions response entity listing only what the proxy can handle."""
-    api_version_type = load_payload_module(API_VERSIONS, entity.__version__, EntityType.response).ApiVersion
+    api_version_type = load_payload_module(API_VERSIONS_KEY, entity.__version__, EntityType.response).ApiVersion
     narrowed = table.narrow((int(a.api_key), int(a.min_version), int(a.max_version)) for a in entity.api_keys)
     return dataclasses.replace(
         entity,
@@ -130,13 +129,13 @@ def narrow_response(entity: Any, table: ApiVersionTable) -> Any:
 
 def unsupported_version_response(correlation_id: int, supported: VersionRange) -> bytes:
     """Kafka's answer to an ApiVersions request of an unknown version (header v0, body v0)."""
-    schema = load_response_schema(API_VERSIONS, 0)
-    module = load_payload_module(API_VERSIONS, 0, EntityType.response)
+    schema = load_response_schema(API_VERSIONS_KEY, 0)
+    module = load_payload_module(API_VERSIONS_KEY, 0, EntityType.response)
     body = schema(
         error_code=ErrorCode(UNSUPPORTED_VERSION),
         api_keys=(
             module.ApiVersion(
-                api_key=i16(API_VERSIONS),
+                api_key=i16(API_VERSIONS_KEY),
                 min_version=i16(supported.min_version),
                 max_version=i16(supported.max_version),
             ),
