@@ -31,6 +31,7 @@ from types import TracebackType
 from proxy.localkafka.config import (
     HOST,
     NODE_ID,
+    SHARE_FEATURE,
     BrokerSettings,
     broker_properties,
     format_command,
@@ -51,7 +52,6 @@ from proxy.localkafka.probe import probe, share_group_heartbeat_error
 DEFAULT_VERSION = "4.4.0"
 # KIP-932 share-group APIs: ShareGroupHeartbeat, ShareGroupDescribe, ShareFetch, ShareAcknowledge.
 SHARE_API_KEYS = frozenset({76, 77, 78, 79})
-SHARE_FEATURE = "share.version"
 UNSUPPORTED_VERSION = 35
 FORMATTED_MARKER = ".formatted"
 
