@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import atexit
 import ctypes
-import fcntl
 import os
 import shutil
 import signal
@@ -42,6 +41,7 @@ from proxy.localkafka.config import (
 )
 from proxy.localkafka.errors import LocalKafkaError
 from proxy.localkafka.jars import (
+    _exclusive,
     classpath,
     fetch_kafka,
     package_file,
@@ -239,9 +239,7 @@ class LocalKafka:
         template = version_dir(self.version) / f"formatted-node{NODE_ID}-share{share_level}"
         if (template / FORMATTED_MARKER).exists():
             return template
-        lock_path = template.parent / f".{template.name}.lock"
-        with open(lock_path, "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with _exclusive(template.parent / f".{template.name}.lock"):
             if (template / FORMATTED_MARKER).exists():
                 return template
             with tempfile.TemporaryDirectory(prefix="format-", dir=template.parent) as scratch:

@@ -97,7 +97,7 @@ def maven_command(pom: Path, version: str, output_dir: Path) -> list[str]:
 
 @contextmanager
 def _exclusive(lock_path: Path) -> Iterator[None]:
-    """Serialise fetches of one version across processes (make and pytest may race)."""
+    """Serialise work on one cache entry (a fetch, a format) across processes: make and pytest may race."""
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
