@@ -128,24 +128,18 @@ class UpstreamClient:
         """Broker's (min, max) per API, asked with ApiVersions v0 (which every broker answers)."""
         request = load_request_schema(18, 0)()
         response = await self.call(request)
-        if int(response.error_code.value if hasattr(response.error_code, "value") else response.error_code):
+        if int(response.error_code):
             raise UpstreamError(f"ApiVersions failed with error {response.error_code}")
         return {int(a.api_key): (int(a.min_version), int(a.max_version)) for a in response.api_keys}
 
     async def metadata_brokers(self, version: int) -> list[tuple[int, str, int]]:
         """(node_id, host, port) of every broker, from a Metadata request for no topics."""
-        request = load_request_schema(3, version)(**_metadata_request_args(version))
+        schema = load_request_schema(3, version)
+        # An empty topic list asks for brokers only (v0 has no "null = all topics");
+        # every flag (auto-create, authorized operations) is off.
+        request = schema(**{f.name: () if f.name == "topics" else False for f in dataclasses.fields(schema)})
         response = await self.call(request)
         return [(int(b.node_id), b.host, int(b.port)) for b in response.brokers]
 
     async def aclose(self) -> None:
         await self._stream.aclose()
-
-
-def _metadata_request_args(version: int) -> dict[str, Any]:
-    # An empty topic list asks for brokers only (v0 has no "null = all topics");
-    # every flag (auto-create, authorized operations) is off.
-    args: dict[str, Any] = {}
-    for field in dataclasses.fields(load_request_schema(3, version)):
-        args[field.name] = () if field.name == "topics" else False
-    return args
