@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import trio
@@ -12,6 +14,7 @@ from kio.static.primitive import i16, i32
 
 from codec.headers import RequestHeader, encode_request_header, parse_request_header
 from proxy.config import HostPort, ProxyConfig
+from proxy.localkafka import free_port
 from proxy.rewrite import decode_response
 from proxy.server import Proxy
 from proxy.upstream import FramedStream
@@ -84,13 +87,29 @@ def config(upstream: list[int], **kwargs) -> ProxyConfig:
     )
 
 
-async def test_brokers_are_served_on_their_own_proxy_ports():
+@dataclass
+class Running:
+    cluster: FakeCluster
+    nursery: trio.Nursery
+    proxy: Proxy
+    bootstrap: HostPort
+
+
+@asynccontextmanager
+async def proxy_in_front_of(*node_ids: int, **kwargs) -> AsyncIterator[Running]:
+    """Fake brokers `node_ids` and a proxy bootstrapping from the first; all stopped on exit."""
     cluster = FakeCluster()
     async with trio.open_nursery() as nursery:
-        await cluster.start(nursery, 1)
-        await cluster.start(nursery, 5)
-        proxy = Proxy(config([cluster.brokers[1]]))
-        bootstrap = await nursery.start(proxy.run)
+        for node_id in node_ids:
+            await cluster.start(nursery, node_id)
+        proxy = Proxy(config([cluster.brokers[node_ids[0]]], **kwargs))
+        yield Running(cluster, nursery, proxy, await nursery.start(proxy.run))
+        nursery.cancel_scope.cancel()
+
+
+async def test_brokers_are_served_on_their_own_proxy_ports():
+    async with proxy_in_front_of(1, 5) as running:
+        cluster, bootstrap = running.cluster, running.bootstrap
         ports = await metadata_brokers(bootstrap)
         assert set(ports) == {1, 5}
         assert not set(ports.values()) & set(cluster.brokers.values())  # no upstream port leaks
@@ -98,21 +117,15 @@ async def test_brokers_are_served_on_their_own_proxy_ports():
         assert await call(bootstrap, ECHO_API, 1, 8) == (8).to_bytes(4, "big") + b"from-broker-1"
         # The mapping is stable within the process.
         assert await metadata_brokers(HostPort("127.0.0.1", ports[1])) == ports
-        proxy.shutdown()
-        nursery.cancel_scope.cancel()
+        running.proxy.shutdown()
 
 
 async def test_a_broker_appearing_later_gets_a_listener_before_clients_hear_of_it():
-    cluster = FakeCluster()
-    async with trio.open_nursery() as nursery:
-        await cluster.start(nursery, 1)
-        proxy = Proxy(config([cluster.brokers[1]]))
-        bootstrap = await nursery.start(proxy.run)
-        assert set(await metadata_brokers(bootstrap)) == {1}
-        await cluster.start(nursery, 2)
-        ports = await metadata_brokers(bootstrap)
+    async with proxy_in_front_of(1) as running:
+        assert set(await metadata_brokers(running.bootstrap)) == {1}
+        await running.cluster.start(running.nursery, 2)
+        ports = await metadata_brokers(running.bootstrap)
         assert await call(HostPort("127.0.0.1", ports[2]), ECHO_API, 1) == (1).to_bytes(4, "big") + b"from-broker-2"
-        nursery.cancel_scope.cancel()
 
 
 async def test_configured_port_base_maps_broker_ids_deterministically():
@@ -120,10 +133,7 @@ async def test_configured_port_base_maps_broker_ids_deterministically():
     async with trio.open_nursery() as nursery:
         await cluster.start(nursery, 3)
         # Find a free block by asking the OS for a port and building from it.
-        probe = trio.socket.socket()
-        await probe.bind(("127.0.0.1", 0))
-        base = probe.getsockname()[1] - 3
-        probe.close()
+        base = free_port() - 3
         proxy = Proxy(config([cluster.brokers[3]], broker_port_base=base))
         bootstrap = await nursery.start(proxy.run)
         assert await metadata_brokers(bootstrap) == {3: base + 3}
@@ -131,11 +141,8 @@ async def test_configured_port_base_maps_broker_ids_deterministically():
 
 
 async def test_garbage_on_one_connection_leaves_others_and_the_proxy_running():
-    cluster = FakeCluster()
-    async with trio.open_nursery() as nursery:
-        await cluster.start(nursery, 1)
-        proxy = Proxy(config([cluster.brokers[1]], max_frame_size=1000))
-        bootstrap = await nursery.start(proxy.run)
+    async with proxy_in_front_of(1, max_frame_size=1000) as running:
+        bootstrap = running.bootstrap
         good = await trio.open_tcp_stream(bootstrap.host, bootstrap.port)
         good_framed = FramedStream(good, 1 << 20)
         for garbage in (b"\xde\xad\xbe\xef" * 8, (5000).to_bytes(4, "big"), b"\x00\x00\x00\x10abc"):
@@ -148,16 +155,11 @@ async def test_garbage_on_one_connection_leaves_others_and_the_proxy_running():
             await good_framed.send_frame(encode_request_header(RequestHeader(ECHO_API, 1, 7, "good")))
             assert await good_framed.receive_frame() == (7).to_bytes(4, "big") + b"from-broker-1"
         await good.aclose()
-        nursery.cancel_scope.cancel()
 
 
 async def test_unreachable_upstream_closes_the_client_but_not_the_proxy():
-    probe = trio.socket.socket()
-    await probe.bind(("127.0.0.1", 0))
-    dead_port = probe.getsockname()[1]
-    probe.close()
     async with trio.open_nursery() as nursery:
-        proxy = Proxy(config([dead_port]))
+        proxy = Proxy(config([free_port()]))
         bootstrap = await nursery.start(proxy.run)
         for _ in range(2):
             assert await call(bootstrap, ECHO_API, 1) is None
@@ -165,14 +167,9 @@ async def test_unreachable_upstream_closes_the_client_but_not_the_proxy():
 
 
 async def test_unsupported_api_versions_version_is_answered_like_kafka():
-    cluster = FakeCluster()
-    async with trio.open_nursery() as nursery:
-        await cluster.start(nursery, 1)
-        proxy = Proxy(config([cluster.brokers[1]]))
-        bootstrap = await nursery.start(proxy.run)
-        answer = await call(bootstrap, API_VERSIONS, 9, 5)
+    async with proxy_in_front_of(1) as running:
+        answer = await call(running.bootstrap, API_VERSIONS, 9, 5)
         assert answer == bytes.fromhex("00000005" "0023" "00000001" "0012" "0000" "0004")
-        nursery.cancel_scope.cancel()
 
 
 async def test_shutdown_stops_listening_and_returns():
