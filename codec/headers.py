@@ -14,13 +14,12 @@ otherwise v0. Two exceptions: ControlledShutdown v0 used request header v0, and
 ApiVersions responses always use header v0 so that a client can read the error
 of a version it sent too high.
 
-The first flexible version of an API is read from kio's generated schemas (the
-``__flexible__`` flag of ``kio.schema.<api>.vN.request``) when the API is first seen.
+The first flexible version of every API is read once from kio's generated
+schemas (the ``__flexible__`` flag of ``kio.schema.<api>.vN.request``).
 """
 
 from __future__ import annotations
 
-import functools
 import struct
 from dataclasses import dataclass
 from typing import Final
@@ -58,10 +57,11 @@ class ResponseHeader:
 
 @dataclass(frozen=True, slots=True)
 class ApiFlexibility:
-    """Versions kio knows for one API."""
+    """Versions kio knows for one API and the first flexible one (None: never flexible)."""
 
     min_version: int
     max_version: int
+    first_flexible: int | None
 
 
 def _payload_class(api_key: int, version: int) -> type:
@@ -72,32 +72,28 @@ def _payload_class(api_key: int, version: int) -> type:
     raise LookupError(f"no request entity in {module.__name__}")
 
 
-FLEXIBILITY: Final[dict[int, ApiFlexibility]] = {
-    api_key: ApiFlexibility(min(schema_name_map[name]), max(schema_name_map[name]))
-    for api_key, name in api_key_map.items()
-}
+def _build_flexibility_table() -> dict[int, ApiFlexibility]:
+    table = {}
+    for api_key, name in api_key_map.items():
+        versions = sorted(schema_name_map[name])
+        # Flexibility is never withdrawn, so binary-search the first flexible version: loading
+        # every schema module of every API made importing this module take over a second.
+        low, high = 0, len(versions)
+        while low < high:
+            middle = (low + high) // 2
+            if _payload_class(api_key, versions[middle]).__flexible__:
+                high = middle
+            else:
+                low = middle + 1
+        table[api_key] = ApiFlexibility(
+            min_version=versions[0],
+            max_version=versions[-1],
+            first_flexible=versions[low] if low < len(versions) else None,
+        )
+    return table
 
 
-@functools.cache
-def _first_flexible(api_key: int) -> int | None:
-    """The first flexible version kio knows for ``api_key`` (None: never flexible).
-
-    Looked up per API on first use: loading schema modules for every API made importing
-    this module (every proxy start) take over a second.
-    """
-    try:
-        versions = sorted(schema_name_map[api_key_map[api_key]])
-    except KeyError:
-        raise HeaderError(f"unknown API key {api_key}") from None
-    # Flexibility is never withdrawn, so binary-search the first flexible version.
-    low, high = 0, len(versions)
-    while low < high:
-        middle = (low + high) // 2
-        if _payload_class(api_key, versions[middle]).__flexible__:
-            high = middle
-        else:
-            low = middle + 1
-    return versions[low] if low < len(versions) else None
+FLEXIBILITY: Final[dict[int, ApiFlexibility]] = _build_flexibility_table()
 
 
 def is_flexible(api_key: int, api_version: int) -> bool:
@@ -106,7 +102,10 @@ def is_flexible(api_key: int, api_version: int) -> bool:
     Versions above the newest kio knows count as flexible (flexibility is never
     withdrawn); versions below the oldest count as not flexible.
     """
-    first = _first_flexible(api_key)
+    try:
+        first = FLEXIBILITY[api_key].first_flexible
+    except KeyError:
+        raise HeaderError(f"unknown API key {api_key}") from None
     return first is not None and api_version >= first
 
 
