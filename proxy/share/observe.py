@@ -316,7 +316,7 @@ def _counter_families(prefix: str, labels: list[str], rows, table) -> Iterator:
         for n in range(1, MAX_DELIVERY_COUNT_BUCKET + 1):
             running += counts.delivery_counts[n]
             total += n * counts.delivery_counts[n]
-            buckets.append((str(n), running))
+            buckets.append((str(float(n)), running))
         running += counts.delivery_counts[0]  # never happens (counts start at 1); kept in +Inf
         buckets.append(("+Inf", running))
         deliveries.add_metric(label_values, buckets, sum_value=total)
