@@ -116,7 +116,7 @@ class ShareEventCounts:
     def on_change(self, change: Change) -> None:
         """The commit pipeline's change hook."""
         cause, delta = change.cause, change.delta
-        if delta is None or not delta.state_batches:
+        if delta is None or not (delta.changed or delta.state_batches):
             return
         if cause is Cause.LOCK_EXPIRED:
             released = _records_in(delta, RecordState.AVAILABLE)
@@ -147,7 +147,8 @@ class ShareEventCounts:
 def _records_in(delta: StateDelta | None, state: RecordState) -> int:
     if delta is None:
         return 0
-    return sum(b.last_offset - b.first_offset + 1 for b in delta.state_batches if b.delivery_state == state)
+    return sum(b.last_offset - b.first_offset + 1 for b in delta.changed or delta.state_batches
+               if b.delivery_state == state)
 
 
 EVENTS = ShareEventCounts()
