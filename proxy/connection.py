@@ -52,6 +52,7 @@ still written within the grace period.
 from __future__ import annotations
 
 import itertools
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -75,6 +76,8 @@ class Request:
     header: RequestHeader
     frame: bytes
     body_offset: int
+    # perf_counter() when the frame was read off the client: ksp_request_seconds starts here.
+    received_at: float = 0.0
 
 
 ResponseTransform = Callable[[Request, bytes], Awaitable[bytes]]
@@ -291,11 +294,12 @@ class ClientConnection:
         await self._order_send.aclose()
 
     def _parse_request(self, frame: bytes) -> Request:
+        received_at = time.perf_counter()
         header, body_offset = parse_request_header(frame)
-        metrics.FRAMES_RECEIVED.labels(api_key=str(header.api_key)).inc()
+        metrics.instruments(header.api_key).requests.inc()
         if header.api_key != API_VERSIONS_KEY and not self._api_versions.accepts(header.api_key, header.api_version):
             raise ClientProtocolError(f"api {header.api_key} v{header.api_version} is not supported by the proxy")
-        return Request(header, frame, body_offset)
+        return Request(header, frame, body_offset, received_at)
 
     async def _write_responses(self) -> None:
         async with self._order_receive:
@@ -314,6 +318,10 @@ class ClientConnection:
                     await self.client.send_frame(payload)
                     self.budget.release(len(payload))
                     del payload
+                    started = pending.request.received_at
+                    if started:
+                        metrics.instruments(pending.request.header.api_key).latency.observe(
+                            time.perf_counter() - started)
 
     def _may_read_upstream(self) -> bool:
         # Over budget, only the response the writer waits for is read: writing it is what
@@ -414,7 +422,7 @@ class ClientConnection:
 
 def _header_only(request: Request) -> Request:
     """What a pending slot keeps of its request once the frame has been passed on."""
-    return Request(request.header, b"", 0)
+    return Request(request.header, b"", 0, request.received_at)
 
 
 def _first(group: BaseExceptionGroup) -> str:

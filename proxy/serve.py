@@ -15,6 +15,7 @@ import trio
 
 from proxy.config import ProxyConfig, configure_parser, load_config
 from proxy.errors import ConfigError, ProxyError
+from proxy.health import READINESS, HealthEndpoints, Liveness, UpstreamProbe, serve_health
 from proxy.logging import configure_logging
 from proxy.server import Proxy
 
@@ -31,11 +32,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     configure_logging(config.log_level, config.log_json)
     log = structlog.get_logger("proxy.serve")
-    if config.metrics_port is not None:
-        from prometheus_client import start_http_server
-
-        start_http_server(config.metrics_port, addr=config.listen.host)
-        log.info("metrics", port=config.metrics_port)
     try:
         trio.run(serve, config)
     except BaseExceptionGroup as group:
@@ -76,6 +72,7 @@ def share_settings(config: ProxyConfig):
         read_cache_bytes=config.share_read_cache_bytes,
         upstream_connections=config.share_upstream_connections,
         long_poll_connections=config.share_long_poll_connections,
+        metrics_per_partition=config.metrics_per_partition,
     )
 
 
@@ -89,10 +86,15 @@ async def serve(config: ProxyConfig) -> None:
             async def watch_signals() -> None:
                 async for signum in signals:
                     log.info("signal", signal=signal.Signals(signum).name)
+                    READINESS.set("listening", False)  # shutting down: take no new clients
                     stop.set()
                     proxy.shutdown()
 
             service_nursery.start_soon(watch_signals)
+            READINESS.set("listening", False)
+            if config.metrics_port is not None:
+                # Before start-up: /readyz answers (not ready) while the share state replays.
+                await start_health(config, service_nursery)
             service = None
             # A signal during start-up (e.g. while the upstream cluster is still
             # unreachable) abandons the start instead of being swallowed.
@@ -103,10 +105,14 @@ async def serve(config: ProxyConfig) -> None:
 
                     # Share state is loaded before the listeners open, so no client is
                     # served from partial state.
+                    READINESS.set("share_state_replayed", False)
                     service = await start_share_service(proxy, share_settings(config), service_nursery)
+                    READINESS.set("share_state_replayed", True)
+                    READINESS.set_check("share_state_writable", lambda: service.state_writable)
             if not stop.is_set():
                 async with trio.open_nursery() as nursery:
                     bootstrap = await nursery.start(proxy.run)
+                    READINESS.set("listening", not stop.is_set())
                     print(f"ready bootstrap={bootstrap}", flush=True)
                     # proxy.run returns once a signal has called proxy.shutdown().
             # Every client connection is closed: flush state writes, then stop the service.
@@ -114,6 +120,16 @@ async def serve(config: ProxyConfig) -> None:
                 with trio.move_on_after(config.shutdown_grace, shield=True):
                     await service.aclose()
             service_nursery.cancel_scope.cancel()
+
+
+async def start_health(config: ProxyConfig, nursery: trio.Nursery) -> None:
+    """/metrics, /healthz and /readyz on --metrics-port, with the upstream probe readiness uses."""
+    liveness = Liveness()
+    probe = UpstreamProbe(config.upstream, max_frame_size=config.max_upstream_frame_size)
+    READINESS.set_check("upstream_reachable", lambda: probe.reachable)
+    nursery.start_soon(liveness.run)
+    nursery.start_soon(probe.run)
+    await nursery.start(serve_health, config.listen.host, config.metrics_port, HealthEndpoints(READINESS, liveness))
 
 
 async def _cancel_when_set(event: trio.Event, scope: trio.CancelScope) -> None:

@@ -82,6 +82,7 @@ class FetchedPartition:
     log_start_offset: int
     aborted_transactions: tuple[tuple[int, int], ...]
     records: bytes
+    high_watermark: int = -1  # the partition's end offset as the leader answered (-1 unknown)
 
 
 class _BrokerPool:
@@ -361,6 +362,7 @@ class Cluster:
             log_start_offset=int(data.log_start_offset),
             aborted_transactions=aborted,
             records=bytes(data.records or b""),
+            high_watermark=int(data.high_watermark),
         )
 
 

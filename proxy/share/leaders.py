@@ -72,6 +72,9 @@ class Leader:
     read_lock: trio.Lock = field(default_factory=trio.Lock)
     readers_waiting: int = 0
     cache: ReadCache | None = None
+    # The partition's end offset from the last upstream read (-1: none yet); metrics compute lag
+    # from it without asking the cluster (proxy.share.observe).
+    high_watermark: int = -1
 
     @property
     def group_id(self) -> str:

@@ -40,7 +40,7 @@ import trio
 from kio.schema.errors import ErrorCode
 
 from proxy.errors import UpstreamError
-from proxy.share import metrics, state_store
+from proxy.share import metrics, observe, state_store
 from proxy.share.assignor import TopicIdPartition
 from proxy.share.commit import Cause, CommitPipeline
 from proxy.share.coordinator import (
@@ -423,6 +423,7 @@ class ShareService:
                     results[tp] = (ErrorCode(exc.error_code), str(exc))
                     continue
                 results[tp] = (ErrorCode.none, None)
+                observe.EVENTS.acknowledged(leader.key, ranges, staged.delta if staged is not None else None)
                 if newest:
                     acknowledged.append((tp, newest))
                 # Any acknowledgement may free record locks, so waiting fetches re-check (Kafka

@@ -26,3 +26,6 @@ STATE_RECORDS_SKIPPED = Counter(
 STATE_TOPIC_REFUSALS = Counter(
     "ksp_share_state_topic_refusals", "Client requests refused for writing to or changing the state topic", ["api_key"]
 )
+STATE_REPLAY_SECONDS = Gauge("ksp_share_state_replay_seconds",
+                             "Seconds start-up took to create/replay the state topic and rebuild the engines")
+STATE_REPLAY_RECORDS = Gauge("ksp_share_state_replay_records", "State-topic records read by the start-up replay")

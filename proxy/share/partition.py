@@ -37,7 +37,7 @@ import heapq
 import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from sortedcontainers import SortedDict
@@ -226,6 +226,9 @@ class StateDelta:
 
     start_offset: int
     state_batches: tuple[PersistedBatch, ...]
+    # Every record the change moved, including those the SPSO then passed (not persisted, so
+    # not in state_batches): what metrics count. Not part of the persisted content.
+    changed: tuple[PersistedBatch, ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1299,10 +1302,11 @@ class SharePartition:
         before = self._start if old_start is None else old_start
         self._advance_start()
         moved = self._start != before
-        batches = _clip(_coalesce(changes.batches), self._start)
+        changed = tuple(_coalesce(changes.batches))
+        batches = _clip(changed, self._start)
         if not moved and not batches:
             return None
-        return StateDelta(self._start if moved else -1, batches)
+        return StateDelta(self._start if moved else -1, batches, changed)
 
 
 def _clip(batches: Iterable[PersistedBatch], start: int) -> tuple[PersistedBatch, ...]:

@@ -35,7 +35,7 @@ from kio.schema.errors import ErrorCode
 from codec.errors import RecordBatchError
 from codec.records import RecordBatchHeader, iter_batches
 from proxy.errors import UpstreamError
-from proxy.share import metrics
+from proxy.share import metrics, observe
 from proxy.share.assignor import TopicIdPartition
 from proxy.share.cluster import EARLIEST_TIMESTAMP, NONE, OFFSET_OUT_OF_RANGE, RETRIABLE_FETCH_ERRORS, TopicInfo
 from proxy.share.commit import Cause, CommitPipeline
@@ -358,6 +358,7 @@ class Reader:
             if b.last_offset >= lo and b.base_offset <= hi and not b.is_control
         ]
         metrics.RECORDS_ACQUIRED.inc(result.count)
+        observe.EVENTS.acquired(leader.key, acquired)
         return Fetched(records=b"".join(chunks), acquired=acquired, count=result.count,
                        leader_id=topic.partitions[tp[1]].leader_id,
                        leader_epoch=topic.partitions[tp[1]].leader_epoch)
@@ -393,6 +394,8 @@ class Reader:
             return Fetched(error=ErrorCode.not_leader_or_follower, message="Partition leadership moved.")
         if data.error_code != NONE:
             return Fetched(error=ErrorCode(data.error_code), message="Upstream fetch failed.")
+        if data.high_watermark >= 0:
+            leader.high_watermark = data.high_watermark
         if data.log_start_offset > engine.start_offset:
             self._log_start(leader, data.log_start_offset)
         try:

@@ -8,13 +8,14 @@ retries; the proxy prints its ready line only afterwards.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import structlog
 import trio
 
 from proxy.server import Proxy
-from proxy.share import state_store
+from proxy.share import metrics, observe, state_store
 from proxy.share.cluster import Cluster
 from proxy.share.coordinator import CoordinatorConfig, ShareGroupConfig, ShareGroupLimits, parse_auto_offset_reset
 from proxy.share.group_guard import CONSUMER_GROUP_HEARTBEAT, JOIN_GROUP, ConsumerGroupGuard
@@ -56,6 +57,7 @@ class ShareSettings:
     read_cache_bytes: int = 64 * 1024 * 1024  # one budget for every share-partition's read cache
     upstream_connections: int = 32  # per broker: ListOffsets, ListGroups, record reads
     long_poll_connections: int = 8  # per broker: Fetch long polls, apart so they cannot starve the above
+    metrics_per_partition: bool = False  # share-group series per share-partition too (--metrics-per-partition)
 
     def coordinator_config(self) -> CoordinatorConfig:
         limits = ShareGroupLimits(
@@ -77,6 +79,17 @@ class ShareSettings:
         return CoordinatorConfig(group_defaults=defaults, limits=limits)
 
 
+REPLAY_DELAY_ENV = "KSP_INJECT_REPLAY_DELAY_S"
+
+
+async def _injected_replay_delay() -> None:
+    """Tests only: KSP_INJECT_REPLAY_DELAY_S=N makes replay take N seconds longer (readiness tests)."""
+    seconds = float(os.environ.get(REPLAY_DELAY_ENV, "0") or 0)
+    if seconds > 0:
+        log.warning("replay delayed on purpose", env=REPLAY_DELAY_ENV, seconds=seconds)
+        await trio.sleep(seconds)
+
+
 async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: trio.Nursery) -> ShareService:
     """Load durable share state, start the service in `nursery`, and route the share APIs."""
     config = proxy.config
@@ -88,6 +101,7 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
         min_insync_replicas=settings.state_topic_min_insync_replicas,
     )
     delay = 0.5
+    replay_started = trio.current_time()
     while True:
         try:
             await trio.to_thread.run_sync(ensure_state_topics, bootstrap, [spec], abandon_on_cancel=True)
@@ -101,6 +115,9 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
             delay = min(delay * 2, 10.0)
     # Records that do not decode or apply are skipped (logged with partition and offset, counted).
     recovered = state_store.recover(replayed, topic=settings.state_topic)
+    await _injected_replay_delay()
+    metrics.STATE_REPLAY_SECONDS.set(trio.current_time() - replay_started)
+    metrics.STATE_REPLAY_RECORDS.set(len(replayed))
     writer = StateLogWriter(bootstrap, delivery_timeout_ms=settings.state_write_timeout_ms)
     writer.start()
     cluster = Cluster(config.upstream, connect_timeout=config.connect_timeout,
@@ -125,6 +142,8 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
     # before anything is served.
     service.restore(recovered)
     await nursery.start(service.run)
+    # Share-group metrics: event counts from the change hook, gauges computed at scrape time.
+    observe.register(service, per_partition=settings.metrics_per_partition)
     proxy.routes.update(share_routes(service))
     # The state topic is the proxy's: clients may read it, not write, delete or reconfigure it.
     state_topic_names = frozenset({settings.state_topic})

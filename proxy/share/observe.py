@@ -1,0 +1,343 @@
+"""Share-group metrics: event counts kept as plain integers, everything exported at scrape time.
+
+Theory of operation
+-------------------
+Counting on the hot paths is one dict lookup and an integer add (:class:`ShareEventCounts`):
+acquisitions (the reader), acknowledgements by type (the service, when they are applied), and the
+change hook of the commit pipeline (lock expiries, members' releases, archiving by reason). Gauges
+-- records in flight by state, SPSO, lag, members, sessions -- are not bookkept at all: the
+:class:`ShareCollector` computes them from the partition registry and the coordinator when
+Prometheus scrapes, so they cannot drift from the engines' truth.
+
+Cardinality: group-level series always (a group is an operator-chosen name); series per
+share-partition (topic, partition labels) only with ``--metrics-per-partition``. Series of groups
+and share-partitions that no longer exist are dropped at the next scrape.
+
+Lag follows Kafka's definition (DescribeShareGroupOffsets v1, KIP-1226): partition end offset -
+SPSO - records already delivery-complete (Acknowledged or Archived) above the SPSO. The end offset
+used is the high watermark the reader saw on its last upstream fetch of that partition; no scrape
+asks the cluster anything. A share-partition never fetched has an unknown lag (-1), and group lag
+sums the share-partitions whose lag is known.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from proxy.share.commit import Cause, Change
+from proxy.share.partition import AckRange, AcquiredRecords, StateDelta
+from proxy.share.states import AcknowledgeType, RecordState
+
+if TYPE_CHECKING:
+    from proxy.share.manager import ShareService
+
+SharePartitionKey = tuple[str, uuid.UUID, int]
+
+MAX_DELIVERY_COUNT_BUCKET = 10  # Kafka's delivery count limit is at most 10
+ACK_TYPE_NAMES = {int(t): t.name.lower() for t in AcknowledgeType if t is not AcknowledgeType.GAP}
+ARCHIVE_REASONS = ("rejected", "delivery_limit", "aborted_or_control", "log_truncated")
+STATE_NAMES = {RecordState.AVAILABLE: "available", RecordState.ACQUIRED: "acquired",
+               RecordState.ACKNOWLEDGED: "acknowledged", RecordState.ARCHIVED: "archived"}
+_DELIVERY_COMPLETE = (RecordState.ACKNOWLEDGED, RecordState.ARCHIVED)
+
+
+@dataclass(slots=True)
+class ShareCounts:
+    """Monotonic event counts of one share group (or one share-partition)."""
+
+    acquired: int = 0
+    acknowledged: dict[str, int] = field(default_factory=dict)  # ack type -> records
+    lock_expired: int = 0
+    member_released: int = 0
+    archived: dict[str, int] = field(default_factory=dict)  # reason -> records
+    # delivery_counts[n] = records handed out for the n-th time (n capped at the last bucket)
+    delivery_counts: list[int] = field(default_factory=lambda: [0] * (MAX_DELIVERY_COUNT_BUCKET + 1))
+
+    def add_archived(self, reason: str, records: int) -> None:
+        if records > 0:
+            self.archived[reason] = self.archived.get(reason, 0) + records
+
+
+class ShareEventCounts:
+    """The proxy's share-group event counts (one per process, :data:`EVENTS`)."""
+
+    def __init__(self, *, per_partition: bool = False) -> None:
+        self.per_partition = per_partition
+        self.groups: dict[str, ShareCounts] = {}
+        self.partitions: dict[SharePartitionKey, ShareCounts] = {}
+
+    def _counts(self, key: SharePartitionKey) -> Iterator[ShareCounts]:
+        counts = self.groups.get(key[0])
+        if counts is None:
+            counts = self.groups[key[0]] = ShareCounts()
+        yield counts
+        if self.per_partition:
+            counts = self.partitions.get(key)
+            if counts is None:
+                counts = self.partitions[key] = ShareCounts()
+            yield counts
+
+    # ----- events ------------------------------------------------------------------------
+
+    def acquired(self, key: SharePartitionKey, acquired: Sequence[AcquiredRecords]) -> None:
+        for counts in self._counts(key):
+            histogram = counts.delivery_counts
+            for records in acquired:
+                size = records.last_offset - records.first_offset + 1
+                counts.acquired += size
+                histogram[min(max(records.delivery_count, 0), MAX_DELIVERY_COUNT_BUCKET)] += size
+
+    def acknowledged(self, key: SharePartitionKey, ranges: Sequence[AckRange], delta: StateDelta | None) -> None:
+        """Acknowledgements applied to a share-partition, and the state change they made."""
+        by_type: dict[int, int] = {}
+        for ack in ranges:
+            types = ack.acknowledge_types
+            if len(types) == 1:
+                by_type[types[0]] = by_type.get(types[0], 0) + ack.last_offset - ack.first_offset + 1
+            else:
+                for ack_type in types:
+                    by_type[ack_type] = by_type.get(ack_type, 0) + 1
+        rejected = by_type.get(int(AcknowledgeType.REJECT), 0)
+        # A release at the delivery limit archives the record: what was archived and not rejected.
+        archived = _records_in(delta, RecordState.ARCHIVED)
+        for counts in self._counts(key):
+            for ack_type, records in by_type.items():
+                name = ACK_TYPE_NAMES.get(ack_type)
+                if name is not None:
+                    counts.acknowledged[name] = counts.acknowledged.get(name, 0) + records
+            counts.add_archived("rejected", min(rejected, archived))
+            counts.add_archived("delivery_limit", archived - rejected)
+
+    def on_change(self, change: Change) -> None:
+        """The commit pipeline's change hook."""
+        cause, delta = change.cause, change.delta
+        if delta is None or not (delta.changed or delta.state_batches):
+            return
+        if cause is Cause.LOCK_EXPIRED:
+            released = _records_in(delta, RecordState.AVAILABLE)
+            archived = _records_in(delta, RecordState.ARCHIVED)
+            for counts in self._counts(change.key):
+                counts.lock_expired += released + archived
+                counts.add_archived("delivery_limit", archived)
+        elif cause is Cause.MEMBER_RELEASED:
+            released = _records_in(delta, RecordState.AVAILABLE)
+            for counts in self._counts(change.key):
+                counts.member_released += released
+        elif cause in (Cause.ACQUIRED, Cause.LOG_TRUNCATED):
+            reason = "aborted_or_control" if cause is Cause.ACQUIRED else "log_truncated"
+            archived = _records_in(delta, RecordState.ARCHIVED)
+            for counts in self._counts(change.key):
+                counts.add_archived(reason, archived)
+
+    # ----- housekeeping ------------------------------------------------------------------
+
+    def forget_missing(self, groups: set[str], partitions: set[SharePartitionKey]) -> None:
+        """Drop the counts of groups and share-partitions that no longer exist."""
+        for group_id in [g for g in self.groups if g not in groups]:
+            del self.groups[group_id]
+        for key in [k for k in self.partitions if k not in partitions]:
+            del self.partitions[key]
+
+
+def _records_in(delta: StateDelta | None, state: RecordState) -> int:
+    if delta is None:
+        return 0
+    return sum(b.last_offset - b.first_offset + 1 for b in delta.changed or delta.state_batches
+               if b.delivery_state == state)
+
+
+EVENTS = ShareEventCounts()
+"""The process's share event counts; the reader and the service count into it."""
+
+
+# ----- scrape time ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class PartitionView:
+    """What a scrape reports of one share-partition."""
+
+    key: SharePartitionKey
+    topic: str
+    start_offset: int
+    in_flight: dict[str, int]
+    lag: int  # -1: unknown (no high watermark seen yet)
+
+
+def partition_view(key: SharePartitionKey, topic: str, engine, high_watermark: int) -> PartitionView:
+    """In-flight records by state and lag of one in-memory share-partition."""
+    in_flight = dict.fromkeys(STATE_NAMES.values(), 0)
+    complete = 0
+    for first, last, state, _, _ in engine.in_flight():
+        size = last - first + 1
+        name = STATE_NAMES.get(state, str(int(state)))
+        in_flight[name] = in_flight.get(name, 0) + size
+        if state in _DELIVERY_COMPLETE and first >= engine.start_offset:
+            complete += size
+    lag = -1 if high_watermark < 0 else max(0, high_watermark - engine.start_offset - complete)
+    return PartitionView(key, topic, engine.start_offset, in_flight, lag)
+
+
+class ShareCollector:
+    """Prometheus collector of the share-group series (registered once the service runs)."""
+
+    def __init__(self, service: ShareService, events: ShareEventCounts = EVENTS) -> None:
+        self.service = service
+        self.events = events
+
+    def describe(self) -> Iterable:
+        return ()  # names are not checked against other collectors (families are built per scrape)
+
+    def collect(self) -> Iterator:
+        service, events = self.service, self.events
+        coordinator, leaders = service.coordinator, service.leaders
+        group_ids = coordinator.group_ids()
+        views = [self._view(leader) for leader in leaders.values()]
+        known_keys = leaders.keys()
+        events.forget_missing(set(group_ids) | {v.key[0] for v in views} | {k[0] for k in known_keys},
+                              known_keys)
+        per_partition = events.per_partition
+
+        groups = GaugeMetricFamily("ksp_share_groups", "Share groups by state (Kafka: share-group-count)",
+                                   labels=["state"])
+        by_state: dict[str, int] = {}
+        for _, state in coordinator.list_groups():
+            by_state[state.value] = by_state.get(state.value, 0) + 1
+        for state_name in ("Empty", "Stable"):
+            groups.add_metric([state_name], by_state.get(state_name, 0))
+        yield groups
+
+        members = GaugeMetricFamily("ksp_share_group_members", "Members of a share group", labels=["group"])
+        for described in coordinator.describe(group_ids):
+            members.add_metric([described.group_id], len(described.members))
+        yield members
+        yield GaugeMetricFamily("ksp_share_sessions", "Share sessions open (Kafka: group.share.max.share.sessions)",
+                                value=len(service.sessions))
+
+        in_flight = GaugeMetricFamily(
+            "ksp_share_group_in_flight_records",
+            "Records in flight (between SPSO and SPEO) by state, summed over the group's share-partitions "
+            "(Kafka: SharePartitionMetrics InFlightMessageCount)", labels=["group", "state"])
+        lag = GaugeMetricFamily(
+            "ksp_share_group_lag_records",
+            "End offset - SPSO - delivery-complete records above SPSO, summed over share-partitions whose "
+            "end offset is known (DescribeShareGroupOffsets v1 lag)", labels=["group"])
+        partitions = GaugeMetricFamily("ksp_share_group_partitions", "Share-partitions of the group (in memory)",
+                                       labels=["group"])
+        group_in_flight: dict[str, dict[str, int]] = {g: dict.fromkeys(STATE_NAMES.values(), 0) for g in group_ids}
+        group_lag: dict[str, int] = dict.fromkeys(group_ids, 0)
+        group_partitions: dict[str, int] = dict.fromkeys(group_ids, 0)
+        for view in views:
+            group = view.key[0]
+            totals = group_in_flight.setdefault(group, dict.fromkeys(STATE_NAMES.values(), 0))
+            for state_name, records in view.in_flight.items():
+                totals[state_name] = totals.get(state_name, 0) + records
+            group_lag[group] = group_lag.get(group, 0) + max(view.lag, 0)
+            group_partitions[group] = group_partitions.get(group, 0) + 1
+        for group, totals in sorted(group_in_flight.items()):
+            for state_name, records in totals.items():
+                in_flight.add_metric([group, state_name], records)
+        for group, value in sorted(group_lag.items()):
+            lag.add_metric([group], value)
+        for group, value in sorted(group_partitions.items()):
+            partitions.add_metric([group], value)
+        yield in_flight
+        yield lag
+        yield partitions
+
+        yield from _counter_families("ksp_share_group", ["group"],
+                                     ((g, [g]) for g in sorted(events.groups)), events.groups)
+
+        if per_partition:
+            labels = ["group", "topic", "partition"]
+            spso = GaugeMetricFamily("ksp_share_partition_start_offset", "Share-partition start offset (SPSO)",
+                                     labels=labels)
+            p_in_flight = GaugeMetricFamily("ksp_share_partition_in_flight_records",
+                                            "Records in flight by state (Kafka: InFlightMessageCount)",
+                                            labels=[*labels, "state"])
+            p_lag = GaugeMetricFamily("ksp_share_partition_lag_records",
+                                      "End offset - SPSO - delivery-complete records above SPSO; -1 unknown",
+                                      labels=labels)
+            names: dict[SharePartitionKey, list[str]] = {}
+            for view in views:
+                label_values = [view.key[0], view.topic, str(view.key[2])]
+                names[view.key] = label_values
+                spso.add_metric(label_values, view.start_offset)
+                p_lag.add_metric(label_values, view.lag)
+                for state_name, records in view.in_flight.items():
+                    p_in_flight.add_metric([*label_values, state_name], records)
+            yield spso
+            yield p_in_flight
+            yield p_lag
+            keys = sorted(events.partitions, key=lambda k: (k[0], str(k[1]), k[2]))
+            yield from _counter_families(
+                "ksp_share_partition", labels,
+                ((k, names.get(k) or [k[0], self._topic_name(k[1]), str(k[2])]) for k in keys),
+                events.partitions)
+
+    def _topic_name(self, topic_id: uuid.UUID) -> str:
+        topic = self.service.cluster.topic_by_id(topic_id)
+        return topic.name if topic is not None else str(topic_id)
+
+    def _view(self, leader) -> PartitionView:
+        return partition_view(leader.key, self._topic_name(leader.key[1]), leader.engine, leader.high_watermark)
+
+
+def _counter_families(prefix: str, labels: list[str], rows, table) -> Iterator:
+    acquired = CounterMetricFamily(f"{prefix}_records_acquired", "Records acquired (handed to consumers)",
+                                   labels=labels)
+    acknowledged = CounterMetricFamily(
+        f"{prefix}_records_acknowledged", "Records acknowledged, by type (Kafka: RecordAcknowledgementsPerSec)",
+        labels=[*labels, "type"])
+    expired = CounterMetricFamily(
+        f"{prefix}_lock_expired_records", "Records whose acquisition lock expired "
+        "(Kafka: AcquisitionLockTimeoutPerSec)", labels=labels)
+    released = CounterMetricFamily(f"{prefix}_member_released_records",
+                                   "Acquired records released because their member left or its session closed",
+                                   labels=labels)
+    archived = CounterMetricFamily(f"{prefix}_records_archived", "Records archived, by reason",
+                                   labels=[*labels, "reason"])
+    deliveries = HistogramMetricFamily(f"{prefix}_delivery_count",
+                                       "Delivery count of each record handed to a consumer", labels=labels)
+    for key, label_values in rows:
+        counts: ShareCounts = table[key]
+        acquired.add_metric(label_values, counts.acquired)
+        for name in ACK_TYPE_NAMES.values():
+            acknowledged.add_metric([*label_values, name], counts.acknowledged.get(name, 0))
+        expired.add_metric(label_values, counts.lock_expired)
+        released.add_metric(label_values, counts.member_released)
+        for reason in ARCHIVE_REASONS:
+            archived.add_metric([*label_values, reason], counts.archived.get(reason, 0))
+        buckets, running, total = [], 0, 0
+        for n in range(1, MAX_DELIVERY_COUNT_BUCKET + 1):
+            running += counts.delivery_counts[n]
+            total += n * counts.delivery_counts[n]
+            buckets.append((str(float(n)), running))
+        running += counts.delivery_counts[0]  # never happens (counts start at 1); kept in +Inf
+        buckets.append(("+Inf", running))
+        deliveries.add_metric(label_values, buckets, sum_value=total)
+    yield acquired
+    yield acknowledged
+    yield expired
+    yield released
+    yield archived
+    yield deliveries
+
+
+def register(service: ShareService, *, per_partition: bool, registry=None) -> ShareCollector:
+    """Count the service's share events and export them (one block in runtime.py)."""
+    from prometheus_client import REGISTRY
+
+    EVENTS.per_partition = per_partition
+    service.commits.subscribe(EVENTS.on_change)
+    collector = ShareCollector(service)
+    (registry or REGISTRY).register(collector)
+    return collector
+
+
+__all__ = ["EVENTS", "ShareCollector", "ShareCounts", "ShareEventCounts", "partition_view", "register"]
