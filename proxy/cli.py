@@ -17,6 +17,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "proxy.localkafka.cli",
         "start a local single-node Apache Kafka (KRaft) from Maven Central jars",
     ),
+    "groups": (
+        "proxy.groups_cli",
+        "describe a share group's in-flight records through a running proxy (Kafka's kafka-share-groups does the rest)",
+    ),
     "fetch-kafka": (
         "proxy.localkafka.cli_fetch",
         "download (and cache) the Apache Kafka jars for a version, then exit",

@@ -111,6 +111,8 @@ class ProxyConfig:
     share_read_cache_bytes: int = 64 * 1024 * 1024
     share_upstream_connections: int = 32
     share_long_poll_connections: int = 8
+    # The extension RPC DescribeShareGroupInFlight (draft KIP KAFKA-20458) is served under this key.
+    describe_in_flight_api_key: int = 82
 
     @property
     def effective_advertised_host(self) -> str:
@@ -185,6 +187,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("state_write_timeout_ms", int, "how long one state-topic write may take before it fails; a failed acknowledgement is rolled back and answered with a retriable error (the state producer's delivery timeout, default 30000)", "MS"),
     Option("share_read_cache_bytes", int, "log bytes the share-partition read caches may hold in total, for members queued behind one upstream read (default 67108864)", "BYTES"),
     Option("max_share_session_partitions", int, "share-partitions one share session may hold; a ShareFetch beyond it gets SHARE_SESSION_LIMIT_REACHED (default 10000; no Kafka counterpart)", "N"),
+    Option("describe_in_flight_api_key", int, "API key the extension RPC DescribeShareGroupInFlight is served under (default 82, the draft KIP's; must be a Kafka API key flexible from v0 that the proxy does not serve otherwise)", "KEY"),
     Option("max_share_session_partitions_total", int, "share-partitions all share sessions together may hold; beyond it SHARE_SESSION_LIMIT_REACHED (default 200000)", "N"),
 )
 
@@ -270,6 +273,27 @@ def _validate(config: ProxyConfig) -> None:
             raise ConfigError(f"{name} must be at least 1")
     if config.state_topic_partitions < 1:
         raise ConfigError("state_topic_partitions must be at least 1")
+    _validate_extension_key(config.describe_in_flight_api_key)
     base = config.effective_broker_port_base
     if base is not None and not 0 < base <= 65535:
         raise ConfigError(f"broker port base {base} out of range")
+
+
+def _validate_extension_key(api_key: int) -> None:
+    """The connection loop reads request headers by Kafka's table, so an extension key must be one
+    Kafka defines as flexible from v0 (e.g. 80-82, the Raft voter APIs brokers do not serve to
+    clients), and not one the proxy already serves."""
+    from codec.errors import HeaderError
+    from codec.headers import is_flexible
+    from codec.registry import MessageRegistry
+
+    try:
+        flexible = is_flexible(api_key, 0)
+    except HeaderError:
+        flexible = False
+    if not flexible:
+        raise ConfigError(f"describe_in_flight_api_key {api_key} is not a Kafka API key flexible from version 0")
+    try:
+        MessageRegistry(describe_in_flight_key=api_key)
+    except ValueError as exc:
+        raise ConfigError(f"describe_in_flight_api_key {api_key}: {exc}") from exc

@@ -160,6 +160,14 @@ class PartitionRegistry:
     def keys(self) -> set[SharePartitionKey]:
         return set(self._leaders) | set(self._parked)
 
+    def parked_start_offset(self, key: SharePartitionKey) -> int | None:
+        """The SPSO of a parked share-partition (without bringing it back), None if not parked."""
+        parked = self._parked.get(key)
+        return None if parked is None else parked.start_offset
+
+    def parked_of_group(self, group_id: str) -> list[SharePartitionKey]:
+        return [key for key in self._parked if key[0] == group_id]
+
     # ----- configs ---------------------------------------------------------------------
 
     def config_for(self, group_id: str) -> PartitionConfig:

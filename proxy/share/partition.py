@@ -59,6 +59,7 @@ __all__ = [
     "AcquireResult",
     "AcquiredRecords",
     "BatchHeader",
+    "InFlightRun",
     "PartitionConfig",
     "PartitionSnapshot",
     "PersistedBatch",
@@ -211,6 +212,19 @@ class AckRange:
 
 
 @dataclass(frozen=True, slots=True)
+class InFlightRun:
+    """Offsets [first_offset, last_offset] in one state, as :meth:`SharePartition.in_flight_locked` shows them."""
+
+    first_offset: int
+    last_offset: int
+    state: RecordState
+    delivery_count: int
+    member_id: str | None
+    acquired_at: int  # ms on the engine's clock, -1 when not acquired
+    lock_deadline: int  # ms on the engine's clock, -1 when not acquired
+
+
+@dataclass(frozen=True, slots=True)
 class PersistedBatch:
     """A state batch as persisted: (first_offset, last_offset, delivery_state, delivery_count)."""
 
@@ -338,11 +352,11 @@ class _InFlightBatch:
 class _Rollback:
     """What a staged change replaced: restored if its state write fails (Kafka's ``rollbackState``)."""
 
-    __slots__ = ("change_id", "state", "delivery_count", "member_id", "lock_id", "lock_deadline")
+    __slots__ = ("change_id", "state", "delivery_count", "member_id", "lock_id", "lock_deadline", "acquired_at")
 
     def __init__(
         self, change_id: int, state: RecordState, delivery_count: int, member_id: str | None, lock_id: int,
-        lock_deadline: int,
+        lock_deadline: int, acquired_at: int = -1,
     ) -> None:
         self.change_id = change_id
         self.state = state
@@ -350,15 +364,18 @@ class _Rollback:
         self.member_id = member_id
         self.lock_id = lock_id
         self.lock_deadline = lock_deadline
+        self.acquired_at = acquired_at
 
 
 class _Lock:
     """An acquisition lock shared by the records acquired (or renewed) in one call."""
 
-    __slots__ = ("deadline", "first_offset", "last_offset", "held")
+    __slots__ = ("deadline", "acquired_at", "first_offset", "last_offset", "held")
 
-    def __init__(self, deadline: int) -> None:
+    def __init__(self, deadline: int, acquired_at: int) -> None:
         self.deadline = deadline
+        # When its records were acquired (ms, the caller's clock); a renewal keeps the earliest.
+        self.acquired_at = acquired_at
         # Widened as records join the lock; expire() scans only this range.
         self.first_offset = _NO_OFFSET
         self.last_offset = -1
@@ -510,6 +527,29 @@ class SharePartition:
         if run is not None:
             yield run
 
+    def in_flight_locked(self) -> Iterator[InFlightRun]:
+        """The window as runs of uniform state, with each run's acquisition time and lock deadline
+        (the caller's clock, -1 when not held under a lock). Read-only; for describing, not serving."""
+        run: list | None = None
+        for batch in self._batches.values():
+            if batch.offsets is None:
+                pieces: Iterable = ((batch.first_offset, batch),)
+            else:
+                pieces = batch.holders(batch.first_offset, batch.last_offset)
+            for offset, holder in pieces:
+                last = batch.last_offset if holder is batch else offset
+                lock = self._locks.get(holder.lock_id) if _HOLDS_LOCK[holder.state] else None
+                key = (holder.state, holder.delivery_count, holder.member_id,
+                       lock.acquired_at if lock is not None else -1, lock.deadline if lock is not None else -1)
+                if run is not None and run[1] + 1 == offset and run[2] == key:
+                    run[1] = last
+                    continue
+                if run is not None:
+                    yield InFlightRun(run[0], run[1], *run[2])
+                run = [offset, last, key]
+        if run is not None:
+            yield InFlightRun(run[0], run[1], *run[2])
+
     def members(self) -> set[str]:
         """Members currently holding acquired records."""
         return {member for _, _, state, _, member in self._runs() if _HOLDS_OWNER[state] and member is not None}
@@ -610,7 +650,7 @@ class SharePartition:
         start_before = self._start
         out: list[AcquiredRecords] = []
         lock_id = next(self._lock_ids)
-        lock = _Lock(now + self.config.record_lock_duration_ms)
+        lock = _Lock(now + self.config.record_lock_duration_ms, now)
         self._locks[lock_id] = lock
 
         remaining = max_records
@@ -904,7 +944,7 @@ class SharePartition:
         if lock is None:
             # The lock was dropped when its last record left Acquired: bring it back, deadline
             # unchanged (a lock that ran out meanwhile expires at the next expire()).
-            lock = self._locks[saved.lock_id] = _Lock(saved.lock_deadline)
+            lock = self._locks[saved.lock_id] = _Lock(saved.lock_deadline, saved.acquired_at)
             heapq.heappush(self._deadlines, (lock.deadline, saved.lock_id))
         lock.held += last - first + 1
         lock.first_offset = min(lock.first_offset, first)
@@ -933,7 +973,8 @@ class SharePartition:
             lock = self._locks.get(holder.lock_id)
             saved = self._last_rollback = _Rollback(change_id, holder.state, holder.delivery_count,
                                                     holder.member_id, holder.lock_id,
-                                                    lock.deadline if lock is not None else 0)
+                                                    lock.deadline if lock is not None else 0,
+                                                    lock.acquired_at if lock is not None else -1)
         holder.rollback = saved
         ranges = self._staged.setdefault(change_id, [])
         if ranges and ranges[-1][1] + 1 == first:
@@ -961,7 +1002,7 @@ class SharePartition:
             types = ack.acknowledge_types
             if not renew_lock_id and _RENEW_TYPE in types:
                 renew_lock_id = next(self._lock_ids)
-                self._locks[renew_lock_id] = _Lock(now + self.config.record_lock_duration_ms)
+                self._locks[renew_lock_id] = _Lock(now + self.config.record_lock_duration_ms, now)
             single = _ACK_ROWS[types[0]] if len(types) == 1 else None
             for batch in list(self._batches_from(first, last)):
                 if single is not None and batch.offsets is None and batch.first_offset >= first \
@@ -1207,6 +1248,11 @@ class SharePartition:
         if _HOLDS_LOCK[holder.state]:
             lock = self._locks.get(holder.lock_id)
             if lock is not None:
+                if _HOLDS_OWNER[new_state]:
+                    # A renewal: the records are still held since their acquisition.
+                    renewed = self._locks[lock_id]
+                    if lock.acquired_at < renewed.acquired_at:
+                        renewed.acquired_at = lock.acquired_at
                 lock.held -= n
                 if lock.held <= 0:
                     del self._locks[holder.lock_id]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import structlog
 import trio
 
+from codec.extensions import DEFAULT_DESCRIBE_IN_FLIGHT_KEY
 from proxy.server import Proxy
 from proxy.share import metrics, observe, state_store
 from proxy.share.cluster import Cluster
@@ -26,6 +27,7 @@ from proxy.share.persister import (
     ensure_state_topics,
     replay_state_topic,
 )
+from proxy.share.in_flight import in_flight_routes, in_flight_version_range
 from proxy.share.routes import served_version_ranges, share_routes
 from proxy.share.state_topic_guard import StateTopics, state_topic_routes
 
@@ -158,5 +160,9 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
     proxy.routes[CONSUMER_GROUP_HEARTBEAT] = guard
     for api_key, versions in served_version_ranges().items():
         proxy.api_versions.register_local(api_key, versions)
+    # The extension RPC DescribeShareGroupInFlight (proxy/share/in_flight.py), under its configured key.
+    in_flight_key = getattr(config, "describe_in_flight_api_key", DEFAULT_DESCRIBE_IN_FLIGHT_KEY)
+    proxy.routes.update(in_flight_routes(service, in_flight_key))
+    proxy.api_versions.register_local(*in_flight_version_range(in_flight_key))
     log.info("share groups served", state_topic=settings.state_topic, replayed_records=len(replayed))
     return service

@@ -142,3 +142,16 @@ def test_share_connection_pools_reach_the_share_settings():
     assert (defaults.upstream_connections, defaults.long_poll_connections) == (32, 8)
     with pytest.raises(ConfigError):
         parse(["--upstream", "k:1", "--share-long-poll-connections", "0"])
+
+
+def test_describe_in_flight_key_defaults_to_the_draft_kip_and_may_move_to_another_free_kafka_key():
+    assert load_config({"upstream": "k:9092"}, environ={}).describe_in_flight_api_key == 82
+    moved = load_config({"upstream": "k:9092"}, environ={"KSP_DESCRIBE_IN_FLIGHT_API_KEY": "80"})
+    assert moved.describe_in_flight_api_key == 80
+
+
+@pytest.mark.parametrize("key", ["3", "76", "10082", "-1"])
+def test_describe_in_flight_key_must_be_a_free_flexible_kafka_key(key):
+    # Metadata (3) is not flexible at v0; 76 is served as ShareGroupHeartbeat; 10082 is no Kafka key.
+    with pytest.raises(ConfigError, match="describe_in_flight_api_key"):
+        load_config({"upstream": "k:9092", "describe_in_flight_api_key": key}, environ={})

@@ -24,6 +24,14 @@ public final class Main {
         SUBCOMMANDS.put("produce-consume", ProduceConsume::produceConsume);
         SUBCOMMANDS.put("describe-cluster", ProduceConsume::describeCluster);
         SUBCOMMANDS.put("share-consume", ShareConsume::run);
+        SUBCOMMANDS.put("admin-list-groups", AdminOps::listGroups);
+        SUBCOMMANDS.put("admin-describe-share-groups", AdminOps::describeShareGroups);
+        SUBCOMMANDS.put("admin-list-share-group-offsets", AdminOps::listShareGroupOffsets);
+        SUBCOMMANDS.put("admin-alter-share-group-offsets", AdminOps::alterShareGroupOffsets);
+        SUBCOMMANDS.put("admin-delete-share-group-offsets", AdminOps::deleteShareGroupOffsets);
+        SUBCOMMANDS.put("admin-delete-share-groups", AdminOps::deleteShareGroups);
+        SUBCOMMANDS.put("admin-alter-group-configs", AdminOps::alterGroupConfigs);
+        SUBCOMMANDS.put("admin-describe-group-configs", AdminOps::describeGroupConfigs);
     }
 
     private Main() {}

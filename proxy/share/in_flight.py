@@ -1,0 +1,267 @@
+"""DescribeShareGroupInFlight (the draft KIP's extension RPC, key 82 unless configured): what a
+share group holds in flight, per share-partition.
+
+Served by the proxy alone (no broker has it). Per share-partition of the group -- every one it
+has, or those asked for -- the answer carries the SPSO, the SPEO (exclusive) and the window
+between them as offset ranges of uniform state, delivery count and owner, with when the records
+were acquired and when their lock runs out (wall-clock ms). Filters:
+
+* ``States``: only ranges in these states (empty: every state a window holds);
+* ``HeldLongerThanMs``: only records acquired longer ago than this;
+* ``ProgressStalenessMs``: only IN_PROGRESS records whose last progress is older than this.
+  IN_PROGRESS arrives with the extension's MarkInProgress (issue 10); until then nothing is in
+  it, so this filter matches nothing.
+
+A parked share-partition (leaders.py: no members, nothing in flight) is described from its parked
+SPSO without bringing it back. Errors are the protocol's: GROUP_ID_NOT_FOUND for a group the
+proxy does not have, INVALID_REQUEST for a filter that makes no sense, and per partition
+UNKNOWN_TOPIC_OR_PARTITION for a topic id or partition the cluster does not have. A partition
+that exists but the group never initialised is answered with offsets -1 and no records (Kafka's
+DescribeShareGroupOffsets treats it the same way: absence of data, not an error).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import structlog
+from kio.schema.errors import ErrorCode
+
+from codec import extensions
+from codec.headers import encode_response_header, response_header_version
+from codec.registry import decode_entity, encode
+from proxy.apiversions import VersionRange
+from proxy.connection import ClientConnection, Request, ServeLocally
+from proxy.share.partition import InFlightRun
+from proxy.share.states import RecordState
+
+log = structlog.get_logger(__name__)
+
+# The draft's IN_PROGRESS state id (not a RecordState until issue 10 serves it).
+IN_PROGRESS = 5
+# State ids a request may filter on: Kafka's delivery states plus the draft's IN_PROGRESS.
+KNOWN_STATE_IDS = frozenset({0, 1, 2, 3, 4, IN_PROGRESS})
+NO_FILTER = -1
+
+
+@dataclass(frozen=True, slots=True)
+class InFlightFilter:
+    """What a request asks to see; -1 means no filter, an empty ``states`` every state."""
+
+    states: frozenset[int] = frozenset()
+    held_longer_than_ms: int = NO_FILTER
+    progress_staleness_ms: int = NO_FILTER
+
+    def problem(self) -> str | None:
+        """Why the filter is invalid, or None."""
+        unknown = sorted(self.states - KNOWN_STATE_IDS)
+        if unknown:
+            return f"unknown record state id(s) {unknown}; known: {sorted(KNOWN_STATE_IDS)}"
+        if self.held_longer_than_ms < NO_FILTER:
+            return f"HeldLongerThanMs must be -1 (no filter) or >= 0, not {self.held_longer_than_ms}"
+        if self.progress_staleness_ms < NO_FILTER:
+            return f"ProgressStalenessMs must be -1 (no filter) or >= 0, not {self.progress_staleness_ms}"
+        return None
+
+    def matches(self, run: InFlightRun, now: int) -> bool:
+        if self.states and int(run.state) not in self.states:
+            return False
+        if self.held_longer_than_ms >= 0 and (run.acquired_at < 0 or now - run.acquired_at <= self.held_longer_than_ms):
+            return False
+        if self.progress_staleness_ms >= 0:
+            # Only IN_PROGRESS records have a progress signal, and none exist before issue 10.
+            return int(run.state) == IN_PROGRESS
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class DescribedRange:
+    first_offset: int
+    last_offset: int
+    state: int
+    delivery_count: int
+    member_id: str | None
+    acquired_timestamp: int  # wall-clock ms, -1 when not acquired
+    lock_deadline_timestamp: int  # wall-clock ms, -1 when not acquired
+
+
+@dataclass(frozen=True, slots=True)
+class DescribedPartition:
+    partition: int
+    error: ErrorCode = ErrorCode.none
+    message: str | None = None
+    start_offset: int = -1
+    end_offset: int = -1
+    ranges: tuple[DescribedRange, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DescribedTopic:
+    topic_id: uuid.UUID
+    name: str | None
+    partitions: tuple[DescribedPartition, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInFlight:
+    group_id: str
+    error: ErrorCode = ErrorCode.none
+    message: str | None = None
+    topics: tuple[DescribedTopic, ...] = ()
+
+
+def describe_group_in_flight(
+    service, group_id: str, requested: dict[uuid.UUID, Iterable[int]] | None, wanted: InFlightFilter
+) -> GroupInFlight:
+    """The in-flight picture of one group, read from the engines (no I/O, nothing changes).
+
+    ``service`` is the ShareService: its coordinator, partition registry, cluster and clocks.
+    ``requested`` maps topic ids to partitions, or is None for all of the group's share-partitions.
+    """
+    problem = wanted.problem()
+    if problem is not None:
+        return GroupInFlight(group_id, ErrorCode.invalid_request, problem)
+    if not service.coordinator.has_group(group_id):
+        return GroupInFlight(group_id, ErrorCode.group_id_not_found, f"Share group {group_id} not found.")
+    registry = service.leaders
+    owned: set[tuple[uuid.UUID, int]] = set(service.coordinator.initialized_partitions(group_id))
+    owned.update((leader.key[1], leader.key[2]) for leader in registry.of_group(group_id))
+    owned.update((key[1], key[2]) for key in registry.parked_of_group(group_id))
+    if requested is None:
+        wanted_partitions: dict[uuid.UUID, list[int]] = {}
+        for topic_id, partition in owned:
+            wanted_partitions.setdefault(topic_id, []).append(partition)
+    else:
+        wanted_partitions = {topic_id: list(partitions) for topic_id, partitions in requested.items()}
+    now, wall_now = service.clock(), service.wall_clock()
+
+    def wall(ms: int) -> int:
+        # The engine keeps time on the monotonic clock; shown as wall-clock time.
+        return -1 if ms < 0 else wall_now - (now - ms)
+
+    topics = []
+    for topic_id in sorted(wanted_partitions, key=str):
+        topic = service.cluster.topic_by_id(topic_id)
+        described = []
+        for partition in sorted(set(wanted_partitions[topic_id])):
+            key = (group_id, topic_id, partition)
+            leader = registry.active(key)
+            if leader is not None:
+                engine = leader.engine
+                ranges = tuple(
+                    DescribedRange(run.first_offset, run.last_offset, int(run.state), run.delivery_count,
+                                   run.member_id, wall(run.acquired_at), wall(run.lock_deadline))
+                    for run in engine.in_flight_locked() if wanted.matches(run, now)
+                )
+                described.append(DescribedPartition(partition, start_offset=engine.start_offset,
+                                                    end_offset=engine.end_offset, ranges=ranges))
+                continue
+            parked = registry.parked_start_offset(key)
+            if parked is not None:
+                # Parked: nothing in flight, so the window is empty at its SPSO.
+                described.append(DescribedPartition(partition, start_offset=parked, end_offset=parked))
+            elif (topic_id, partition) in owned:
+                # Initialised but not led here (yet): nothing known beyond that.
+                described.append(DescribedPartition(partition))
+            elif topic is None or partition not in topic.partitions:
+                described.append(DescribedPartition(
+                    partition, ErrorCode.unknown_topic_or_partition,
+                    f"Topic id {topic_id} partition {partition} does not exist."))
+            else:
+                described.append(DescribedPartition(partition))  # never initialised for this group
+        topics.append(DescribedTopic(topic_id, topic.name if topic else None, tuple(described)))
+    return GroupInFlight(group_id, topics=tuple(topics))
+
+
+# ----- the wire ------------------------------------------------------------------------------
+
+
+def in_flight_response(result: GroupInFlight, response_type: type):
+    # Classes built from the extension's JSON schema carry their nested structs as attributes.
+    topic_type, partition_type, records_type = (
+        response_type.InFlightTopic, response_type.InFlightPartition, response_type.InFlightRecords)
+    return response_type(
+        throttle_time_ms=0,
+        error_code=result.error,
+        error_message=result.message,
+        group_id=result.group_id,
+        topics=tuple(
+            topic_type(
+                topic_id=topic.topic_id,
+                topic_name=topic.name,
+                partitions=tuple(
+                    partition_type(
+                        partition_index=p.partition,
+                        error_code=p.error,
+                        error_message=p.message,
+                        start_offset=p.start_offset,
+                        end_offset=p.end_offset,
+                        records=tuple(
+                            records_type(
+                                first_offset=r.first_offset,
+                                last_offset=r.last_offset,
+                                state=r.state,
+                                delivery_count=r.delivery_count,
+                                member_id=r.member_id,
+                                acquired_timestamp=r.acquired_timestamp,
+                                in_progress_start_timestamp=-1,
+                                last_progress_timestamp=-1,
+                                lock_deadline_timestamp=r.lock_deadline_timestamp,
+                            )
+                            for r in p.ranges
+                        ),
+                    )
+                    for p in topic.partitions
+                ),
+            )
+            for topic in result.topics
+        ),
+    )
+
+
+def request_filter(request) -> InFlightFilter:
+    return InFlightFilter(
+        states=frozenset(int(s) for s in request.states),
+        held_longer_than_ms=int(request.held_longer_than_ms),
+        progress_staleness_ms=int(request.progress_staleness_ms),
+    )
+
+
+def requested_partitions(request) -> dict[uuid.UUID, list[int]] | None:
+    if request.topics is None:
+        return None
+    requested: dict[uuid.UUID, list[int]] = {}
+    for topic in request.topics:
+        requested.setdefault(topic.topic_id, []).extend(int(p) for p in topic.partitions)
+    return requested
+
+
+def in_flight_routes(service, api_key: int = extensions.DEFAULT_DESCRIBE_IN_FLIGHT_KEY) -> dict[int, ServeLocally]:
+    """The route serving DescribeShareGroupInFlight under ``api_key``."""
+    api = extensions.describe_in_flight(api_key)
+
+    async def serve(request: Request, connection: ClientConnection) -> bytes:
+        header = request.header
+        body = memoryview(request.frame)[request.body_offset:]
+        entity = decode_entity(api.requests[header.api_version], body)  # MessageDecodeError closes the connection
+        result = describe_group_in_flight(service, entity.group_id, requested_partitions(entity),
+                                          request_filter(entity))
+        if result.error is not ErrorCode.none:
+            log.info("in-flight describe refused", group=entity.group_id, error=result.error.name,
+                     message=result.message)
+        response = in_flight_response(result, api.responses[header.api_version])
+        version = response_header_version(header.api_key, header.api_version)
+        return encode_response_header(header.correlation_id, version) + encode(response)
+
+    return {api_key: ServeLocally(serve)}
+
+
+def in_flight_version_range(api_key: int = extensions.DEFAULT_DESCRIBE_IN_FLIGHT_KEY) -> tuple[int, VersionRange]:
+    api = extensions.describe_in_flight(api_key)
+    return api_key, VersionRange(api.min_version, api.max_version)
+
+
+__all__ = ["InFlightFilter", "describe_group_in_flight", "in_flight_routes", "in_flight_version_range",
+           "in_flight_response", "IN_PROGRESS", "RecordState"]
