@@ -17,7 +17,7 @@ from confluent_kafka import AcknowledgeType
 from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
 
-from integration.kafka_fixtures import kafka_tools_jar
+from integration.kafka_fixtures import kafka_tools_jar, maven_jar
 from integration.share.conftest import (
     EXPLICIT,
     acknowledge_all,
@@ -44,6 +44,20 @@ def java_tool(main_class: str, *args: str, timeout: float = 120) -> subprocess.C
     classpath = f"{kafka_tools_jar(TOOLS_KAFKA)}:{fetch_kafka(TOOLS_KAFKA)}/*"
     return subprocess.run(["java", "-cp", classpath, main_class, *args], capture_output=True, text=True,
                           timeout=timeout)
+
+
+# kafka-configs: Kafka 4.4's core jar no longer carries kafka.admin.ConfigCommand and no 4.4 tools
+# jar is published, so the 4.3 command runs (its core jar first on the class path).
+CONFIG_COMMAND_KAFKA = "4.3.0"
+
+
+def kafka_configs(*args: str) -> subprocess.CompletedProcess[str]:
+    core = maven_jar("kafka_2.13", CONFIG_COMMAND_KAFKA)
+    if core is None:
+        pytest.skip(f"kafka_2.13 {CONFIG_COMMAND_KAFKA} (kafka-configs) not available from Maven")
+    classpath = f"{core}:{kafka_tools_jar(CONFIG_COMMAND_KAFKA)}:{fetch_kafka(TOOLS_KAFKA)}/*"
+    return subprocess.run(["java", "-cp", classpath, "kafka.admin.ConfigCommand", *args], capture_output=True,
+                          text=True, timeout=120)
 
 
 def call(bootstrap: str, request):
@@ -232,15 +246,14 @@ def test_one_request_naming_the_state_topic_a_share_group_and_a_topic_gets_all_t
 def test_kafka_configs_tool_alters_and_describes_share_group_configs_that_survive_a_restart(
         kafka, share_proxy, create_topic, names):
     proxy = share_proxy("--share-auto-offset-reset", "latest")
-    config_command = "kafka.admin.ConfigCommand"
-    result = java_tool(config_command, "--bootstrap-server", proxy.bootstrap, "--entity-type", "groups",
+    result = kafka_configs("--bootstrap-server", proxy.bootstrap, "--entity-type", "groups",
                        "--entity-name", names.group, "--alter", "--add-config",
                        "share.record.lock.duration.ms=20000,share.auto.offset.reset=earliest")
     assert result.returncode == 0, result.stderr[-2000:]
     if kafka_groups_have_configs(kafka):
         # A consumer group's config set through the proxy still reaches the cluster.
         consumer_group = names.another("consumer")
-        result = java_tool(config_command, "--bootstrap-server", proxy.bootstrap, "--entity-type", "groups",
+        result = kafka_configs("--bootstrap-server", proxy.bootstrap, "--entity-type", "groups",
                            "--entity-name", consumer_group, "--alter", "--add-config",
                            "consumer.session.timeout.ms=50000")
         assert result.returncode == 0, result.stderr[-2000:]
@@ -248,7 +261,7 @@ def test_kafka_configs_tool_alters_and_describes_share_group_configs_that_surviv
             "consumer.session.timeout.ms"][:2] == ("50000", GROUP_CONFIG)
 
     proxy.restart()
-    result = java_tool(config_command, "--bootstrap-server", proxy.bootstrap, "--entity-type", "groups",
+    result = kafka_configs("--bootstrap-server", proxy.bootstrap, "--entity-type", "groups",
                        "--entity-name", names.group, "--describe")
     assert result.returncode == 0, result.stderr[-2000:]
     lines = {line.split("=", 1)[0].strip(): line for line in result.stdout.splitlines() if "=" in line}
@@ -269,7 +282,7 @@ def test_kafka_configs_tool_alters_and_describes_share_group_configs_that_surviv
     finally:
         consumer.close()
 
-    result = java_tool(config_command, "--bootstrap-server", proxy.bootstrap, "--entity-type", "groups",
+    result = kafka_configs("--bootstrap-server", proxy.bootstrap, "--entity-type", "groups",
                        "--entity-name", names.group, "--alter", "--delete-config", "share.record.lock.duration.ms")
     assert result.returncode == 0, result.stderr[-2000:]
     assert describe(proxy.bootstrap, names.group)["share.record.lock.duration.ms"][:2] == ("30000", DEFAULT_CONFIG)
