@@ -309,6 +309,10 @@ class ShareGroupCoordinator:
     def group_config_overrides(self, group_id: str) -> dict[str, str | int]:
         return dict(self._config_overrides.get(group_id, {}))
 
+    def configured_group_ids(self) -> list[str]:
+        """Group ids with configs set (share groups or not yet), for ListConfigResources."""
+        return sorted(self._config_overrides)
+
     def initialized_partitions(self, group_id: str) -> frozenset[TopicIdPartition]:
         group = self._groups.get(group_id)
         return frozenset(group.initialized) if group else frozenset()

@@ -36,10 +36,11 @@ import trio
 from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 
-from codec.registry import decode_entity
+from codec.headers import parse_response_header, response_header_version
+from codec.registry import decode_entity, encode
 from proxy.connection import FORWARD, ClientConnection, Request, Route
 from proxy.errors import UpstreamError
-from proxy.route_split import build, item_type, split_request
+from proxy.route_split import AnswerView, build, item_type, split_request
 from proxy.share import state_store
 from proxy.share.commit import CommitPipeline
 from proxy.share.coordinator import ShareGroupCoordinator
@@ -49,6 +50,7 @@ log = structlog.get_logger(__name__)
 
 DESCRIBE_CONFIGS = 32
 INCREMENTAL_ALTER_CONFIGS = 44
+LIST_CONFIG_RESOURCES = 74
 GROUP_RESOURCE = 32  # ConfigResource.Type.GROUP
 
 #: The request list and the response list of each API.
@@ -231,7 +233,45 @@ def _alter_all(configs: GroupConfigs, resources: list[Any], *, validate_only: bo
     return outcomes
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class ListConfigResourcesRoute:
+    """Route for ListConfigResources (v1+): the cluster's answer plus the group ids the proxy holds
+    configs for (kafka-configs --describe of a group checks this list, or ListGroups, first)."""
+
+    configs: GroupConfigs
+    inner: Route = FORWARD
+
+    async def start(self, request: Request, connection: ClientConnection) -> None:
+        header = request.header
+        if header.api_version >= 1:
+            entity = decode_entity(load_request_schema(header.api_key, header.api_version),
+                                   memoryview(request.frame)[request.body_offset:])
+            types = {int(t) for t in entity.resource_types}
+            if not types or GROUP_RESOURCE in types:  # empty: every type
+                await self.inner.start(request, AnswerView(connection, self._add_groups))
+                return
+        await self.inner.start(request, connection)
+
+    async def _add_groups(self, request: Request, payload: bytes) -> bytes:
+        header = request.header
+        response_type = load_response_schema(header.api_key, header.api_version)
+        _, body_offset = parse_response_header(payload, response_header_version(header.api_key, header.api_version))
+        response = decode_entity(response_type, memoryview(payload)[body_offset:])
+        if response.error_code != ErrorCode.none:
+            return payload
+        listed = {r.resource_name for r in response.config_resources if int(r.resource_type) == GROUP_RESOURCE}
+        entry_type = item_type(response_type, "config_resources")
+        extra = tuple(build(entry_type, resource_name=group_id, resource_type=GROUP_RESOURCE)
+                      for group_id in self.configs.coordinator.configured_group_ids() if group_id not in listed)
+        merged = dataclasses.replace(response, config_resources=tuple(response.config_resources) + extra)
+        return bytes(payload[:body_offset]) + encode(merged)
+
+
 def group_config_routes(configs: GroupConfigs, routes: dict[int, Route]) -> dict[int, Route]:
-    """Routes for DescribeConfigs and IncrementalAlterConfigs, each wrapping the route it replaces."""
-    return {api_key: GroupConfigRoute(configs, routes.get(api_key, FORWARD))
-            for api_key in (DESCRIBE_CONFIGS, INCREMENTAL_ALTER_CONFIGS)}
+    """Routes for DescribeConfigs, IncrementalAlterConfigs and ListConfigResources, each wrapping
+    the route it replaces."""
+    return {
+        **{api_key: GroupConfigRoute(configs, routes.get(api_key, FORWARD))
+           for api_key in (DESCRIBE_CONFIGS, INCREMENTAL_ALTER_CONFIGS)},
+        LIST_CONFIG_RESOURCES: ListConfigResourcesRoute(configs, routes.get(LIST_CONFIG_RESOURCES, FORWARD)),
+    }

@@ -267,3 +267,22 @@ async def test_a_share_group_named_twice_is_an_invalid_request_for_both():
         assert [r.error_code for r in answer] == [ErrorCode.invalid_request] * 2
         assert coordinator.group_config("sg").delivery_count_limit == 3
         nursery.cancel_scope.cancel()
+
+
+async def test_list_config_resources_adds_the_group_ids_the_proxy_holds_configs_for():
+    h, coordinator, _ = harness()
+    coordinator.set_group_config("sg", {"share.delivery.count.limit": "3"})
+    request = load_request_schema(74, 1)(resource_types=())
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(h.connection.serve)
+        await h.client.send_frame(frame_of(request))
+        await h.broker_receive()
+        cls = load_response_schema(74, 1)
+        entry = item(cls, "config_resources")
+        await h.broker.send_frame(response_frame(cls(
+            throttle_time=datetime.timedelta(0), error_code=ErrorCode.none,
+            config_resources=(entry(resource_name="orders", resource_type=TOPIC_RESOURCE),))))
+        answer = decode_response(74, 1, await h.client.receive_frame())
+        assert [(r.resource_name, int(r.resource_type)) for r in answer.config_resources] == [
+            ("orders", TOPIC_RESOURCE), ("sg", GROUP_RESOURCE)]
+        nursery.cancel_scope.cancel()
