@@ -103,6 +103,14 @@ class ProxyConfig:
     share_heartbeat_interval_ms: int = 5_000
     share_min_heartbeat_interval_ms: int = 5_000
     share_partition_max_record_locks: int = 2_000
+    # Bounds on per-group configs (Kafka's group.share.min.* / group.share.max.*, KIP-1240).
+    share_max_record_lock_duration_ms: int = 60_000
+    share_max_session_timeout_ms: int = 60_000
+    share_max_heartbeat_interval_ms: int = 15_000
+    share_min_delivery_count_limit: int = 2
+    share_max_delivery_count_limit: int = 10
+    share_min_partition_max_record_locks: int = 100
+    share_max_partition_max_record_locks: int = 4_000
     max_share_sessions: int = 2_000
     max_share_session_partitions: int = 10_000
     max_share_session_partitions_total: int = 200_000
@@ -180,6 +188,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("share_heartbeat_interval_ms", int, "member heartbeat interval (group.share.heartbeat.interval.ms, default 5000)", "MS"),
     Option("share_min_heartbeat_interval_ms", int, "lowest heartbeat interval a group may set (default 5000)", "MS"),
     Option("share_partition_max_record_locks", int, "in-flight records per share-partition (group.share.partition.max.record.locks, default 2000, 100-10000)", "N"),
+    Option("share_max_record_lock_duration_ms", int, "highest share.record.lock.duration.ms a group may set (group.share.max.record.lock.duration.ms, default 60000)", "MS"),
+    Option("share_max_session_timeout_ms", int, "highest share.session.timeout.ms a group may set (group.share.max.session.timeout.ms, default 60000)", "MS"),
+    Option("share_max_heartbeat_interval_ms", int, "highest share.heartbeat.interval.ms a group may set (group.share.max.heartbeat.interval.ms, default 15000)", "MS"),
+    Option("share_min_delivery_count_limit", int, "lowest share.delivery.count.limit a group may set (group.share.min.delivery.count.limit, default 2)", "N"),
+    Option("share_max_delivery_count_limit", int, "highest share.delivery.count.limit a group may set (group.share.max.delivery.count.limit, default 10; at most 10)", "N"),
+    Option("share_min_partition_max_record_locks", int, "lowest share.partition.max.record.locks a group may set (group.share.min.partition.max.record.locks, default 100)", "N"),
+    Option("share_max_partition_max_record_locks", int, "highest share.partition.max.record.locks a group may set (group.share.max.partition.max.record.locks, default 4000; at most 10000)", "N"),
     Option("share_metadata_refresh_ms", int, "how often topic metadata is refreshed, so new topics and partitions reach share-group assignments (default 10000)", "MS"),
     Option("share_upstream_connections", int, "connections per upstream broker the share service uses for ListOffsets, ListGroups and record reads (default 32)", "N"),
     Option("share_long_poll_connections", int, "connections per upstream broker the share service may hold in long polls (Fetch waiting for new data), apart from the ones above so that long polls never starve them (default 8)", "N"),
@@ -271,6 +286,7 @@ def _validate(config: ProxyConfig) -> None:
         value = getattr(config, name)
         if value is not None and value < 1:
             raise ConfigError(f"{name} must be at least 1")
+    _validate_share_bounds(config)
     if config.state_topic_partitions < 1:
         raise ConfigError("state_topic_partitions must be at least 1")
     _validate_extension_key(config.describe_in_flight_api_key)
@@ -297,3 +313,22 @@ def _validate_extension_key(api_key: int) -> None:
         MessageRegistry(describe_in_flight_key=api_key)
     except ValueError as exc:
         raise ConfigError(f"describe_in_flight_api_key {api_key}: {exc}") from exc
+
+
+# Per-group config bounds: (min option, max option, lowest allowed, highest allowed) -- Kafka's
+# ranges for its group.share.* broker configs, capped where the proxy's engine is narrower.
+_SHARE_BOUNDS = (
+    ("share_min_record_lock_duration_ms", "share_max_record_lock_duration_ms", 1_000, 3_600_000),
+    ("share_min_session_timeout_ms", "share_max_session_timeout_ms", 1, 2**31 - 1),
+    ("share_min_heartbeat_interval_ms", "share_max_heartbeat_interval_ms", 1, 2**31 - 1),
+    ("share_min_delivery_count_limit", "share_max_delivery_count_limit", 2, 10),
+    ("share_min_partition_max_record_locks", "share_max_partition_max_record_locks", 100, 10_000),
+)
+
+
+def _validate_share_bounds(config: ProxyConfig) -> None:
+    for low_name, high_name, lowest, highest in _SHARE_BOUNDS:
+        low, high = getattr(config, low_name), getattr(config, high_name)
+        if not lowest <= low <= high <= highest:
+            raise ConfigError(f"{low_name} ({low}) and {high_name} ({high}) must satisfy "
+                              f"{lowest} <= min <= max <= {highest}")

@@ -93,6 +93,11 @@ class CommitPipeline:
         self._hooks: list[ChangeHook] = []
         self._dirty: set[Leader] = set()
         self._group_records: dict[bytes, bytes | None] = {}
+        # Tickets for queued group records: a write that takes every pending group record makes
+        # all tickets up to the newest durable (group_records_durable waits for one).
+        self._group_ticket = 0
+        self._group_durable_ticket = 0
+        self._group_written = trio.Event()
         self._wakeup = trio.Event()
         self._failures = 0
         self.writable = True
@@ -131,11 +136,22 @@ class CommitPipeline:
         self._wakeup.set()
         return leader.version
 
-    def queue_group_records(self, records: list[tuple[bytes, bytes | None]]) -> None:
+    def queue_group_records(self, records: list[tuple[bytes, bytes | None]]) -> int:
+        """Queue group records (written with the next batch); returns a ticket to wait on."""
         for key, value in records:
             self._group_records.pop(key, None)  # re-insert: the newest write of a key goes last
             self._group_records[key] = value
+        self._group_ticket += 1
         self._wakeup.set()
+        return self._group_ticket
+
+    async def group_records_durable(self, ticket: int) -> None:
+        """Wait until the group records queued with `ticket` (and all before) are durable.
+
+        Failed writes are retried by the writer, so this waits through an outage; callers bound it.
+        """
+        while self._group_durable_ticket < ticket:
+            await self._group_written.wait()
 
     @property
     def pending_group_records(self) -> int:
@@ -170,6 +186,7 @@ class CommitPipeline:
     async def write_once(self) -> bool:
         leaders, self._dirty = self._dirty, set()
         groups, self._group_records = self._group_records, {}
+        group_ticket = self._group_ticket  # every group record queued so far is in this batch
         if not leaders and not groups:
             return True
         now = self.wall_clock()
@@ -194,6 +211,10 @@ class CommitPipeline:
         metrics.STATE_WRITE_BYTES.inc(sum(len(k) + len(v or b"") for k, v in batch))
         self._failures = 0
         self._set_writable(True)
+        if groups and group_ticket > self._group_durable_ticket:
+            self._group_durable_ticket = group_ticket
+            self._group_written.set()
+            self._group_written = trio.Event()
         for leader, version in covered:
             leader.durable = max(leader.durable, version)
             committed = [change_id for v, change_id in leader.staged if v <= version]

@@ -309,6 +309,10 @@ class ShareGroupCoordinator:
     def group_config_overrides(self, group_id: str) -> dict[str, str | int]:
         return dict(self._config_overrides.get(group_id, {}))
 
+    def configured_group_ids(self) -> list[str]:
+        """Group ids with configs set (share groups or not yet), for ListConfigResources."""
+        return sorted(self._config_overrides)
+
     def initialized_partitions(self, group_id: str) -> frozenset[TopicIdPartition]:
         group = self._groups.get(group_id)
         return frozenset(group.initialized) if group else frozenset()
@@ -651,7 +655,30 @@ class ShareGroupCoordinator:
         group.initialized = set(initialized)
         self._groups[group_id] = group
         if config_overrides:
-            self.set_group_config(group_id, config_overrides, replace_all=True)
+            self.restore_group_config(group_id, config_overrides)
+
+    def restore_group_config(self, group_id: str, overrides: Mapping[str, str | int]) -> list[str]:
+        """Take persisted overrides back (the group need not exist); returns the names dropped.
+
+        The proxy's bounds may have changed since they were written: an override that no longer
+        validates is dropped (and reported) rather than refusing to start, and the group runs
+        with the proxy's default for it.
+        """
+        try:
+            self.set_group_config(group_id, overrides, replace_all=True)
+            return []
+        except GroupConfigError:
+            pass
+        kept: dict[str, str | int] = {}
+        dropped = []
+        for name, value in overrides.items():
+            try:
+                self.config.group_defaults.with_overrides({**kept, name: value}).validate(self.config.limits)
+                kept[name] = value
+            except GroupConfigError:
+                dropped.append(name)
+        self.set_group_config(group_id, kept, replace_all=True)
+        return dropped
 
     def delete_group(self, group_id: str) -> tuple[ErrorCode, list[Event]]:
         """DeleteGroups for a share group: only an Empty group can be deleted (it is then Dead)."""
@@ -670,16 +697,22 @@ class ShareGroupCoordinator:
         overrides: Mapping[str, str | int | None],
         *,
         replace_all: bool = False,
+        validate_only: bool = False,
     ) -> ShareGroupConfig:
         """Validate and apply per-group overrides by Kafka name (a ``None`` value removes one).
 
-        Raises :class:`GroupConfigError` and changes nothing on error. The group need not
-        exist yet. New timeouts and intervals apply from each member's next heartbeat.
+        Raises :class:`GroupConfigError` and changes nothing on error, nor with `validate_only`.
+        The group need not exist yet (Kafka too keeps group configs apart from groups). The
+        result is validated as a whole, as Kafka's controller validates the resource's configs
+        after the change. New timeouts and intervals apply from each member's next heartbeat;
+        engines take the rest at their next acquisition (PartitionRegistry.refresh_config).
         """
         merged: dict[str, str | int | None] = {} if replace_all else dict(self._config_overrides.get(group_id, {}))
         merged.update(overrides)
         kept = {k: v for k, v in merged.items() if v is not None}
         config = self.config.group_defaults.with_overrides(kept).validate(self.config.limits)
+        if validate_only:
+            return config
         if kept:
             self._config_overrides[group_id] = kept
             self._configs[group_id] = config

@@ -8,26 +8,34 @@ flight. Names and checks follow Kafka's ``GroupConfig`` (KIP-932 "Group configur
 
 from __future__ import annotations
 
+import enum
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from kio.schema.errors import ErrorCode
 
 __all__ = [
+    "AlterOp",
     "AutoOffsetReset",
+    "ConfigSource",
+    "DescribedConfig",
     "GroupConfigError",
+    "KAFKA_DEFAULTS",
     "ShareGroupConfig",
     "ShareGroupLimits",
+    "altered_overrides",
+    "describe_group_config",
     "parse_auto_offset_reset",
 ]
 
 
-
 class GroupConfigError(Exception):
-    """An invalid group configuration (Kafka answers INVALID_CONFIG)."""
+    """An invalid group configuration (Kafka answers INVALID_CONFIG unless `code` says otherwise)."""
 
-    code = ErrorCode.invalid_config
+    def __init__(self, message: str, code: ErrorCode = ErrorCode.invalid_config) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,10 +89,10 @@ class ShareGroupLimits:
     max_heartbeat_interval_ms: int = 15_000
     min_record_lock_duration_ms: int = 15_000
     max_record_lock_duration_ms: int = 60_000
-    min_delivery_count_limit: int = 2
-    max_delivery_count_limit: int = 10
-    min_partition_max_record_locks: int = 100
-    max_partition_max_record_locks: int = 10_000
+    min_delivery_count_limit: int = 2  # KIP-1240 (Kafka 4.3): group.share.min.delivery.count.limit
+    max_delivery_count_limit: int = 10  # group.share.max.delivery.count.limit
+    min_partition_max_record_locks: int = 100  # group.share.min.partition.max.record.locks
+    max_partition_max_record_locks: int = 4_000  # group.share.max.partition.max.record.locks (4.3+ default)
 
 
 _ISOLATION_LEVELS = ("read_uncommitted", "read_committed")
@@ -126,30 +134,196 @@ class ShareGroupConfig:
                 changes[attr] = str(raw).strip().lower()
             else:
                 try:
-                    changes[attr] = int(raw)
+                    changes[attr] = int(str(raw).strip())
                 except (TypeError, ValueError):
-                    raise GroupConfigError(f"{name} must be an integer, not {raw!r}") from None
+                    # Kafka's ConfigDef wording for an INT that does not parse.
+                    raise GroupConfigError(f"Invalid value {raw} for configuration {name}: "
+                                           "Not a number of type INT") from None
         return replace(self, **changes)  # type: ignore[arg-type]
 
     def validate(self, limits: ShareGroupLimits = ShareGroupLimits()) -> ShareGroupConfig:
         """Check the values against ``limits`` as Kafka's ``GroupConfig.validateValues`` does."""
-        bounds = (
-            ("share.session.timeout.ms", self.session_timeout_ms,
-             limits.min_session_timeout_ms, limits.max_session_timeout_ms),
-            ("share.heartbeat.interval.ms", self.heartbeat_interval_ms,
-             limits.min_heartbeat_interval_ms, limits.max_heartbeat_interval_ms),
-            ("share.record.lock.duration.ms", self.record_lock_duration_ms,
-             limits.min_record_lock_duration_ms, limits.max_record_lock_duration_ms),
-            ("share.delivery.count.limit", self.delivery_count_limit,
-             limits.min_delivery_count_limit, limits.max_delivery_count_limit),
-            ("share.partition.max.record.locks", self.partition_max_record_locks,
-             limits.min_partition_max_record_locks, limits.max_partition_max_record_locks),
-        )
-        for name, value, low, high in bounds:
-            if not low <= value <= high:
-                raise GroupConfigError(f"{name} must be between {low} and {high}, not {value}")
+        for name, (attr, low_attr, high_attr) in _BOUNDED.items():
+            value, low, high = getattr(self, attr), getattr(limits, low_attr), getattr(limits, high_attr)
+            broker = _BROKER_NAMES[name]
+            if value < low:
+                raise GroupConfigError(f"{name} must be greater than or equal to {_bound_name(broker, 'min')} "
+                                       f"({low}), not {value}")
+            if value > high:
+                raise GroupConfigError(f"{name} must be less than or equal to {_bound_name(broker, 'max')} "
+                                       f"({high}), not {value}")
         if self.session_timeout_ms <= self.heartbeat_interval_ms:
-            raise GroupConfigError("share.session.timeout.ms must be greater than share.heartbeat.interval.ms")
+            raise GroupConfigError("share.session.timeout.ms must be greater than share.heartbeat.interval.ms "
+                                   f"({self.session_timeout_ms} <= {self.heartbeat_interval_ms})")
         if self.isolation_level not in _ISOLATION_LEVELS:
-            raise GroupConfigError(f"share.isolation.level must be one of {', '.join(_ISOLATION_LEVELS)}")
+            raise GroupConfigError(f"share.isolation.level must be one of {', '.join(_ISOLATION_LEVELS)}, "
+                                   f"not {self.isolation_level!r}")
         return self
+
+
+# -- bounds, names and descriptions (Kafka's GroupConfig / ShareGroupConfig / KIP-1240) ------------
+
+#: Bounded group configs -> (field, lower-bound field, upper-bound field) of ShareGroupLimits.
+_BOUNDED = {
+    "share.session.timeout.ms": ("session_timeout_ms", "min_session_timeout_ms", "max_session_timeout_ms"),
+    "share.heartbeat.interval.ms": ("heartbeat_interval_ms", "min_heartbeat_interval_ms", "max_heartbeat_interval_ms"),
+    "share.record.lock.duration.ms": ("record_lock_duration_ms", "min_record_lock_duration_ms",
+                                      "max_record_lock_duration_ms"),
+    "share.delivery.count.limit": ("delivery_count_limit", "min_delivery_count_limit", "max_delivery_count_limit"),
+    "share.partition.max.record.locks": ("partition_max_record_locks", "min_partition_max_record_locks",
+                                         "max_partition_max_record_locks"),
+}
+
+#: Group config -> the broker config that sets its default for every group (Kafka's names).
+_BROKER_NAMES = {
+    "share.session.timeout.ms": "group.share.session.timeout.ms",
+    "share.heartbeat.interval.ms": "group.share.heartbeat.interval.ms",
+    "share.record.lock.duration.ms": "group.share.record.lock.duration.ms",
+    "share.delivery.count.limit": "group.share.delivery.count.limit",
+    "share.partition.max.record.locks": "group.share.partition.max.record.locks",
+}
+
+
+def _bound_name(broker_name: str, which: str) -> str:
+    """``group.share.session.timeout.ms`` -> ``group.share.min.session.timeout.ms``."""
+    return broker_name.replace("group.share.", f"group.share.{which}.", 1)
+
+
+#: Other group configs Kafka 4.x knows. Setting one on a share group the proxy serves is refused
+#: (it would have no effect); Kafka itself keeps one GroupConfig for every group type.
+OTHER_KAFKA_GROUP_CONFIGS = frozenset({
+    "consumer.session.timeout.ms", "consumer.heartbeat.interval.ms", "consumer.assignment.interval.ms",
+    "streams.session.timeout.ms", "streams.heartbeat.interval.ms", "streams.num.standby.replicas",
+    "streams.initial.rebalance.delay.ms", "streams.assignment.interval.ms",
+    "share.assignment.interval.ms", "share.renew.acknowledge.enable",
+    "errors.deadletterqueue.topic.name", "errors.deadletterqueue.copy.record.enable",
+})
+
+_DOCS = {
+    "share.session.timeout.ms": "The timeout to detect client failures when using the share group protocol.",
+    "share.heartbeat.interval.ms": "The heartbeat interval given to the members of a share group.",
+    "share.record.lock.duration.ms": "The record acquisition lock duration in milliseconds for share groups.",
+    "share.delivery.count.limit": "The maximum number of delivery attempts for a record delivered to a share group.",
+    "share.partition.max.record.locks": "Share-group record lock limit per share-partition.",
+    "share.auto.offset.reset": "The strategy to initialize the share-partition start offset: earliest, latest "
+                               "or by_duration:<ISO-8601 duration> (PnDTnHnMn.nS).",
+    "share.isolation.level": "Controls how to read records written transactionally: read_committed or "
+                             "read_uncommitted.",
+}
+
+#: Kafka's own defaults for every share group config (its broker configs' defaults).
+KAFKA_DEFAULTS = ShareGroupConfig()
+
+
+class ConfigSource(enum.IntEnum):
+    """DescribeConfigs ``ConfigSource`` ids (Kafka's DescribeConfigsResponse.ConfigSource)."""
+
+    STATIC_BROKER_CONFIG = 4
+    DEFAULT_CONFIG = 5
+    GROUP_CONFIG = 8
+
+
+class ConfigType(enum.IntEnum):
+    """DescribeConfigs ``ConfigType`` ids (Kafka's DescribeConfigsResponse.ConfigType)."""
+
+    STRING = 2
+    INT = 3
+
+
+class AlterOp(enum.IntEnum):
+    """IncrementalAlterConfigs ``ConfigOperation`` (Kafka's AlterConfigOp.OpType ids)."""
+
+    SET = 0
+    DELETE = 1
+    APPEND = 2
+    SUBTRACT = 3
+
+
+@dataclass(frozen=True, slots=True)
+class DescribedConfig:
+    """One DescribeConfigs entry of a share group; synonyms are (name, value, source), highest first."""
+
+    name: str
+    value: str
+    source: ConfigSource
+    synonyms: tuple[tuple[str, str, ConfigSource], ...]
+    config_type: ConfigType
+    documentation: str
+
+
+def _value_text(config: ShareGroupConfig, name: str) -> str:
+    return str(getattr(config, ShareGroupConfig.NAMES[name]))
+
+
+def describe_group_config(
+    overrides: Mapping[str, str | int],
+    proxy_defaults: ShareGroupConfig,
+    names: Iterable[str] | None = None,
+) -> list[DescribedConfig]:
+    """The share.* entries DescribeConfigs gives for a share group, in Kafka's name order.
+
+    Source: GROUP_CONFIG when set on the group, STATIC_BROKER_CONFIG when the proxy's flag gives
+    a value other than Kafka's default, else DEFAULT_CONFIG. Synonyms list every level that has a
+    value, the group's first, then the proxy's (under Kafka's broker config name), then Kafka's
+    default. `names` keeps only those entries (DescribeConfigs ``configuration_keys``); unknown
+    names are left out, as Kafka does.
+    """
+    wanted = sorted(ShareGroupConfig.NAMES) if names is None else [
+        n for n in dict.fromkeys(names) if n in ShareGroupConfig.NAMES]
+    described = []
+    for name in wanted:
+        broker_name = _BROKER_NAMES.get(name, name)
+        synonyms: list[tuple[str, str, ConfigSource]] = []
+        if name in overrides:
+            synonyms.append((name, str(overrides[name]).strip(), ConfigSource.GROUP_CONFIG))
+        proxy_value, kafka_value = _value_text(proxy_defaults, name), _value_text(KAFKA_DEFAULTS, name)
+        if proxy_value != kafka_value:
+            synonyms.append((broker_name, proxy_value, ConfigSource.STATIC_BROKER_CONFIG))
+        synonyms.append((broker_name, kafka_value, ConfigSource.DEFAULT_CONFIG))
+        attr = ShareGroupConfig.NAMES[name]
+        described.append(DescribedConfig(
+            name=name,
+            value=synonyms[0][1],
+            source=synonyms[0][2],
+            synonyms=tuple(synonyms),
+            config_type=ConfigType.STRING if attr in ("auto_offset_reset", "isolation_level") else ConfigType.INT,
+            documentation=_DOCS[name],
+        ))
+    return described
+
+
+def altered_overrides(
+    current: Mapping[str, str | int],
+    operations: Iterable[tuple[str, int, str | None]],
+) -> dict[str, str | None]:
+    """The override changes an IncrementalAlterConfigs asks for: name -> new value (None: back to default).
+
+    Checked as Kafka's controller checks them (values are validated afterwards, on the result):
+    a name twice is INVALID_REQUEST; APPEND/SUBTRACT on these non-list configs, a SET without a
+    value, a SET of a name Kafka does not know ("Unknown group config name") or of a Kafka group
+    config that is not one of the share configs the proxy serves are INVALID_CONFIG. DELETE of a
+    name that is not set changes nothing.
+    """
+    changes: dict[str, str | None] = {}
+    for name, op, value in operations:
+        if name in changes:
+            raise GroupConfigError(f"Error due to duplicate config keys: {name}", ErrorCode.invalid_request)
+        try:
+            kind = AlterOp(op)
+        except ValueError:
+            raise GroupConfigError(f"Unknown config operation {op} for {name}", ErrorCode.invalid_request) from None
+        if kind in (AlterOp.APPEND, AlterOp.SUBTRACT):
+            raise GroupConfigError(f"Can't {kind.name} to key {name} because its type is not LIST.")
+        if kind is AlterOp.DELETE:
+            changes[name] = None
+            continue
+        if value is None:
+            raise GroupConfigError(f"Null value not supported for group configs: {name}")
+        if name in OTHER_KAFKA_GROUP_CONFIGS:
+            raise GroupConfigError(
+                f"Group config {name} is not served by the share proxy; a share group takes "
+                f"{', '.join(sorted(ShareGroupConfig.NAMES))}")
+        if name not in ShareGroupConfig.NAMES:
+            raise GroupConfigError(f"Unknown group config name: {name}")
+        changes[name] = value.strip()
+    return changes

@@ -162,12 +162,17 @@ class ShareService:
     def restore(self, recovered: state_store.RecoveredState) -> None:
         """Serve from replayed state: groups (no members; they rejoin) and share-partitions."""
         for group_id, group in recovered.groups.items():
-            self.coordinator.restore_group(
-                group_id,
-                group_epoch=group.group_epoch,
-                initialized=[(t, p) for t, p in group.initialized],
-                config_overrides=group.configs or None,
-            )
+            if group.exists:
+                self.coordinator.restore_group(
+                    group_id,
+                    group_epoch=group.group_epoch,
+                    initialized=[(t, p) for t, p in group.initialized],
+                )
+            # Configs may be set before a group's first member arrives: restored either way.
+            dropped = self.coordinator.restore_group_config(group_id, group.configs) if group.configs else []
+            if dropped:
+                log.warning("persisted group configs outside the proxy's bounds ignored", group=group_id,
+                            configs=dropped)
         for key, partition in recovered.partitions.items():
             self.leaders.restore(key, partition.snapshot, partition.updates, snapshot_epoch=partition.snapshot_epoch,
                                  state_epoch=partition.state_epoch, create_timestamp=partition.create_timestamp)

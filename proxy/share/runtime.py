@@ -19,6 +19,7 @@ from proxy.server import Proxy
 from proxy.share import metrics, observe, state_store
 from proxy.share.cluster import Cluster
 from proxy.share.coordinator import CoordinatorConfig, ShareGroupConfig, ShareGroupLimits, parse_auto_offset_reset
+from proxy.share.group_configs import GroupConfigs, group_config_routes
 from proxy.share.group_guard import CONSUMER_GROUP_HEARTBEAT, JOIN_GROUP, ConsumerGroupGuard
 from proxy.share.manager import ShareService, ShareServiceConfig
 from proxy.share.persister import (
@@ -53,6 +54,14 @@ class ShareSettings:
     heartbeat_interval_ms: int = 5_000  # group.share.heartbeat.interval.ms
     min_heartbeat_interval_ms: int = 5_000  # group.share.min.heartbeat.interval.ms
     partition_max_record_locks: int = 2_000  # group.share.partition.max.record.locks
+    # Bounds on per-group configs (KIP-1240 names); a proxy default outside them widens them.
+    max_record_lock_duration_ms: int = 60_000  # group.share.max.record.lock.duration.ms
+    max_session_timeout_ms: int = 60_000  # group.share.max.session.timeout.ms
+    max_heartbeat_interval_ms: int = 15_000  # group.share.max.heartbeat.interval.ms
+    min_delivery_count_limit: int = 2  # group.share.min.delivery.count.limit
+    max_delivery_count_limit: int = 10  # group.share.max.delivery.count.limit
+    min_partition_max_record_locks: int = 100  # group.share.min.partition.max.record.locks
+    max_partition_max_record_locks: int = 4_000  # group.share.max.partition.max.record.locks
     auto_offset_reset: str = "latest"  # share.auto.offset.reset default for new groups
     metadata_refresh_ms: int = 10_000  # new topics/partitions reach assignments within this
     state_write_timeout_ms: int = 30_000  # the state producer's delivery timeout
@@ -64,11 +73,15 @@ class ShareSettings:
     def coordinator_config(self) -> CoordinatorConfig:
         limits = ShareGroupLimits(
             min_session_timeout_ms=min(self.min_session_timeout_ms, self.session_timeout_ms),
-            max_session_timeout_ms=max(60_000, self.session_timeout_ms),
+            max_session_timeout_ms=max(self.max_session_timeout_ms, self.session_timeout_ms),
             min_heartbeat_interval_ms=min(self.min_heartbeat_interval_ms, self.heartbeat_interval_ms),
-            max_heartbeat_interval_ms=max(15_000, self.heartbeat_interval_ms),
+            max_heartbeat_interval_ms=max(self.max_heartbeat_interval_ms, self.heartbeat_interval_ms),
             min_record_lock_duration_ms=min(self.min_record_lock_duration_ms, self.record_lock_duration_ms),
-            max_record_lock_duration_ms=max(60_000, self.record_lock_duration_ms),
+            max_record_lock_duration_ms=max(self.max_record_lock_duration_ms, self.record_lock_duration_ms),
+            min_delivery_count_limit=min(self.min_delivery_count_limit, self.delivery_count_limit),
+            max_delivery_count_limit=max(self.max_delivery_count_limit, self.delivery_count_limit),
+            min_partition_max_record_locks=min(self.min_partition_max_record_locks, self.partition_max_record_locks),
+            max_partition_max_record_locks=max(self.max_partition_max_record_locks, self.partition_max_record_locks),
         )
         defaults = ShareGroupConfig(
             session_timeout_ms=self.session_timeout_ms,
@@ -147,6 +160,11 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
     # Share-group metrics: event counts from the change hook, gauges computed at scrape time.
     observe.register(service, per_partition=settings.metrics_per_partition)
     proxy.routes.update(share_routes(service))
+    # Share-group configs (DescribeConfigs / IncrementalAlterConfigs on GROUP resources) are the
+    # proxy's; registered before the state-topic guard, which wraps IncrementalAlterConfigs.
+    group_configs = GroupConfigs(service.coordinator, service.commits, cluster.upstream_group_type,
+                                 write_timeout_s=settings.state_write_timeout_ms / 1000)
+    proxy.routes.update(group_config_routes(group_configs, proxy.routes))
     # The state topic is the proxy's: clients may read it, not write, delete or reconfigure it.
     state_topic_names = frozenset({settings.state_topic})
 

@@ -85,6 +85,9 @@ class GroupRecovery:
     group_epoch: int = 0
     initialized: set[tuple[uuid.UUID, int]] = field(default_factory=set)
     configs: dict[str, str] = field(default_factory=dict)
+    # False while only configs were seen: configs may be set before a group's first member
+    # arrives (as in Kafka), and restoring them must not create the group.
+    exists: bool = False
 
 
 @dataclass(slots=True)
@@ -221,8 +224,11 @@ def recover(
             STATE_RECORDS_SKIPPED.inc()
             log.warning("state record skipped", topic=topic, partition=partition, offset=offset, error=str(error))
     # A share-partition whose group is gone (tombstoned) is not served again.
-    for pkey in [k for k in state.partitions if k[0] not in state.groups]:
+    for pkey in [k for k in state.partitions if k[0] not in state.groups or not state.groups[k[0]].exists]:
         del state.partitions[pkey]
+    # A config-only entry whose configs were tombstoned leaves nothing to restore.
+    for group_id in [g for g, group in state.groups.items() if not group.exists and not group.configs]:
+        del state.groups[group_id]
     return state
 
 
@@ -259,7 +265,9 @@ def _apply(state: RecoveredState, record: records.StateRecord) -> None:
     group = state.groups.setdefault(key.group_id, GroupRecovery())
     if kind is records.RecordType.PROXY_GROUP_METADATA:
         group.group_epoch = int(value.group_epoch)
+        group.exists = True
     elif kind is records.RecordType.PROXY_GROUP_PARTITIONS:
+        group.exists = True
         group.initialized = {
             (t.topic_id, int(p)) for t in value.initialized_topics for p in t.partitions
         }

@@ -22,7 +22,8 @@ Other topics of the same request are not affected. A request that does not name 
 goes to the route that was registered before the guard (normally: forwarded byte for byte). One
 that names only the state topic is answered by the proxy. A mixed one is split: the other topics
 are forwarded upstream (Produce: the request bytes with the state topic's entries cut out; the
-admin APIs: re-encoded without them) and the refusals are added to the broker's answer.
+admin APIs: re-encoded without them, through the wrapped route, which may answer part of them
+itself -- proxy.route_split.AnswerView) and the refusals are added to the answer.
 
 Produce is the hot path: it is never decoded. ``codec.produce.names_any`` reads only the fields
 in front of the topic names and skips each partition's records by their length (a single-topic
@@ -53,6 +54,7 @@ from codec.headers import encode_response_header, parse_response_header, respons
 from codec.produce import FIRST_TOPIC_ID_VERSION, names_any, produce_layout
 from codec.registry import decode_entity, encode
 from proxy.connection import FORWARD, ClientConnection, Request, Route
+from proxy.route_split import AnswerView
 from proxy.share import metrics
 
 log = structlog.get_logger(__name__)
@@ -260,7 +262,9 @@ class AdminGuard:
             return
         body = encode(dataclasses.replace(entity, **{field: kept}))
         trimmed = dataclasses.replace(request, frame=bytes(request.frame[: request.body_offset]) + body)
-        await connection.forward(trimmed, _MergeRefusals(api.response_field, refusals))
+        # The rest goes through the route the guard wraps (it may answer part of it itself, e.g.
+        # share-group configs); the refusals are added to whatever it answers.
+        await self.inner.start(trimmed, AnswerView(connection, _MergeRefusals(api.response_field, refusals)))
 
 
 # ----- responses ----------------------------------------------------------------------------------

@@ -116,3 +116,27 @@ async def test_the_change_hook_hears_every_change_with_its_cause(autojump_clock)
     assert await pipeline.write_once()
     assert [c.cause for c in heard] == [Cause.ACKNOWLEDGED, Cause.COMMITTED]
     assert heard[1].delta.start_offset == 10
+
+
+async def test_waiting_for_group_records_returns_only_once_a_write_carrying_them_succeeded(autojump_clock):
+    writer = Writer()
+    pipeline = CommitPipeline(writer, "state", wall_clock=lambda: 0)
+    writer.fail = True
+    ticket = pipeline.queue_group_records([(b"config-key", b"v1")])
+    done = []
+
+    async def wait() -> None:
+        await pipeline.group_records_durable(ticket)
+        done.append(trio.current_time())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(wait)
+        assert not await pipeline.write_once()  # failed: requeued, the waiter keeps waiting
+        await trio.sleep(1)
+        assert done == []
+        writer.fail = False
+        later = pipeline.queue_group_records([(b"other-key", b"v2")])
+        assert await pipeline.write_once()
+        await pipeline.group_records_durable(later)
+    assert len(done) == 1
+    assert dict(writer.batches[-1]) == {b"config-key": b"v1", b"other-key": b"v2"}

@@ -265,3 +265,21 @@ def test_a_skipped_record_is_logged_with_its_topic_partition_and_offset_and_coun
     skipped = [(e["topic"], e["partition"], e["offset"]) for e in logged if e["event"] == "state record skipped"]
     assert skipped == [("__state", 2, 41), ("__state", 2, 42)]
     assert "delivery state 9" in [e for e in logged if e.get("offset") == 42][0]["error"]
+
+
+def test_configs_set_before_a_group_exists_are_recovered_without_creating_it():
+    recovered = state_store.recover([
+        state_store.group_config_record("early", {"share.auto.offset.reset": "earliest"}),
+        state_store.group_config_record("gone", {"share.delivery.count.limit": "3"}),
+        state_store.group_tombstones("gone")[2],
+    ])
+    assert set(recovered.groups) == {"early"}
+    assert recovered.groups["early"].configs == {"share.auto.offset.reset": "earliest"}
+    assert not recovered.groups["early"].exists
+    # Once the group's own records appear it exists and keeps its configs.
+    later = state_store.recover([
+        state_store.group_config_record("early", {"share.auto.offset.reset": "earliest"}),
+        group("early", epoch=2),
+    ])
+    assert later.groups["early"].exists and later.groups["early"].group_epoch == 2
+    assert later.groups["early"].configs == {"share.auto.offset.reset": "earliest"}

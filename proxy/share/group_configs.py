@@ -1,0 +1,277 @@
+"""Share-group configs on the wire: DescribeConfigs (32) and IncrementalAlterConfigs (44).
+
+Kafka keeps group configs (``share.*``, ``consumer.*``, ...) in its metadata and answers for them
+on GROUP resources (ConfigResource type 32). Share groups live in the proxy, so the proxy answers
+for the group resources that are its own and passes everything else to the cluster unchanged:
+
+* a GROUP resource is the proxy's when the id is one of its share groups, or the proxy already
+  holds configs for it (set before the group's first member arrived), or -- IncrementalAlterConfigs
+  only -- the request sets a ``share.*`` key on an id that is not an upstream group (checked with
+  ListGroups, as a share group's first heartbeat is: one group-id namespace);
+* everything else passes through: other resource types, upstream (consumer, classic, streams)
+  groups and their ``consumer.*`` keys, and DescribeConfigs of ids the proxy knows nothing of.
+
+A request mixing both is split (proxy.route_split): the cluster's resources are re-encoded and go
+on through the wrapped route, the proxy's answers are added to the cluster's. IncrementalAlterConfigs
+is also wrapped by the state-topic guard, which passes the rest of a request on through this route.
+
+Alterations are checked as Kafka's controller checks them (group_config.altered_overrides, then the
+resulting config against the proxy's bounds, Kafka's GroupConfig.validateValues) and answered
+INVALID_CONFIG with the reason; ``validate_only`` checks without changing anything. An accepted
+change is applied at once in request order (engines take it at their next acquisition, members at
+their next heartbeat, new share-partitions at initialisation) and written to the state topic as
+the group's config record; the answer waits until that write is durable, as Kafka answers after
+its metadata write. DescribeConfigs lists every ``share.*`` key with its value and source
+(group_config.describe_group_config).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+import trio
+from kio.index import load_request_schema, load_response_schema
+from kio.schema.errors import ErrorCode
+
+from codec.headers import parse_response_header, response_header_version
+from codec.registry import decode_entity, encode
+from proxy.connection import FORWARD, ClientConnection, Request, Route
+from proxy.errors import UpstreamError
+from proxy.route_split import AnswerView, build, item_type, split_request
+from proxy.share import state_store
+from proxy.share.commit import CommitPipeline
+from proxy.share.coordinator import ShareGroupCoordinator
+from proxy.share.group_config import GroupConfigError, altered_overrides, describe_group_config
+
+log = structlog.get_logger(__name__)
+
+DESCRIBE_CONFIGS = 32
+INCREMENTAL_ALTER_CONFIGS = 44
+LIST_CONFIG_RESOURCES = 74
+GROUP_RESOURCE = 32  # ConfigResource.Type.GROUP
+
+#: The request list and the response list of each API.
+_FIELDS = {DESCRIBE_CONFIGS: ("resources", "results"), INCREMENTAL_ALTER_CONFIGS: ("resources", "responses")}
+
+UpstreamGroupType = Callable[[str], Awaitable[str | None]]
+
+
+class GroupConfigs:
+    """The proxy's side of group configs: whose configs it holds, describing and altering them."""
+
+    def __init__(
+        self,
+        coordinator: ShareGroupCoordinator,
+        commits: CommitPipeline,
+        upstream_group_type: UpstreamGroupType,
+        *,
+        write_timeout_s: float = 30.0,
+    ) -> None:
+        self.coordinator = coordinator
+        self.commits = commits
+        self.upstream_group_type = upstream_group_type
+        self.write_timeout_s = write_timeout_s
+
+    def holds(self, group_id: str) -> bool:
+        """A share group of the proxy's, or an id the proxy holds configs for."""
+        return self.coordinator.has_group(group_id) or bool(self.coordinator.group_config_overrides(group_id))
+
+    async def serves_alteration(self, group_id: str, names: list[str]) -> bool:
+        if self.holds(group_id):
+            return True
+        if not any(name.startswith("share.") for name in names):
+            return False
+        try:
+            return await self.upstream_group_type(group_id) is None
+        except UpstreamError as exc:
+            # Share keys mean nothing to an upstream group, so the proxy keeps them: forwarding
+            # would have the broker accept a config the proxy never applies.
+            log.warning("cannot check upstream groups; share configs kept by the proxy", group=group_id,
+                        error=str(exc))
+            return True
+
+    # ----- DescribeConfigs ----------------------------------------------------------------------
+
+    def describe(self, result_type: type, resource: Any, *, include_synonyms: bool,
+                 include_documentation: bool) -> object:
+        """One DescribeConfigsResult for a group resource the proxy holds."""
+        group_id = resource.resource_name
+        entry_type = item_type(result_type, "configs")
+        synonym_type = item_type(entry_type, "synonyms") if _has(entry_type, "synonyms") else None
+        described = describe_group_config(
+            self.coordinator.group_config_overrides(group_id),
+            self.coordinator.config.group_defaults,
+            resource.configuration_keys,
+        )
+        configs = tuple(
+            build(
+                entry_type,
+                name=entry.name,
+                value=entry.value,
+                read_only=False,
+                is_default=entry.source != entry.source.GROUP_CONFIG,  # v0
+                config_source=int(entry.source),
+                is_sensitive=False,
+                synonyms=tuple(build(synonym_type, name=n, value=v, source=int(s)) for n, v, s in entry.synonyms)
+                if include_synonyms and synonym_type is not None else (),
+                config_type=int(entry.config_type),
+                documentation=entry.documentation if include_documentation else None,
+            )
+            for entry in described
+        )
+        return build(result_type, error_code=ErrorCode.none, error_message=None,
+                     resource_type=resource.resource_type, resource_name=group_id, configs=configs)
+
+    # ----- IncrementalAlterConfigs --------------------------------------------------------------
+
+    def alter(self, resource: Any, *, validate_only: bool) -> tuple[ErrorCode, str | None, int | None]:
+        """Check and apply one group resource's operations: (error, message, ticket to await)."""
+        group_id = resource.resource_name
+        if not group_id:
+            return ErrorCode.invalid_request, "Group name must not be empty", None
+        operations = [(c.name, int(c.config_operation), c.value) for c in resource.configs]
+        try:
+            changes = altered_overrides(self.coordinator.group_config_overrides(group_id), operations)
+            self.coordinator.set_group_config(group_id, changes, validate_only=validate_only)
+        except GroupConfigError as error:
+            log.info("group config change refused", group=group_id, error=str(error))
+            return error.code, str(error), None
+        if validate_only:
+            return ErrorCode.none, None, None
+        overrides = self.coordinator.group_config_overrides(group_id)
+        record = (state_store.group_config_record(group_id, overrides) if overrides
+                  else state_store.group_tombstones(group_id)[2])
+        log.info("group config changed", group=group_id, overrides=overrides)
+        return ErrorCode.none, None, self.commits.queue_group_records([record])
+
+    async def durable(self, ticket: int | None) -> tuple[ErrorCode, str | None]:
+        if ticket is None:
+            return ErrorCode.none, None
+        with trio.move_on_after(self.write_timeout_s):
+            await self.commits.group_records_durable(ticket)
+            return ErrorCode.none, None
+        return ErrorCode.request_timed_out, (
+            "The group config is applied but not yet written to the state topic; "
+            "it is written as soon as the state topic is writable again.")
+
+
+def _has(entity_type: type, field: str) -> bool:
+    return any(f.name == field for f in dataclasses.fields(entity_type))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GroupConfigRoute:
+    """Route for DescribeConfigs / IncrementalAlterConfigs: the proxy's group resources answered
+    here, the rest through `inner` (forwarded upstream unless something else wraps it)."""
+
+    configs: GroupConfigs
+    inner: Route = FORWARD
+
+    async def start(self, request: Request, connection: ClientConnection) -> None:
+        header = request.header
+        entity = decode_entity(load_request_schema(header.api_key, header.api_version),
+                               memoryview(request.frame)[request.body_offset:])
+        resources = entity.resources or ()
+        request_field, response_field = _FIELDS[header.api_key]
+        result_type = item_type(load_response_schema(header.api_key, header.api_version), response_field)
+        if header.api_key == DESCRIBE_CONFIGS:
+            local = [int(r.resource_type) == GROUP_RESOURCE and self.configs.holds(r.resource_name) for r in resources]
+            if not any(local):
+                await self.inner.start(request, connection)
+                return
+            # Described now, in request order; nothing to wait for.
+            answers = tuple(
+                self.configs.describe(result_type, r, include_synonyms=bool(getattr(entity, "include_synonyms", False)),
+                                      include_documentation=bool(getattr(entity, "include_documentation", False)))
+                for r, is_local in zip(resources, local) if is_local
+            )
+
+            async def described() -> tuple:
+                return answers
+
+            entries = described
+        else:
+            local = [
+                int(r.resource_type) == GROUP_RESOURCE
+                and await self.configs.serves_alteration(r.resource_name, [c.name for c in r.configs])
+                for r in resources
+            ]
+            if not any(local):
+                await self.inner.start(request, connection)
+                return
+            outcomes = _alter_all(self.configs, [r for r, is_local in zip(resources, local) if is_local],
+                                  validate_only=bool(entity.validate_only))
+
+            async def altered() -> tuple:
+                results = []
+                for resource, (code, message, ticket) in outcomes:
+                    if code == ErrorCode.none:
+                        code, message = await self.configs.durable(ticket)
+                    results.append(build(result_type, error_code=code, error_message=message,
+                                         resource_type=resource.resource_type, resource_name=resource.resource_name))
+                return tuple(results)
+
+            entries = altered
+        await split_request(request, connection, entity=entity, request_field=request_field,
+                            response_field=response_field, forwarded=[not is_local for is_local in local],
+                            local_entries=entries, inner=self.inner)
+
+
+def _alter_all(configs: GroupConfigs, resources: list[Any], *, validate_only: bool) -> list:
+    """Apply each group resource; a group named twice is INVALID_REQUEST for both, as in Kafka."""
+    names = [r.resource_name for r in resources]
+    outcomes = []
+    for resource in resources:
+        if names.count(resource.resource_name) > 1:
+            outcome = (ErrorCode.invalid_request, "Duplicate resource in request", None)
+        else:
+            outcome = configs.alter(resource, validate_only=validate_only)
+        outcomes.append((resource, outcome))
+    return outcomes
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ListConfigResourcesRoute:
+    """Route for ListConfigResources (v1+): the cluster's answer plus the group ids the proxy holds
+    configs for (kafka-configs --describe of a group checks this list, or ListGroups, first)."""
+
+    configs: GroupConfigs
+    inner: Route = FORWARD
+
+    async def start(self, request: Request, connection: ClientConnection) -> None:
+        header = request.header
+        if header.api_version >= 1:
+            entity = decode_entity(load_request_schema(header.api_key, header.api_version),
+                                   memoryview(request.frame)[request.body_offset:])
+            types = {int(t) for t in entity.resource_types}
+            if not types or GROUP_RESOURCE in types:  # empty: every type
+                await self.inner.start(request, AnswerView(connection, self._add_groups))
+                return
+        await self.inner.start(request, connection)
+
+    async def _add_groups(self, request: Request, payload: bytes) -> bytes:
+        header = request.header
+        response_type = load_response_schema(header.api_key, header.api_version)
+        _, body_offset = parse_response_header(payload, response_header_version(header.api_key, header.api_version))
+        response = decode_entity(response_type, memoryview(payload)[body_offset:])
+        if response.error_code != ErrorCode.none:
+            return payload
+        listed = {r.resource_name for r in response.config_resources if int(r.resource_type) == GROUP_RESOURCE}
+        entry_type = item_type(response_type, "config_resources")
+        extra = tuple(build(entry_type, resource_name=group_id, resource_type=GROUP_RESOURCE)
+                      for group_id in self.configs.coordinator.configured_group_ids() if group_id not in listed)
+        merged = dataclasses.replace(response, config_resources=tuple(response.config_resources) + extra)
+        return bytes(payload[:body_offset]) + encode(merged)
+
+
+def group_config_routes(configs: GroupConfigs, routes: dict[int, Route]) -> dict[int, Route]:
+    """Routes for DescribeConfigs, IncrementalAlterConfigs and ListConfigResources, each wrapping
+    the route it replaces."""
+    return {
+        **{api_key: GroupConfigRoute(configs, routes.get(api_key, FORWARD))
+           for api_key in (DESCRIBE_CONFIGS, INCREMENTAL_ALTER_CONFIGS)},
+        LIST_CONFIG_RESOURCES: ListConfigResourcesRoute(configs, routes.get(LIST_CONFIG_RESOURCES, FORWARD)),
+    }
