@@ -93,6 +93,10 @@ class CommitPipeline:
         self._hooks: list[ChangeHook] = []
         self._dirty: set[Leader] = set()
         self._group_records: dict[bytes, bytes | None] = {}
+        # Group records are numbered as queued; admin RPCs wait for theirs to be written.
+        self._group_queued = 0
+        self._group_durable = 0
+        self._group_written = trio.Event()
         self._wakeup = trio.Event()
         self._failures = 0
         self.writable = True
@@ -131,11 +135,26 @@ class CommitPipeline:
         self._wakeup.set()
         return leader.version
 
-    def queue_group_records(self, records: list[tuple[bytes, bytes | None]]) -> None:
+    def queue_group_records(self, records: list[tuple[bytes, bytes | None]]) -> int:
+        """Queue group records (or tombstones); returns the number to pass to group_records_durable."""
         for key, value in records:
             self._group_records.pop(key, None)  # re-insert: the newest write of a key goes last
             self._group_records[key] = value
+        self._group_queued += 1
         self._wakeup.set()
+        return self._group_queued
+
+    async def group_records_durable(self, number: int) -> None:
+        """Wait until the group records queued as `number` (and all before) are written.
+
+        A failed write re-queues them, so this waits across retries; callers bound it.
+        """
+        while self._group_durable < number:
+            await self._group_written.wait()
+
+    def forget(self, leader: Leader) -> None:
+        """Drop a removed share-partition from the next write (its tombstone must stay the last word)."""
+        self._dirty.discard(leader)
 
     @property
     def pending_group_records(self) -> int:
@@ -170,6 +189,7 @@ class CommitPipeline:
     async def write_once(self) -> bool:
         leaders, self._dirty = self._dirty, set()
         groups, self._group_records = self._group_records, {}
+        groups_number = self._group_queued
         if not leaders and not groups:
             return True
         now = self.wall_clock()
@@ -194,6 +214,10 @@ class CommitPipeline:
         metrics.STATE_WRITE_BYTES.inc(sum(len(k) + len(v or b"") for k, v in batch))
         self._failures = 0
         self._set_writable(True)
+        if groups_number > self._group_durable:
+            self._group_durable = groups_number
+            self._group_written.set()
+            self._group_written = trio.Event()
         for leader, version in covered:
             leader.durable = max(leader.durable, version)
             committed = [change_id for v, change_id in leader.staged if v <= version]

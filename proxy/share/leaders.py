@@ -157,6 +157,11 @@ class PartitionRegistry:
     def keys(self) -> set[SharePartitionKey]:
         return set(self._leaders) | set(self._parked)
 
+    def parked_start_offset(self, key: SharePartitionKey) -> int | None:
+        """The SPSO of a parked share-partition (None if it is not parked), without unparking it."""
+        parked = self._parked.get(key)
+        return parked.start_offset if parked is not None else None
+
     # ----- configs ---------------------------------------------------------------------
 
     def config_for(self, group_id: str) -> PartitionConfig:

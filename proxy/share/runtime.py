@@ -15,8 +15,10 @@ import trio
 
 from proxy.server import Proxy
 from proxy.share import state_store
+from proxy.share.admin_routes import admin_routes, register_admin_versions
 from proxy.share.cluster import Cluster
 from proxy.share.coordinator import CoordinatorConfig, ShareGroupConfig, ShareGroupLimits, parse_auto_offset_reset
+from proxy.share.group_admin import GroupAdmin
 from proxy.share.group_guard import CONSUMER_GROUP_HEARTBEAT, JOIN_GROUP, ConsumerGroupGuard
 from proxy.share.manager import ShareService, ShareServiceConfig
 from proxy.share.persister import (
@@ -126,6 +128,8 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
     service.restore(recovered)
     await nursery.start(service.run)
     proxy.routes.update(share_routes(service))
+    proxy.routes.update(admin_routes(GroupAdmin(service, write_timeout_s=settings.state_write_timeout_ms / 1000),
+                                     lambda: proxy.directory.ports.keys()))
     # The state topic is the proxy's: clients may read it, not write, delete or reconfigure it.
     state_topic_names = frozenset({settings.state_topic})
 
@@ -139,5 +143,6 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
     proxy.routes[CONSUMER_GROUP_HEARTBEAT] = guard
     for api_key, versions in served_version_ranges().items():
         proxy.api_versions.register_local(api_key, versions)
+    register_admin_versions(proxy.api_versions)
     log.info("share groups served", state_topic=settings.state_topic, replayed_records=len(replayed))
     return service
