@@ -195,6 +195,7 @@ class ClientConnection:
         self.client = client
         self.id = next(_connection_ids)
         self.peer = peer  # "host:port" of the client, reported by ShareGroupDescribe
+        self.listener = listener  # "bootstrap" or "broker-<id>": ListGroups adds share groups on one only
         self.log = structlog.get_logger("proxy.connection").bind(conn=self.id, listener=listener, peer=peer)
         self._open_upstream = open_upstream
         self._routes = routes

@@ -153,6 +153,10 @@ class CommitPipeline:
         while self._group_durable_ticket < ticket:
             await self._group_written.wait()
 
+    def forget(self, leader: Leader) -> None:
+        """Drop a removed share-partition from the next write (its tombstone must stay the last word)."""
+        self._dirty.discard(leader)
+
     @property
     def pending_group_records(self) -> int:
         return len(self._group_records)
@@ -211,7 +215,7 @@ class CommitPipeline:
         metrics.STATE_WRITE_BYTES.inc(sum(len(k) + len(v or b"") for k, v in batch))
         self._failures = 0
         self._set_writable(True)
-        if groups and group_ticket > self._group_durable_ticket:
+        if group_ticket > self._group_durable_ticket:
             self._group_durable_ticket = group_ticket
             self._group_written.set()
             self._group_written = trio.Event()

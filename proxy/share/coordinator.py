@@ -681,15 +681,41 @@ class ShareGroupCoordinator:
         return dropped
 
     def delete_group(self, group_id: str) -> tuple[ErrorCode, list[Event]]:
-        """DeleteGroups for a share group: only an Empty group can be deleted (it is then Dead)."""
+        """DeleteGroups for a share group: only an Empty group can be deleted (it is then Dead).
+
+        Its config overrides go with it: the caller tombstones the group's config record too, so
+        keeping them in memory would make a restart and a running proxy disagree.
+        """
         group = self._groups.get(group_id)
         if group is None:
             return ErrorCode.group_id_not_found, []
         if group.members:
             return ErrorCode.non_empty_group, []
         del self._groups[group_id]
+        self._config_overrides.pop(group_id, None)
+        self._configs.pop(group_id, None)
         gone = frozenset(group.initialized)
         return ErrorCode.none, [PartitionsDeleted(group_id, gone)] if gone else []
+
+    def create_empty_group(self, group_id: str) -> list[Event]:
+        """An empty share group, as Kafka's AlterShareGroupOffsets creates one for an unknown id
+        (``getOrMaybeCreateShareGroup(groupId, true)``); no event if it exists already."""
+        if group_id in self._groups:
+            return []
+        self._groups[group_id] = _Group(group_id)
+        return [GroupEpochBumped(group_id, 0)]
+
+    def forget_topic(self, group_id: str, topic_id: uuid.UUID) -> frozenset[TopicIdPartition]:
+        """DeleteShareGroupOffsets: the topic's share-partitions are no longer initialised for the
+        group (a later subscription initialises them afresh); returns those that were."""
+        group = self._groups.get(group_id)
+        if group is None:
+            return frozenset()
+        gone = frozenset(tp for tp in group.initialized if tp[0] == topic_id)
+        group.initialized -= gone
+        for tp in [tp for tp in group.initializing if tp[0] == topic_id]:
+            del group.initializing[tp]
+        return gone
 
     def set_group_config(
         self,
@@ -809,11 +835,28 @@ def heartbeat_response(
     )
 
 
+# AclOperation bits Kafka reports for a group when every operation is allowed
+# (AclEntry.supportedOperations(GROUP): READ 3, DELETE 6, DESCRIBE 8, DESCRIBE_CONFIGS 10,
+# ALTER_CONFIGS 11). The proxy has no ACLs, so everything is allowed.
+GROUP_AUTHORIZED_OPERATIONS = (1 << 3) | (1 << 6) | (1 << 8) | (1 << 10) | (1 << 11)
+# Kafka's "not asked for" value of AuthorizedOperations.
+AUTHORIZED_OPERATIONS_OMITTED = -2147483648
+
+
 def describe_response(
-    groups: Iterable[DescribedGroup], throttle_time_ms: int = 0
+    groups: Iterable[DescribedGroup], throttle_time_ms: int = 0, *, include_authorized_operations: bool = False,
 ) -> describe_v1.ShareGroupDescribeResponse:
-    """Map :meth:`ShareGroupCoordinator.describe` output to a kio ``ShareGroupDescribeResponse`` (v1)."""
+    """Map :meth:`ShareGroupCoordinator.describe` output to a kio ``ShareGroupDescribeResponse`` (v1).
+
+    ``authorized_operations`` is filled, as Kafka does, only for groups described without error and
+    only when the request asked for it.
+    """
     r = describe_v1
+
+    def authorized(g: DescribedGroup) -> int:
+        if include_authorized_operations and g.error_code is ErrorCode.none:
+            return GROUP_AUTHORIZED_OPERATIONS
+        return AUTHORIZED_OPERATIONS_OMITTED
 
     def member(m: DescribedMember) -> r.Member:
         return r.Member(
@@ -845,6 +888,7 @@ def describe_response(
                 assignment_epoch=i32(g.assignment_epoch),
                 assignor_name=g.assignor_name,
                 members=tuple(member(m) for m in g.members),
+                authorized_operations=i32(authorized(g)),
             )
             for g in groups
         ),

@@ -281,6 +281,9 @@ class ShareService:
             elif isinstance(event, PartitionsDeleted):
                 for tp in event.partitions:
                     key = (event.group_id, tp[0], tp[1])
+                    leader = self.leaders.active(key)
+                    if leader is not None:
+                        self.commits.forget(leader)  # a snapshot written after the tombstone would revive it
                     if self.leaders.remove(key):
                         self.commits.queue_group_records([state_store.partition_tombstone(key)])
             elif isinstance(event, AssignmentChanged):
@@ -370,7 +373,8 @@ class ShareService:
         return heartbeat_response(result)
 
     def describe(self, request):
-        return describe_response(self.coordinator.describe(request.group_ids))
+        return describe_response(self.coordinator.describe(request.group_ids),
+                                 include_authorized_operations=bool(request.include_authorized_operations))
 
     def _membership_error(self, group_id: str, member_id: str) -> tuple[ErrorCode, str] | None:
         """A share session is served only to a member of the group (else nothing is created).

@@ -17,9 +17,11 @@ import trio
 from codec.extensions import DEFAULT_DESCRIBE_IN_FLIGHT_KEY
 from proxy.server import Proxy
 from proxy.share import metrics, observe, state_store
+from proxy.share.admin_routes import admin_routes, register_admin_versions
 from proxy.share.cluster import Cluster
 from proxy.share.coordinator import CoordinatorConfig, ShareGroupConfig, ShareGroupLimits, parse_auto_offset_reset
 from proxy.share.group_configs import GroupConfigs, group_config_routes
+from proxy.share.group_admin import GroupAdmin
 from proxy.share.group_guard import CONSUMER_GROUP_HEARTBEAT, JOIN_GROUP, ConsumerGroupGuard
 from proxy.share.manager import ShareService, ShareServiceConfig
 from proxy.share.persister import (
@@ -165,6 +167,8 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
     group_configs = GroupConfigs(service.coordinator, service.commits, cluster.upstream_group_type,
                                  write_timeout_s=settings.state_write_timeout_ms / 1000)
     proxy.routes.update(group_config_routes(group_configs, proxy.routes))
+    proxy.routes.update(admin_routes(GroupAdmin(service, write_timeout_s=settings.state_write_timeout_ms / 1000),
+                                     lambda: proxy.directory.ports.keys()))
     # The state topic is the proxy's: clients may read it, not write, delete or reconfigure it.
     state_topic_names = frozenset({settings.state_topic})
 
@@ -182,5 +186,6 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
     in_flight_key = getattr(config, "describe_in_flight_api_key", DEFAULT_DESCRIBE_IN_FLIGHT_KEY)
     proxy.routes.update(in_flight_routes(service, in_flight_key))
     proxy.api_versions.register_local(*in_flight_version_range(in_flight_key))
+    register_admin_versions(proxy.api_versions)
     log.info("share groups served", state_topic=settings.state_topic, replayed_records=len(replayed))
     return service

@@ -567,3 +567,20 @@ def test_core_modules_import_no_io(module):
         elif isinstance(node, ast.ImportFrom) and node.module:
             imported.add(node.module.split(".")[0])
     assert not imported & {"trio", "socket", "threading", "confluent_kafka", "time", "asyncio"}
+
+
+def test_admin_lifecycle_create_empty_forget_topic_and_delete_drops_configs():
+    from proxy.share.coordinator import GroupEpochBumped
+
+    coordinator = ShareGroupCoordinator()
+    assert coordinator.create_empty_group("admin") == [GroupEpochBumped("admin", 0)]
+    assert coordinator.create_empty_group("admin") == []
+    topic_a, topic_b = uuid.uuid4(), uuid.uuid4()
+    coordinator.mark_initialized("admin", [(topic_a, 0), (topic_a, 1), (topic_b, 0)])
+    coordinator.set_group_config("admin", {"share.record.lock.duration.ms": 20_000})
+
+    assert coordinator.forget_topic("admin", topic_a) == {(topic_a, 0), (topic_a, 1)}
+    assert coordinator.initialized_partitions("admin") == {(topic_b, 0)}
+    code, _ = coordinator.delete_group("admin")
+    assert code is ErrorCode.none
+    assert coordinator.group_config_overrides("admin") == {}

@@ -1,0 +1,323 @@
+"""Kafka's group admin RPCs on the wire, for share groups served by the proxy.
+
+===============================  ===  =================================================================
+API                              key  handling
+===============================  ===  =================================================================
+ListGroups                        16  forwarded; on ONE listener the proxy's share groups are added
+                                      (:func:`lists_share_groups`), filtered as Kafka filters
+DescribeGroups                    15  share-group ids answered as Kafka answers an id that is not a
+                                      classic group; other ids forwarded; mixed requests merged
+ConsumerGroupDescribe             69  the same, "not a consumer group"
+DeleteGroups                      42  share groups deleted by the proxy; other ids forwarded; merged
+DescribeShareGroupOffsets         90  served (v0, v1 adds lag)
+AlterShareGroupOffsets            91  served
+DeleteShareGroupOffsets           92  served
+===============================  ===  =================================================================
+
+A request that does not decode closes the connection (the codec error reaches the connection
+loop), as a broker would. Decisions are in :mod:`proxy.share.group_admin`; this module decodes,
+calls it and encodes the answer in the request's version.
+
+**Which listener lists share groups.** The Java Admin (and ``kafka-share-groups --list``) sends
+ListGroups to *every* broker and concatenates the answers, because each broker lists the groups
+it coordinates. The proxy's share groups are not coordinated by any broker, so they are added on
+the bootstrap listener and on the listener of the lowest broker node id the proxy knows, and
+forwarded untouched everywhere else: the Admin (which asks the brokers it found in Metadata, never
+the bootstrap address) sees each share group once; a client asking only the bootstrap address
+sees them too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import typing
+from collections.abc import Awaitable, Callable, Collection, Sequence
+
+from kio.index import load_request_schema, load_response_schema
+from kio.schema.errors import ErrorCode
+
+from codec.headers import encode_response_header, parse_response_header, response_header_version
+from codec.registry import DEFAULT_REGISTRY, decode_entity, encode
+from proxy.apiversions import ApiVersionTable, VersionRange
+from proxy.connection import ClientConnection, Request, ServeLocally
+from proxy.share.group_admin import (
+    SHARE_GROUP_TYPE,
+    SHARE_PROTOCOL_TYPE,
+    AdminOutcome,
+    GroupAdmin,
+    GroupOffsets,
+)
+
+DESCRIBE_GROUPS = 15
+LIST_GROUPS = 16
+DELETE_GROUPS = 42
+CONSUMER_GROUP_DESCRIBE = 69
+DESCRIBE_SHARE_GROUP_OFFSETS = 90
+ALTER_SHARE_GROUP_OFFSETS = 91
+DELETE_SHARE_GROUP_OFFSETS = 92
+SERVED_APIS = (DESCRIBE_SHARE_GROUP_OFFSETS, ALTER_SHARE_GROUP_OFFSETS, DELETE_SHARE_GROUP_OFFSETS)
+BOOTSTRAP_LISTENER = "bootstrap"  # proxy.server.BOOTSTRAP
+DEAD = "Dead"
+
+
+def lists_share_groups(listener: str, broker_ids: Collection[int]) -> bool:
+    """Whether ListGroups answered on `listener` carries the proxy's share groups (see module doc)."""
+    return listener == BOOTSTRAP_LISTENER or (bool(broker_ids) and listener == f"broker-{min(broker_ids)}")
+
+
+# ----- codec helpers -----------------------------------------------------------------------
+
+
+def _request_type(api_key: int, version: int) -> type:
+    if DEFAULT_REGISTRY.serves(api_key, version):
+        return DEFAULT_REGISTRY.request_type(api_key, version)
+    return load_request_schema(api_key, version)
+
+
+def _response_type(api_key: int, version: int) -> type:
+    if DEFAULT_REGISTRY.serves(api_key, version):
+        return DEFAULT_REGISTRY.response_type(api_key, version)
+    return load_response_schema(api_key, version)
+
+
+def _decode_request(request: Request) -> object:
+    header = request.header
+    return decode_entity(_request_type(header.api_key, header.api_version),
+                         memoryview(request.frame)[request.body_offset:])
+
+
+def _item_type(entity_type: type, field: str) -> type:
+    """The entry type of an array field (``tuple[X, ...]``)."""
+    return typing.get_args(typing.get_type_hints(entity_type)[field])[0]
+
+
+def _build(entity_type: type, **values: object) -> object:
+    """An entity from the values its version has fields for (versions differ in what they carry)."""
+    names = {f.name for f in dataclasses.fields(entity_type)}
+    return entity_type(**{name: value for name, value in values.items() if name in names})
+
+
+def _framed(request: Request, response: object) -> bytes:
+    header = request.header
+    version = response_header_version(header.api_key, header.api_version)
+    return encode_response_header(header.correlation_id, version) + encode(response)
+
+
+def _local(handler: Callable[[object, Request], Awaitable[object]]) -> ServeLocally:
+    async def serve(request: Request, connection: ClientConnection) -> bytes:
+        return _framed(request, await handler(_decode_request(request), request))
+
+    return ServeLocally(serve)
+
+
+_ZERO = datetime.timedelta(0)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _MergeGroups:
+    """Response transform: the broker's entries plus the proxy's, in the order the request named them.
+
+    `order` lists the requested group ids (None: append); `key` reads an entry's group id.
+    """
+
+    field: str
+    entries: tuple
+    order: tuple[str, ...] | None = None
+    key: str = "group_id"
+
+    async def __call__(self, request: Request, payload: bytes) -> bytes:
+        header = request.header
+        _, body_offset = parse_response_header(payload, response_header_version(header.api_key, header.api_version))
+        response = decode_entity(_response_type(header.api_key, header.api_version), memoryview(payload)[body_offset:])
+        merged = list(getattr(response, self.field)) + list(self.entries)
+        if self.order is not None:
+            rank = {group_id: i for i, group_id in enumerate(self.order)}
+            merged.sort(key=lambda entry: rank.get(getattr(entry, self.key), len(rank)))
+        return bytes(payload[:body_offset]) + encode(dataclasses.replace(response, **{self.field: tuple(merged)}))
+
+
+async def _split(
+    request: Request, connection: ClientConnection, entity: object, *, request_field: str, response_field: str,
+    ids: Sequence[str], local_entries: tuple,
+) -> None:
+    """Answer the share ids locally and forward the rest: one response, in request order."""
+    kept = tuple(group_id for group_id in ids if group_id not in {getattr(e, "group_id") for e in local_entries})
+    if not kept:
+        response_type = _response_type(request.header.api_key, request.header.api_version)
+        await connection.respond(request, _framed(request, _build(
+            response_type, throttle_time=_ZERO, **{response_field: local_entries})))
+        return
+    body = encode(dataclasses.replace(entity, **{request_field: kept}))
+    trimmed = dataclasses.replace(request, frame=bytes(request.frame[: request.body_offset]) + body)
+    await connection.forward(trimmed, _MergeGroups(response_field, local_entries, tuple(ids)))
+
+
+# ----- ListGroups ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ListGroupsRoute:
+    admin: GroupAdmin
+    broker_ids: Callable[[], Collection[int]]
+
+    async def start(self, request: Request, connection: ClientConnection) -> None:
+        if not lists_share_groups(getattr(connection, "listener", ""), self.broker_ids()):
+            await connection.forward(request)
+            return
+        entity = _decode_request(request)
+        listed = self.admin.list_groups(getattr(entity, "states_filter", None) or (),
+                                        getattr(entity, "types_filter", None) or ())
+        entry_type = _item_type(_response_type(LIST_GROUPS, request.header.api_version), "groups")
+        entries = tuple(
+            _build(entry_type, group_id=group_id, protocol_type=SHARE_PROTOCOL_TYPE, group_state=state,
+                   group_type=SHARE_GROUP_TYPE)
+            for group_id, state in listed
+        )
+        await connection.forward(request, _MergeGroups("groups", entries) if entries else None)
+
+
+# ----- DescribeGroups / ConsumerGroupDescribe ------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DescribeRoute:
+    """DescribeGroups (15) and ConsumerGroupDescribe (69) for ids that may be share groups."""
+
+    admin: GroupAdmin
+
+    async def start(self, request: Request, connection: ClientConnection) -> None:
+        header = request.header
+        entity = _decode_request(request)
+        field = "groups" if header.api_key == DESCRIBE_GROUPS else "group_ids"
+        ids = tuple(getattr(entity, field))
+        share_ids = [group_id for group_id in dict.fromkeys(ids) if self.admin.is_share_group(group_id)]
+        if not share_ids:
+            await connection.forward(request)
+            return
+        entry_type = _item_type(_response_type(header.api_key, header.api_version), "groups")
+        entries = tuple(self._entry(entry_type, header.api_key, header.api_version, g) for g in share_ids)
+        await _split(request, connection, entity, request_field=field, response_field="groups", ids=ids,
+                     local_entries=entries)
+
+    @staticmethod
+    def _entry(entry_type: type, api_key: int, version: int, group_id: str) -> object:
+        if api_key == DESCRIBE_GROUPS:
+            # GroupMetadataManager.describeGroups: a group that is not classic is "not found";
+            # v6+ carries the error, earlier versions only the Dead state.
+            error, message = ((ErrorCode.group_id_not_found, f"Group {group_id} is not a classic group.")
+                              if version >= 6 else (ErrorCode.none, None))
+            return _build(entry_type, error_code=error, error_message=message, group_id=group_id, group_state=DEAD,
+                          protocol_type="", protocol_data="", members=())
+        # GroupMetadataManager.consumerGroupDescribe -> consumerGroup(id): GroupIdNotFoundException.
+        return _build(entry_type, error_code=ErrorCode.group_id_not_found,
+                      error_message=f"Group {group_id} is not a consumer group.", group_id=group_id,
+                      group_state="", group_epoch=0, assignment_epoch=0, assignor_name="", members=())
+
+
+# ----- DeleteGroups --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DeleteGroupsRoute:
+    admin: GroupAdmin
+
+    async def start(self, request: Request, connection: ClientConnection) -> None:
+        entity = _decode_request(request)
+        ids = tuple(entity.groups_names)
+        share_ids = [group_id for group_id in dict.fromkeys(ids) if self.admin.is_share_group(group_id)]
+        if not share_ids:
+            await connection.forward(request)
+            return
+        entry_type = _item_type(_response_type(DELETE_GROUPS, request.header.api_version), "results")
+        entries = []
+        for group_id in share_ids:
+            code, message = await self.admin.delete_group(group_id)
+            entries.append(_build(entry_type, group_id=group_id, error_code=code, error_message=message))
+        await _split(request, connection, entity, request_field="groups_names", response_field="results",
+                     ids=ids, local_entries=tuple(entries))
+
+
+# ----- the share-group offsets APIs ----------------------------------------------------------
+
+
+def describe_offsets_response(version: int, groups: Sequence[GroupOffsets]) -> object:
+    response_type = DEFAULT_REGISTRY.response_type(DESCRIBE_SHARE_GROUP_OFFSETS, version)
+    group_type = _item_type(response_type, "groups")
+    topic_type = _item_type(group_type, "topics")
+    partition_type = _item_type(topic_type, "partitions")
+    return response_type(throttle_time=_ZERO, groups=tuple(
+        _build(group_type, group_id=g.group_id, error_code=g.error, error_message=g.message, topics=tuple(
+            _build(topic_type, topic_name=t.name, topic_id=t.topic_id, partitions=tuple(
+                _build(partition_type, partition_index=p.partition, start_offset=p.start_offset,
+                       leader_epoch=p.leader_epoch, lag=p.lag, error_code=p.error, error_message=p.message)
+                for p in t.partitions))
+            for t in g.topics))
+        for g in groups))
+
+
+def alter_offsets_response(version: int, outcome: AdminOutcome) -> object:
+    response_type = DEFAULT_REGISTRY.response_type(ALTER_SHARE_GROUP_OFFSETS, version)
+    topic_type = _item_type(response_type, "responses")
+    partition_type = _item_type(topic_type, "partitions")
+    return response_type(
+        throttle_time=_ZERO, error_code=outcome.error, error_message=outcome.message,
+        responses=tuple(
+            _build(topic_type, topic_name=t.name, topic_id=t.topic_id, partitions=tuple(
+                _build(partition_type, partition_index=p.partition, error_code=p.error, error_message=p.message)
+                for p in t.partitions))
+            for t in outcome.topics),
+    )
+
+
+def delete_offsets_response(version: int, outcome: AdminOutcome) -> object:
+    response_type = DEFAULT_REGISTRY.response_type(DELETE_SHARE_GROUP_OFFSETS, version)
+    topic_type = _item_type(response_type, "responses")
+    return response_type(
+        throttle_time=_ZERO, error_code=outcome.error, error_message=outcome.message,
+        responses=tuple(
+            _build(topic_type, topic_name=t.name, topic_id=t.topic_id, error_code=t.error, error_message=t.message)
+            for t in outcome.topics),
+    )
+
+
+def admin_routes(admin: GroupAdmin, broker_ids: Callable[[], Collection[int]]) -> dict[int, object]:
+    """The routes for the group admin APIs (see the module doc)."""
+
+    async def describe_offsets(entity, request: Request):
+        version = request.header.api_version
+        groups = []
+        for group in entity.groups:
+            topics = None if group.topics is None else [(t.topic_name, list(t.partitions)) for t in group.topics]
+            groups.append(await admin.describe_offsets(group.group_id, topics, with_lag=version >= 1))
+        return describe_offsets_response(version, groups)
+
+    async def alter_offsets(entity, request: Request):
+        topics = [(t.topic_name, [(p.partition_index, p.start_offset) for p in t.partitions])
+                  for t in entity.topics]
+        return alter_offsets_response(request.header.api_version, await admin.alter_offsets(entity.group_id, topics))
+
+    async def delete_offsets(entity, request: Request):
+        names = [t.topic_name for t in entity.topics]
+        return delete_offsets_response(request.header.api_version, await admin.delete_offsets(entity.group_id, names))
+
+    return {
+        LIST_GROUPS: ListGroupsRoute(admin, broker_ids),
+        DESCRIBE_GROUPS: DescribeRoute(admin),
+        CONSUMER_GROUP_DESCRIBE: DescribeRoute(admin),
+        DELETE_GROUPS: DeleteGroupsRoute(admin),
+        DESCRIBE_SHARE_GROUP_OFFSETS: _local(describe_offsets),
+        ALTER_SHARE_GROUP_OFFSETS: _local(alter_offsets),
+        DELETE_SHARE_GROUP_OFFSETS: _local(delete_offsets),
+    }
+
+
+def register_admin_versions(table: ApiVersionTable) -> None:
+    """Advertise the share-group offsets APIs whatever the upstream offers (the proxy serves them)."""
+    for api_key in SERVED_APIS:
+        low, high = DEFAULT_REGISTRY.supported_versions(api_key)
+        table.register_local(api_key, VersionRange(low, high))
+
+
+__all__ = ["admin_routes", "register_admin_versions", "lists_share_groups", "describe_offsets_response",
+           "alter_offsets_response", "delete_offsets_response"]
