@@ -26,6 +26,7 @@ from kio.index import load_response_schema
 from codec.headers import encode_response_header, parse_response_header, response_header_version
 from codec.registry import decode_entity, encode
 from proxy.connection import ClientConnection, LocalHandler, Request, ResponseTransform, Route
+from proxy.metrics import count_response_errors
 
 __all__ = ["AnswerView", "MergeEntries", "local_response", "split_request", "trimmed_request"]
 
@@ -79,6 +80,7 @@ class MergeEntries:
         response = decode_entity(load_response_schema(header.api_key, header.api_version),
                                  memoryview(payload)[body_offset:])
         extra = await self.entries()
+        count_response_errors(header.api_key, tuple(extra))
         merged = dataclasses.replace(response, **{self.field: tuple(getattr(response, self.field)) + tuple(extra)})
         return bytes(payload[:body_offset]) + encode(merged)
 
@@ -92,6 +94,7 @@ def local_response(request: Request, field: str, entries: tuple) -> bytes:
     if "throttle_time" in fields:
         values["throttle_time"] = datetime.timedelta(0)
     response = response_type(**values)
+    count_response_errors(header.api_key, response)
     version = response_header_version(header.api_key, header.api_version)
     return encode_response_header(header.correlation_id, version) + encode(response)
 

@@ -41,6 +41,7 @@ from codec.headers import encode_response_header, parse_response_header, respons
 from codec.registry import DEFAULT_REGISTRY, decode_entity, encode
 from proxy.apiversions import ApiVersionTable, VersionRange
 from proxy.connection import ClientConnection, Request, ServeLocally
+from proxy.metrics import count_response_errors
 from proxy.share.group_admin import (
     SHARE_GROUP_TYPE,
     SHARE_PROTOCOL_TYPE,
@@ -100,6 +101,7 @@ def _build(entity_type: type, **values: object) -> object:
 
 def _framed(request: Request, response: object) -> bytes:
     header = request.header
+    count_response_errors(header.api_key, response)
     version = response_header_version(header.api_key, header.api_version)
     return encode_response_header(header.correlation_id, version) + encode(response)
 
@@ -130,6 +132,7 @@ class _MergeGroups:
         header = request.header
         _, body_offset = parse_response_header(payload, response_header_version(header.api_key, header.api_version))
         response = decode_entity(_response_type(header.api_key, header.api_version), memoryview(payload)[body_offset:])
+        count_response_errors(header.api_key, tuple(self.entries))
         merged = list(getattr(response, self.field)) + list(self.entries)
         if self.order is not None:
             rank = {group_id: i for i, group_id in enumerate(self.order)}

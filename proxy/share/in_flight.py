@@ -34,6 +34,7 @@ from codec.headers import encode_response_header, response_header_version
 from codec.registry import decode_entity, encode
 from proxy.apiversions import VersionRange
 from proxy.connection import ClientConnection, Request, ServeLocally
+from proxy.metrics import count_response_errors
 from proxy.share.partition import InFlightRun
 from proxy.share.states import RecordState
 
@@ -252,6 +253,7 @@ def in_flight_routes(service, api_key: int = extensions.DEFAULT_DESCRIBE_IN_FLIG
             log.info("in-flight describe refused", group=entity.group_id, error=result.error.name,
                      message=result.message)
         response = in_flight_response(result, api.responses[header.api_version])
+        count_response_errors(header.api_key, response)
         version = response_header_version(header.api_key, header.api_version)
         return encode_response_header(header.correlation_id, version) + encode(response)
 
