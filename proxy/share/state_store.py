@@ -226,9 +226,14 @@ def recover(
     # A share-partition whose group is gone (tombstoned) is not served again.
     for pkey in [k for k in state.partitions if k[0] not in state.groups or not state.groups[k[0]].exists]:
         del state.partitions[pkey]
-    # A config-only entry whose configs were tombstoned leaves nothing to restore.
-    for group_id in [g for g, group in state.groups.items() if not group.exists and not group.configs]:
-        del state.groups[group_id]
+    # A group without its metadata record is gone (or was never created: configs may be set before a
+    # group's first member arrives, as in Kafka); what is left of it is its configs, if any.
+    for group_id, group in list(state.groups.items()):
+        if group.exists:
+            continue
+        group.initialized.clear()
+        if not group.configs:
+            del state.groups[group_id]
     return state
 
 
@@ -251,23 +256,24 @@ def _apply(state: RecoveredState, record: records.StateRecord) -> None:
             if current is not None and int(value.snapshot_epoch) == current.snapshot_epoch:
                 current.updates.append(StateDelta(int(value.start_offset), _batches(value.state_batches)))
         return
+    # The three group records have keys of their own, so they may sit on different partitions of
+    # the state topic, and replay reads partition by partition: only each key's own history is in
+    # order. Each record therefore sets (or, as a tombstone, clears) only its own part; whether the
+    # group exists is decided by its metadata record alone (see `recover`).
+    group = state.groups.setdefault(key.group_id, GroupRecovery())
     if value is None:
-        # A tombstone never creates a group: group_tombstones() deletes the metadata first,
-        # and the partitions/config tombstones that follow must not bring the group back.
-        group = state.groups.get(key.group_id)
         if kind is records.RecordType.PROXY_GROUP_METADATA:
-            state.groups.pop(key.group_id, None)
-        elif group is not None and kind is records.RecordType.PROXY_GROUP_PARTITIONS:
+            group.exists = False
+            group.group_epoch = 0
+        elif kind is records.RecordType.PROXY_GROUP_PARTITIONS:
             group.initialized.clear()
-        elif group is not None:
+        else:
             group.configs.clear()
         return
-    group = state.groups.setdefault(key.group_id, GroupRecovery())
     if kind is records.RecordType.PROXY_GROUP_METADATA:
         group.group_epoch = int(value.group_epoch)
         group.exists = True
     elif kind is records.RecordType.PROXY_GROUP_PARTITIONS:
-        group.exists = True
         group.initialized = {
             (t.topic_id, int(p)) for t in value.initialized_topics for p in t.partitions
         }

@@ -178,6 +178,20 @@ def test_partitions_and_config_tombstones_clear_only_their_part():
     assert recovered.groups["group-a"].configs == {}
 
 
+def test_a_deleted_group_stays_deleted_whatever_order_its_keys_replay_in():
+    """Replay reads the state topic partition by partition: only each key's own history is in
+    order. A group's partitions record replayed after its metadata tombstone must not revive it."""
+    metadata_key_history = [group(epoch=2), state_store.group_tombstones("group-a")[0]]
+    partitions_key_history = [state_store.group_partitions_record("group-a", [(TOPIC, 0)], {}),
+                              state_store.group_tombstones("group-a")[1]]
+    snapshot_history = [snapshot()]
+    for order in ([*metadata_key_history, *partitions_key_history, *snapshot_history],
+                  [*partitions_key_history, *snapshot_history, *metadata_key_history],
+                  [*snapshot_history, *metadata_key_history, partitions_key_history[0]]):
+        recovered = state_store.recover(order)
+        assert recovered.groups == {} and recovered.partitions == {}, order
+
+
 def test_partition_of_a_group_without_group_records_is_not_served():
     assert state_store.recover([snapshot()]).partitions == {}
 
