@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import typing
 from collections.abc import Awaitable, Callable, Collection, Sequence
 
 from kio.index import load_request_schema, load_response_schema
@@ -42,6 +41,7 @@ from codec.registry import DEFAULT_REGISTRY, decode_entity, encode
 from proxy.apiversions import ApiVersionTable, VersionRange
 from proxy.connection import ClientConnection, Request, ServeLocally
 from proxy.metrics import count_response_errors
+from proxy.route_split import build, item_type
 from proxy.share.group_admin import (
     SHARE_GROUP_TYPE,
     SHARE_PROTOCOL_TYPE,
@@ -86,17 +86,6 @@ def _decode_request(request: Request) -> object:
     header = request.header
     return decode_entity(_request_type(header.api_key, header.api_version),
                          memoryview(request.frame)[request.body_offset:])
-
-
-def _item_type(entity_type: type, field: str) -> type:
-    """The entry type of an array field (``tuple[X, ...]``)."""
-    return typing.get_args(typing.get_type_hints(entity_type)[field])[0]
-
-
-def _build(entity_type: type, **values: object) -> object:
-    """An entity from the values its version has fields for (versions differ in what they carry)."""
-    names = {f.name for f in dataclasses.fields(entity_type)}
-    return entity_type(**{name: value for name, value in values.items() if name in names})
 
 
 def _framed(request: Request, response: object) -> bytes:
@@ -148,7 +137,7 @@ async def _split(
     kept = tuple(group_id for group_id in ids if group_id not in {getattr(e, "group_id") for e in local_entries})
     if not kept:
         response_type = _response_type(request.header.api_key, request.header.api_version)
-        await connection.respond(request, _framed(request, _build(
+        await connection.respond(request, _framed(request, build(
             response_type, throttle_time=_ZERO, **{response_field: local_entries})))
         return
     body = encode(dataclasses.replace(entity, **{request_field: kept}))
@@ -171,9 +160,9 @@ class ListGroupsRoute:
         entity = _decode_request(request)
         listed = self.admin.list_groups(getattr(entity, "states_filter", None) or (),
                                         getattr(entity, "types_filter", None) or ())
-        entry_type = _item_type(_response_type(LIST_GROUPS, request.header.api_version), "groups")
+        entry_type = item_type(_response_type(LIST_GROUPS, request.header.api_version), "groups")
         entries = tuple(
-            _build(entry_type, group_id=group_id, protocol_type=SHARE_PROTOCOL_TYPE, group_state=state,
+            build(entry_type, group_id=group_id, protocol_type=SHARE_PROTOCOL_TYPE, group_state=state,
                    group_type=SHARE_GROUP_TYPE)
             for group_id, state in listed
         )
@@ -198,7 +187,7 @@ class DescribeRoute:
         if not share_ids:
             await connection.forward(request)
             return
-        entry_type = _item_type(_response_type(header.api_key, header.api_version), "groups")
+        entry_type = item_type(_response_type(header.api_key, header.api_version), "groups")
         entries = tuple(self._entry(entry_type, header.api_key, header.api_version, g) for g in share_ids)
         await _split(request, connection, entity, request_field=field, response_field="groups", ids=ids,
                      local_entries=entries)
@@ -210,10 +199,10 @@ class DescribeRoute:
             # v6+ carries the error, earlier versions only the Dead state.
             error, message = ((ErrorCode.group_id_not_found, f"Group {group_id} is not a classic group.")
                               if version >= 6 else (ErrorCode.none, None))
-            return _build(entry_type, error_code=error, error_message=message, group_id=group_id, group_state=DEAD,
+            return build(entry_type, error_code=error, error_message=message, group_id=group_id, group_state=DEAD,
                           protocol_type="", protocol_data="", members=())
         # GroupMetadataManager.consumerGroupDescribe -> consumerGroup(id): GroupIdNotFoundException.
-        return _build(entry_type, error_code=ErrorCode.group_id_not_found,
+        return build(entry_type, error_code=ErrorCode.group_id_not_found,
                       error_message=f"Group {group_id} is not a consumer group.", group_id=group_id,
                       group_state="", group_epoch=0, assignment_epoch=0, assignor_name="", members=())
 
@@ -232,11 +221,11 @@ class DeleteGroupsRoute:
         if not share_ids:
             await connection.forward(request)
             return
-        entry_type = _item_type(_response_type(DELETE_GROUPS, request.header.api_version), "results")
+        entry_type = item_type(_response_type(DELETE_GROUPS, request.header.api_version), "results")
         entries = []
         for group_id in share_ids:
             code, message = await self.admin.delete_group(group_id)
-            entries.append(_build(entry_type, group_id=group_id, error_code=code, error_message=message))
+            entries.append(build(entry_type, group_id=group_id, error_code=code, error_message=message))
         await _split(request, connection, entity, request_field="groups_names", response_field="results",
                      ids=ids, local_entries=tuple(entries))
 
@@ -246,13 +235,13 @@ class DeleteGroupsRoute:
 
 def describe_offsets_response(version: int, groups: Sequence[GroupOffsets]) -> object:
     response_type = DEFAULT_REGISTRY.response_type(DESCRIBE_SHARE_GROUP_OFFSETS, version)
-    group_type = _item_type(response_type, "groups")
-    topic_type = _item_type(group_type, "topics")
-    partition_type = _item_type(topic_type, "partitions")
+    group_type = item_type(response_type, "groups")
+    topic_type = item_type(group_type, "topics")
+    partition_type = item_type(topic_type, "partitions")
     return response_type(throttle_time=_ZERO, groups=tuple(
-        _build(group_type, group_id=g.group_id, error_code=g.error, error_message=g.message, topics=tuple(
-            _build(topic_type, topic_name=t.name, topic_id=t.topic_id, partitions=tuple(
-                _build(partition_type, partition_index=p.partition, start_offset=p.start_offset,
+        build(group_type, group_id=g.group_id, error_code=g.error, error_message=g.message, topics=tuple(
+            build(topic_type, topic_name=t.name, topic_id=t.topic_id, partitions=tuple(
+                build(partition_type, partition_index=p.partition, start_offset=p.start_offset,
                        leader_epoch=p.leader_epoch, lag=p.lag, error_code=p.error, error_message=p.message)
                 for p in t.partitions))
             for t in g.topics))
@@ -261,13 +250,13 @@ def describe_offsets_response(version: int, groups: Sequence[GroupOffsets]) -> o
 
 def alter_offsets_response(version: int, outcome: AdminOutcome) -> object:
     response_type = DEFAULT_REGISTRY.response_type(ALTER_SHARE_GROUP_OFFSETS, version)
-    topic_type = _item_type(response_type, "responses")
-    partition_type = _item_type(topic_type, "partitions")
+    topic_type = item_type(response_type, "responses")
+    partition_type = item_type(topic_type, "partitions")
     return response_type(
         throttle_time=_ZERO, error_code=outcome.error, error_message=outcome.message,
         responses=tuple(
-            _build(topic_type, topic_name=t.name, topic_id=t.topic_id, partitions=tuple(
-                _build(partition_type, partition_index=p.partition, error_code=p.error, error_message=p.message)
+            build(topic_type, topic_name=t.name, topic_id=t.topic_id, partitions=tuple(
+                build(partition_type, partition_index=p.partition, error_code=p.error, error_message=p.message)
                 for p in t.partitions))
             for t in outcome.topics),
     )
@@ -275,11 +264,11 @@ def alter_offsets_response(version: int, outcome: AdminOutcome) -> object:
 
 def delete_offsets_response(version: int, outcome: AdminOutcome) -> object:
     response_type = DEFAULT_REGISTRY.response_type(DELETE_SHARE_GROUP_OFFSETS, version)
-    topic_type = _item_type(response_type, "responses")
+    topic_type = item_type(response_type, "responses")
     return response_type(
         throttle_time=_ZERO, error_code=outcome.error, error_message=outcome.message,
         responses=tuple(
-            _build(topic_type, topic_name=t.name, topic_id=t.topic_id, error_code=t.error, error_message=t.message)
+            build(topic_type, topic_name=t.name, topic_id=t.topic_id, error_code=t.error, error_message=t.message)
             for t in outcome.topics),
     )
 

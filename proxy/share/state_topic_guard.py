@@ -40,8 +40,6 @@ final for that topic (it is not retried). Reads (Fetch, ListOffsets, DescribeCon
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import typing
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -50,11 +48,10 @@ import structlog
 from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 
-from codec.headers import encode_response_header, parse_response_header, response_header_version
 from codec.produce import FIRST_TOPIC_ID_VERSION, names_any, produce_layout
 from codec.registry import decode_entity, encode
 from proxy.connection import FORWARD, ClientConnection, Request, Route
-from proxy.route_split import AnswerView
+from proxy.route_split import AnswerView, MergeEntries, build, item_type, local_response
 from proxy.share import metrics
 
 log = structlog.get_logger(__name__)
@@ -135,23 +132,23 @@ class ProduceGuard:
             return
         entries = self._refusals(version, partitions, names)
         if not forwarded:
-            await connection.respond(request, _local_response(request, "responses", entries))
+            await connection.respond(request, local_response(request, "responses", entries))
             return
         trimmed = dataclasses.replace(request, frame=layout.without(request.frame, refused))
-        await connection.forward(trimmed, _MergeRefusals("responses", entries))
+        await connection.forward(trimmed, MergeEntries("responses", _constant(entries)))
 
     def _refusals(self, version: int, partitions: Mapping[bytes, list[int]], names: Mapping[bytes, str]) -> tuple:
         response_type = load_response_schema(PRODUCE, version)
-        topic_type = _item_type(response_type, "responses")
-        partition_type = _item_type(topic_type, "partition_responses")
+        topic_type = item_type(response_type, "responses")
+        partition_type = item_type(topic_type, "partition_responses")
         by_id = version >= FIRST_TOPIC_ID_VERSION
         return tuple(
-            _build(
+            build(
                 topic_type,
                 name=names[key],
                 topic_id=uuid.UUID(bytes=key) if by_id else None,
                 partition_responses=tuple(
-                    _build(partition_type, index=index, error_code=REFUSAL, base_offset=-1, log_start_offset=-1,
+                    build(partition_type, index=index, error_code=REFUSAL, base_offset=-1, log_start_offset=-1,
                            record_errors=(), error_message=self.topics.message(names[key]))
                     for index in indexes
                 ),
@@ -195,16 +192,16 @@ def _topic_resource(topics: StateTopics, entry: Any, ids: Mapping[uuid.UUID, str
 
 def _delete_topics_refusal(entry_type: type, entry: Any, name: str, message: str) -> object:
     topic_id = None if isinstance(entry, str) else entry.topic_id
-    return _build(entry_type, name=name, topic_id=topic_id, error_code=REFUSAL, error_message=message)
+    return build(entry_type, name=name, topic_id=topic_id, error_code=REFUSAL, error_message=message)
 
 
 _ADMIN_APIS: dict[int, _AdminApi] = {
     DELETE_RECORDS: _AdminApi(
         "topics", "topics", _by_name,
-        lambda entry_type, entry, name, message: _build(
+        lambda entry_type, entry, name, message: build(
             entry_type, name=name,
             partitions=tuple(
-                _build(_item_type(entry_type, "partitions"), partition_index=p.partition_index, low_watermark=-1,
+                build(item_type(entry_type, "partitions"), partition_index=p.partition_index, low_watermark=-1,
                        error_code=REFUSAL)
                 for p in entry.partitions
             ),
@@ -213,12 +210,12 @@ _ADMIN_APIS: dict[int, _AdminApi] = {
     DELETE_TOPICS: _AdminApi("topic_names", "responses", _delete_topics_target, _delete_topics_refusal),
     CREATE_PARTITIONS: _AdminApi(
         "topics", "results", _by_name,
-        lambda entry_type, entry, name, message: _build(entry_type, name=name, error_code=REFUSAL,
+        lambda entry_type, entry, name, message: build(entry_type, name=name, error_code=REFUSAL,
                                                         error_message=message),
     ),
     ALTER_CONFIGS: _AdminApi(
         "resources", "responses", _topic_resource,
-        lambda entry_type, entry, name, message: _build(entry_type, error_code=REFUSAL, error_message=message,
+        lambda entry_type, entry, name, message: build(entry_type, error_code=REFUSAL, error_message=message,
                                                         resource_type=entry.resource_type, resource_name=name),
     ),
 }
@@ -249,7 +246,7 @@ class AdminGuard:
             await self.inner.start(request, connection)
             return
         response_type = load_response_schema(header.api_key, header.api_version)
-        entry_type = _item_type(response_type, api.response_field)
+        entry_type = item_type(response_type, api.response_field)
         refusals = tuple(
             api.refusal(entry_type, entry, target, self.topics.message(target))
             for entry, target in zip(entries, targets)
@@ -258,51 +255,23 @@ class AdminGuard:
         kept = tuple(entry for entry, target in zip(entries, targets) if target is None)
         _refused(connection, request, [t for t in targets if t is not None], forwarded=bool(kept))
         if not kept:
-            await connection.respond(request, _local_response(request, api.response_field, refusals))
+            await connection.respond(request, local_response(request, api.response_field, refusals))
             return
         body = encode(dataclasses.replace(entity, **{field: kept}))
         trimmed = dataclasses.replace(request, frame=bytes(request.frame[: request.body_offset]) + body)
         # The rest goes through the route the guard wraps (it may answer part of it itself, e.g.
         # share-group configs); the refusals are added to whatever it answers.
-        await self.inner.start(trimmed, AnswerView(connection, _MergeRefusals(api.response_field, refusals)))
+        await self.inner.start(trimmed, AnswerView(connection, MergeEntries(api.response_field, _constant(refusals))))
 
 
 # ----- responses ----------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class _MergeRefusals:
-    """Response transform: the broker's answer for the other topics plus the proxy's refusals."""
+def _constant(entries: tuple):
+    async def entries_source() -> tuple:
+        return entries
 
-    field: str
-    refusals: tuple
-
-    async def __call__(self, request: Request, payload: bytes) -> bytes:
-        header = request.header
-        _, body_offset = parse_response_header(payload, response_header_version(header.api_key, header.api_version))
-        response = decode_entity(load_response_schema(header.api_key, header.api_version),
-                                 memoryview(payload)[body_offset:])
-        merged = dataclasses.replace(response, **{self.field: tuple(getattr(response, self.field)) + self.refusals})
-        return bytes(payload[:body_offset]) + encode(merged)
-
-
-def _local_response(request: Request, field: str, entries: tuple) -> bytes:
-    header = request.header
-    response_type = load_response_schema(header.api_key, header.api_version)
-    response = _build(response_type, throttle_time=datetime.timedelta(0), **{field: entries})
-    version = response_header_version(header.api_key, header.api_version)
-    return encode_response_header(header.correlation_id, version) + encode(response)
-
-
-def _item_type(entity_type: type, field: str) -> type:
-    """The entry type of an array field (``tuple[X, ...]``)."""
-    return typing.get_args(typing.get_type_hints(entity_type)[field])[0]
-
-
-def _build(entity_type: type, **values: object) -> object:
-    """An entity from the values its version has fields for (versions differ in what they carry)."""
-    fields = {f.name for f in dataclasses.fields(entity_type)}
-    return entity_type(**{name: value for name, value in values.items() if name in fields})
+    return entries_source
 
 
 def state_topic_routes(topics: StateTopics, routes: Mapping[int, Route]) -> dict[int, Route]:
