@@ -239,6 +239,32 @@ def test_one_request_naming_the_state_topic_a_share_group_and_a_topic_gets_all_t
     assert [(c.name, c.value) for c in described.configs] == [("retention.ms", "123456")]
 
 
+def test_legacy_alter_configs_on_a_share_group_is_the_proxys_and_replaces_its_config(
+        kafka, share_proxy, names):
+    """Kafka accepts the legacy AlterConfigs (33) on GROUP resources as well (it replaces the whole
+    config); through the proxy it must set the share group's config, not the broker's."""
+    from kio.schema.alter_configs.v2.request import AlterableConfig as LegacyConfig
+    from kio.schema.alter_configs.v2.request import AlterConfigsResource as LegacyResource
+
+    proxy = share_proxy()
+    assert alter(proxy.bootstrap, [(GROUP, names.group, [("share.record.lock.duration.ms", SET, "20000")])]) == {
+        (GROUP, names.group): (ErrorCode.none, None)}
+    legacy = call(proxy.bootstrap, load_request_schema(33, 2)(
+        resources=(LegacyResource(resource_type=GROUP, resource_name=names.group, configs=(
+            LegacyConfig(name="share.auto.offset.reset", value="earliest"),)),),
+        validate_only=False))
+    assert [(r.resource_name, r.error_code) for r in legacy.responses] == [(names.group, ErrorCode.none)]
+    described = describe(proxy.bootstrap, names.group)
+    assert described["share.auto.offset.reset"][:2] == ("earliest", GROUP_CONFIG)
+    assert described["share.record.lock.duration.ms"][1] != GROUP_CONFIG  # not named: back to its default
+    # The broker never saw it: its own describe of the group has Kafka's default (4.x) or nothing (3.9).
+    broker = call(kafka.bootstrap, load_request_schema(32, 4)(
+        resources=(DescribeConfigsResource(resource_type=GROUP, resource_name=names.group,
+                                           configuration_keys=("share.auto.offset.reset",)),),
+        include_synonyms=False, include_documentation=False)).results[0]
+    assert [(c.name, c.value) for c in broker.configs] in ([("share.auto.offset.reset", "latest")], [])
+
+
 # ----- Kafka's kafka-configs tool, consumer groups, restart ---------------------------------------------
 
 

@@ -1,4 +1,6 @@
-"""Share-group configs on the wire: DescribeConfigs (32) and IncrementalAlterConfigs (44).
+"""Share-group configs on the wire: DescribeConfigs (32), IncrementalAlterConfigs (44) and the
+legacy AlterConfigs (33), which Kafka also accepts on GROUP resources (it replaces the resource's
+whole config: keys it does not name go back to their defaults).
 
 Kafka keeps group configs (``share.*``, ``consumer.*``, ...) in its metadata and answers for them
 on GROUP resources (ConfigResource type 32). Share groups live in the proxy, so the proxy answers
@@ -49,12 +51,18 @@ from proxy.share.group_config import GroupConfigError, altered_overrides, descri
 log = structlog.get_logger(__name__)
 
 DESCRIBE_CONFIGS = 32
+ALTER_CONFIGS = 33
 INCREMENTAL_ALTER_CONFIGS = 44
 LIST_CONFIG_RESOURCES = 74
 GROUP_RESOURCE = 32  # ConfigResource.Type.GROUP
 
 #: The request list and the response list of each API.
-_FIELDS = {DESCRIBE_CONFIGS: ("resources", "results"), INCREMENTAL_ALTER_CONFIGS: ("resources", "responses")}
+_FIELDS = {
+    DESCRIBE_CONFIGS: ("resources", "results"),
+    ALTER_CONFIGS: ("resources", "responses"),
+    INCREMENTAL_ALTER_CONFIGS: ("resources", "responses"),
+}
+_SET, _DELETE = 0, 1  # IncrementalAlterConfigs operations
 
 UpstreamGroupType = Callable[[str], Awaitable[str | None]]
 
@@ -127,12 +135,23 @@ class GroupConfigs:
 
     # ----- IncrementalAlterConfigs --------------------------------------------------------------
 
-    def alter(self, resource: Any, *, validate_only: bool) -> tuple[ErrorCode, str | None, int | None]:
-        """Check and apply one group resource's operations: (error, message, ticket to await)."""
+    def alter(self, resource: Any, *, validate_only: bool,
+              replace_all: bool = False) -> tuple[ErrorCode, str | None, int | None]:
+        """Check and apply one group resource's operations: (error, message, ticket to await).
+
+        `replace_all` (legacy AlterConfigs, whose configs carry no operation): the keys named are
+        set, every other override goes back to its default.
+        """
         group_id = resource.resource_name
         if not group_id:
             return ErrorCode.invalid_request, "Group name must not be empty", None
-        operations = [(c.name, int(c.config_operation), c.value) for c in resource.configs]
+        if replace_all:
+            named = {c.name for c in resource.configs}
+            operations = [(c.name, _SET, c.value) for c in resource.configs] + [
+                (name, _DELETE, None) for name in self.coordinator.group_config_overrides(group_id)
+                if name not in named]
+        else:
+            operations = [(c.name, int(c.config_operation), c.value) for c in resource.configs]
         try:
             changes = altered_overrides(self.coordinator.group_config_overrides(group_id), operations)
             self.coordinator.set_group_config(group_id, changes, validate_only=validate_only)
@@ -164,7 +183,7 @@ def _has(entity_type: type, field: str) -> bool:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class GroupConfigRoute:
-    """Route for DescribeConfigs / IncrementalAlterConfigs: the proxy's group resources answered
+    """Route for DescribeConfigs / (Incremental)AlterConfigs: the proxy's group resources answered
     here, the rest through `inner` (forwarded upstream unless something else wraps it)."""
 
     configs: GroupConfigs
@@ -203,7 +222,8 @@ class GroupConfigRoute:
                 await self.inner.start(request, connection)
                 return
             outcomes = _alter_all(self.configs, [r for r, is_local in zip(resources, local) if is_local],
-                                  validate_only=bool(entity.validate_only))
+                                  validate_only=bool(entity.validate_only),
+                                  replace_all=header.api_key == ALTER_CONFIGS)
 
             async def altered() -> tuple:
                 results = []
@@ -220,7 +240,7 @@ class GroupConfigRoute:
                             local_entries=entries, inner=self.inner)
 
 
-def _alter_all(configs: GroupConfigs, resources: list[Any], *, validate_only: bool) -> list:
+def _alter_all(configs: GroupConfigs, resources: list[Any], *, validate_only: bool, replace_all: bool) -> list:
     """Apply each group resource; a group named twice is INVALID_REQUEST for both, as in Kafka."""
     names = [r.resource_name for r in resources]
     outcomes = []
@@ -228,7 +248,7 @@ def _alter_all(configs: GroupConfigs, resources: list[Any], *, validate_only: bo
         if names.count(resource.resource_name) > 1:
             outcome = (ErrorCode.invalid_request, "Duplicate resource in request", None)
         else:
-            outcome = configs.alter(resource, validate_only=validate_only)
+            outcome = configs.alter(resource, validate_only=validate_only, replace_all=replace_all)
         outcomes.append((resource, outcome))
     return outcomes
 
@@ -268,10 +288,10 @@ class ListConfigResourcesRoute:
 
 
 def group_config_routes(configs: GroupConfigs, routes: dict[int, Route]) -> dict[int, Route]:
-    """Routes for DescribeConfigs, IncrementalAlterConfigs and ListConfigResources, each wrapping
+    """Routes for DescribeConfigs, (Incremental)AlterConfigs and ListConfigResources, each wrapping
     the route it replaces."""
     return {
         **{api_key: GroupConfigRoute(configs, routes.get(api_key, FORWARD))
-           for api_key in (DESCRIBE_CONFIGS, INCREMENTAL_ALTER_CONFIGS)},
+           for api_key in (DESCRIBE_CONFIGS, ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS)},
         LIST_CONFIG_RESOURCES: ListConfigResourcesRoute(configs, routes.get(LIST_CONFIG_RESOURCES, FORWARD)),
     }

@@ -16,6 +16,7 @@ from kio.schema.errors import ErrorCode
 
 from proxy.share.coordinator import ShareGroupCoordinator
 from proxy.share.group_configs import (
+    ALTER_CONFIGS,
     DESCRIBE_CONFIGS,
     GROUP_RESOURCE,
     INCREMENTAL_ALTER_CONFIGS,
@@ -285,4 +286,36 @@ async def test_list_config_resources_adds_the_group_ids_the_proxy_holds_configs_
         answer = decode_response(74, 1, await h.client.receive_frame())
         assert [(r.resource_name, int(r.resource_type)) for r in answer.config_resources] == [
             ("orders", TOPIC_RESOURCE), ("sg", GROUP_RESOURCE)]
+        nursery.cancel_scope.cancel()
+
+
+def legacy_alter_request(resources, version=2):
+    cls = load_request_schema(ALTER_CONFIGS, version)
+    resource_type = item(cls, "resources")
+    config_type = item(resource_type, "configs")
+    return cls(resources=tuple(
+        resource_type(resource_type=t, resource_name=n, configs=tuple(config_type(name=k, value=v) for k, v in kv))
+        for t, n, kv in resources), validate_only=False)
+
+
+async def test_legacy_alter_configs_replaces_a_share_groups_whole_config():
+    """Kafka accepts the legacy AlterConfigs on GROUP resources too: the keys named are set, the
+    others go back to their defaults; the proxy must not let it reach the broker for share groups."""
+    h, coordinator, commits = harness()
+    commits.written.set()
+    coordinator.set_group_config("sg", {"share.delivery.count.limit": "3", "share.record.lock.duration.ms": "20000"})
+    coordinator.set_group_config("sg-other", {"share.delivery.count.limit": "4"})
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(h.connection.serve)
+        await h.client.send_frame(frame_of(legacy_alter_request([
+            (GROUP_RESOURCE, "sg", [("share.auto.offset.reset", "earliest"), ("share.delivery.count.limit", "6")]),
+            (GROUP_RESOURCE, "sg-other", [("share.delivery.count.limit", "99")]),
+        ])))
+        answer = decode_response(ALTER_CONFIGS, 2, await h.client.receive_frame())
+        codes = {r.resource_name: r.error_code for r in answer.responses}
+        assert codes == {"sg": ErrorCode.none, "sg-other": ErrorCode.invalid_config}
+        assert coordinator.group_config_overrides("sg") == {
+            "share.auto.offset.reset": "earliest", "share.delivery.count.limit": "6"}
+        assert coordinator.group_config_overrides("sg-other") == {"share.delivery.count.limit": "4"}
+        assert len(commits.queued) == 1
         nursery.cancel_scope.cancel()
