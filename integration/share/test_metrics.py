@@ -15,6 +15,7 @@ import time
 import pytest
 import trio
 from confluent_kafka import AcknowledgeType
+from confluent_kafka.admin import AdminClient
 
 from integration.share.conftest import (
     EXPLICIT,
@@ -124,6 +125,12 @@ def test_share_counters_follow_what_the_consumers_did(kafka, share_proxy, create
     # State writes carried the acknowledgements.
     assert metric(samples, "ksp_share_state_writes_total", outcome="ok") >= 3
     assert metric(samples, "ksp_share_state_replay_seconds") is not None
+
+    # Bounded cardinality: a deleted group's series leave the endpoint with it.
+    admin = AdminClient({"bootstrap.servers": proxy.bootstrap})
+    admin.delete_consumer_groups([names.group], request_timeout=30)[names.group].result(timeout=30)
+    remaining = [k for k in scrape_metrics(port) if k[0].startswith("ksp_share_") and ("group", names.group) in k[1]]
+    assert remaining == []
 
 
 def test_error_codes_of_served_responses_are_counted_by_name(kafka, share_proxy, create_topic,
