@@ -15,7 +15,7 @@ import io
 import struct
 from collections.abc import Iterable
 
-from kio.index import load_payload_module
+from kio.index import load_payload_module, load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import SerialError
 from kio.static.constants import EntityType
@@ -208,3 +208,18 @@ def encode(entity: object) -> bytes:
 
 
 DEFAULT_REGISTRY = MessageRegistry()
+
+
+def request_type_for(api_key: int, version: int) -> type:
+    """The request class of any Kafka API version: the registry's where it carries one (versions
+    kio lacks, e.g. DeleteGroups v3), else kio's."""
+    if DEFAULT_REGISTRY.serves(api_key, version):
+        return DEFAULT_REGISTRY.request_type(api_key, version)
+    return load_request_schema(api_key, version)
+
+
+def response_type_for(api_key: int, version: int) -> type:
+    """The response class of any Kafka API version (see :func:`request_type_for`)."""
+    if DEFAULT_REGISTRY.serves(api_key, version):
+        return DEFAULT_REGISTRY.response_type(api_key, version)
+    return load_response_schema(api_key, version)

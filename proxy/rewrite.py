@@ -19,12 +19,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from kio.index import load_response_schema
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i32
 
 from codec.errors import CodecError
 from codec.headers import parse_response_header, response_header_version
+from codec.registry import response_type_for
 from proxy.errors import UpstreamError
 
 PRODUCE, FETCH, METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER = 0, 1, 3, 10, 60
@@ -45,7 +45,7 @@ def decode_response(api_key: int, api_version: int, payload: bytes) -> tuple[byt
     """Split a response frame into its raw header bytes and the kio body entity."""
     try:
         _, body_offset = parse_response_header(payload, response_header_version(api_key, api_version))
-        schema = load_response_schema(api_key, api_version)
+        schema = response_type_for(api_key, api_version)
         entity, _ = entity_reader(schema)(payload, body_offset)
     except CodecError as exc:
         raise UpstreamError(f"bad response header for api {api_key} v{api_version}: {exc}") from exc

@@ -11,6 +11,9 @@ an inner route, through which every answer the inner route produces -- forwarded
 transformed) or answered locally -- passes a post-processing step before the client sees it.
 An outer route that trims a request can thus still let the inner route do its own work on the
 rest, however many routes are stacked (state-topic guard around group configs around Forward).
+
+It is also the one place where the proxy's own answers are built and framed
+(:func:`response_payload`, which counts their error codes for ``ksp_response_errors_total``).
 """
 
 from __future__ import annotations
@@ -21,14 +24,14 @@ import typing
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from kio.index import load_response_schema
-
-from codec.headers import encode_response_header, parse_response_header, response_header_version
-from codec.registry import decode_entity, encode
-from proxy.connection import ClientConnection, LocalHandler, Request, ResponseTransform, Route
+from codec.headers import encode_response_header, response_header_version
+from codec.registry import encode, response_type_for
+from proxy.connection import FORWARD, ClientConnection, LocalHandler, Request, ResponseTransform, Route
 from proxy.metrics import count_response_errors
+from proxy.rewrite import decode_response, encode_response
 
-__all__ = ["AnswerView", "MergeEntries", "local_response", "split_request", "trimmed_request"]
+__all__ = ["AnswerView", "MergeEntries", "build", "constant", "item_type", "local_response", "response_payload",
+           "split_request", "trimmed_request"]
 
 #: The proxy's own entries for a response, produced when the answer is due (may await).
 EntriesSource = Callable[[], Awaitable[tuple]]
@@ -67,36 +70,54 @@ class AnswerView:
         return getattr(self._connection, name)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class MergeEntries:
-    """Response transform: the answer's `field` entries plus the proxy's own (appended)."""
-
-    field: str
-    entries: EntriesSource
-
-    async def __call__(self, request: Request, payload: bytes) -> bytes:
-        header = request.header
-        _, body_offset = parse_response_header(payload, response_header_version(header.api_key, header.api_version))
-        response = decode_entity(load_response_schema(header.api_key, header.api_version),
-                                 memoryview(payload)[body_offset:])
-        extra = await self.entries()
-        count_response_errors(header.api_key, tuple(extra))
-        merged = dataclasses.replace(response, **{self.field: tuple(getattr(response, self.field)) + tuple(extra)})
-        return bytes(payload[:body_offset]) + encode(merged)
-
-
-def local_response(request: Request, field: str, entries: tuple) -> bytes:
-    """A whole response payload (header included) carrying only the proxy's `entries`."""
+def response_payload(request: Request, response: object) -> bytes:
+    """A response the proxy built, framed for `request` (header included), its error codes counted."""
     header = request.header
-    response_type = load_response_schema(header.api_key, header.api_version)
-    fields = {f.name for f in dataclasses.fields(response_type)}
-    values: dict[str, object] = {field: tuple(entries)}
-    if "throttle_time" in fields:
-        values["throttle_time"] = datetime.timedelta(0)
-    response = response_type(**values)
     count_response_errors(header.api_key, response)
     version = response_header_version(header.api_key, header.api_version)
     return encode_response_header(header.correlation_id, version) + encode(response)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MergeEntries:
+    """Response transform: the answer's `field` entries plus the proxy's own.
+
+    Appended, or with `order` (the ids the request named, read from each entry's `key` field)
+    sorted into request order.
+    """
+
+    field: str
+    entries: EntriesSource
+    order: Sequence[str] | None = None
+    key: str = "group_id"
+
+    async def __call__(self, request: Request, payload: bytes) -> bytes:
+        header, response = decode_response(request.header.api_key, request.header.api_version, payload)
+        extra = tuple(await self.entries())
+        count_response_errors(request.header.api_key, extra)
+        merged = [*getattr(response, self.field), *extra]
+        if self.order is not None:
+            rank = {entry_id: i for i, entry_id in enumerate(self.order)}
+            merged.sort(key=lambda entry: rank.get(getattr(entry, self.key), len(rank)))
+        return encode_response(header, dataclasses.replace(response, **{self.field: tuple(merged)}))
+
+
+def constant(entries: Sequence[Any]) -> EntriesSource:
+    """An entries source for answers that are ready now."""
+    ready = tuple(entries)
+
+    async def entries_source() -> tuple:
+        return ready
+
+    return entries_source
+
+
+def local_response(request: Request, field: str, entries: Sequence[Any]) -> bytes:
+    """A whole response payload (header included) carrying only the proxy's `entries`."""
+    header = request.header
+    response_type = response_type_for(header.api_key, header.api_version)
+    return response_payload(request, build(response_type, throttle_time=datetime.timedelta(0),
+                                           **{field: tuple(entries)}))
 
 
 def trimmed_request(request: Request, entity: Any, field: str, kept: Sequence[Any]) -> Request:
@@ -114,13 +135,15 @@ async def split_request(
     response_field: str,
     forwarded: Sequence[bool],
     local_entries: EntriesSource,
-    inner: Route,
+    inner: Route = FORWARD,
+    order: Sequence[str] | None = None,
 ) -> None:
     """Answer a request whose `request_field` entries are partly the proxy's, partly the cluster's.
 
     `forwarded[i]` says entry i goes on through `inner` (normally: upstream); the others are
     answered by `local_entries`, awaited when the answer is due. All forwarded: `inner` gets the
     request untouched. None: answered locally, concurrently (``serve_locally``), in order.
+    `order`: see :class:`MergeEntries`.
     """
     entries = getattr(entity, request_field) or ()
     if all(forwarded):
@@ -134,7 +157,7 @@ async def split_request(
         return
     kept = [entry for entry, forward in zip(entries, forwarded) if forward]
     await inner.start(trimmed_request(request, entity, request_field, kept),
-                      AnswerView(connection, MergeEntries(response_field, local_entries)))
+                      AnswerView(connection, MergeEntries(response_field, local_entries, order)))
 
 
 def item_type(entity_type: type, field: str) -> type:

@@ -33,15 +33,12 @@ import dataclasses
 import datetime
 from collections.abc import Awaitable, Callable, Collection, Sequence
 
-from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 
-from codec.headers import encode_response_header, parse_response_header, response_header_version
-from codec.registry import DEFAULT_REGISTRY, decode_entity, encode
+from codec.registry import DEFAULT_REGISTRY, decode_entity, request_type_for, response_type_for
 from proxy.apiversions import ApiVersionTable, VersionRange
 from proxy.connection import ClientConnection, Request, ServeLocally
-from proxy.metrics import count_response_errors
-from proxy.route_split import build, item_type
+from proxy.route_split import MergeEntries, build, constant, item_type, response_payload, split_request
 from proxy.share.group_admin import (
     SHARE_GROUP_TYPE,
     SHARE_PROTOCOL_TYPE,
@@ -70,34 +67,15 @@ def lists_share_groups(listener: str, broker_ids: Collection[int]) -> bool:
 # ----- codec helpers -----------------------------------------------------------------------
 
 
-def _request_type(api_key: int, version: int) -> type:
-    if DEFAULT_REGISTRY.serves(api_key, version):
-        return DEFAULT_REGISTRY.request_type(api_key, version)
-    return load_request_schema(api_key, version)
-
-
-def _response_type(api_key: int, version: int) -> type:
-    if DEFAULT_REGISTRY.serves(api_key, version):
-        return DEFAULT_REGISTRY.response_type(api_key, version)
-    return load_response_schema(api_key, version)
-
-
 def _decode_request(request: Request) -> object:
     header = request.header
-    return decode_entity(_request_type(header.api_key, header.api_version),
+    return decode_entity(request_type_for(header.api_key, header.api_version),
                          memoryview(request.frame)[request.body_offset:])
-
-
-def _framed(request: Request, response: object) -> bytes:
-    header = request.header
-    count_response_errors(header.api_key, response)
-    version = response_header_version(header.api_key, header.api_version)
-    return encode_response_header(header.correlation_id, version) + encode(response)
 
 
 def _local(handler: Callable[[object, Request], Awaitable[object]]) -> ServeLocally:
     async def serve(request: Request, connection: ClientConnection) -> bytes:
-        return _framed(request, await handler(_decode_request(request), request))
+        return response_payload(request, await handler(_decode_request(request), request))
 
     return ServeLocally(serve)
 
@@ -105,44 +83,14 @@ def _local(handler: Callable[[object, Request], Awaitable[object]]) -> ServeLoca
 _ZERO = datetime.timedelta(0)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class _MergeGroups:
-    """Response transform: the broker's entries plus the proxy's, in the order the request named them.
-
-    `order` lists the requested group ids (None: append); `key` reads an entry's group id.
-    """
-
-    field: str
-    entries: tuple
-    order: tuple[str, ...] | None = None
-    key: str = "group_id"
-
-    async def __call__(self, request: Request, payload: bytes) -> bytes:
-        header = request.header
-        _, body_offset = parse_response_header(payload, response_header_version(header.api_key, header.api_version))
-        response = decode_entity(_response_type(header.api_key, header.api_version), memoryview(payload)[body_offset:])
-        count_response_errors(header.api_key, tuple(self.entries))
-        merged = list(getattr(response, self.field)) + list(self.entries)
-        if self.order is not None:
-            rank = {group_id: i for i, group_id in enumerate(self.order)}
-            merged.sort(key=lambda entry: rank.get(getattr(entry, self.key), len(rank)))
-        return bytes(payload[:body_offset]) + encode(dataclasses.replace(response, **{self.field: tuple(merged)}))
-
-
-async def _split(
-    request: Request, connection: ClientConnection, entity: object, *, request_field: str, response_field: str,
-    ids: Sequence[str], local_entries: tuple,
-) -> None:
+async def _split(request: Request, connection: ClientConnection, entity: object, *, request_field: str,
+                 response_field: str, share_ids: Sequence[str], local_entries) -> None:
     """Answer the share ids locally and forward the rest: one response, in request order."""
-    kept = tuple(group_id for group_id in ids if group_id not in {getattr(e, "group_id") for e in local_entries})
-    if not kept:
-        response_type = _response_type(request.header.api_key, request.header.api_version)
-        await connection.respond(request, _framed(request, build(
-            response_type, throttle_time=_ZERO, **{response_field: local_entries})))
-        return
-    body = encode(dataclasses.replace(entity, **{request_field: kept}))
-    trimmed = dataclasses.replace(request, frame=bytes(request.frame[: request.body_offset]) + body)
-    await connection.forward(trimmed, _MergeGroups(response_field, local_entries, tuple(ids)))
+    ids = tuple(getattr(entity, request_field))
+    local = set(share_ids)
+    await split_request(request, connection, entity=entity, request_field=request_field,
+                        response_field=response_field, forwarded=[group_id not in local for group_id in ids],
+                        local_entries=local_entries, order=ids)
 
 
 # ----- ListGroups ----------------------------------------------------------------------------
@@ -160,13 +108,13 @@ class ListGroupsRoute:
         entity = _decode_request(request)
         listed = self.admin.list_groups(getattr(entity, "states_filter", None) or (),
                                         getattr(entity, "types_filter", None) or ())
-        entry_type = item_type(_response_type(LIST_GROUPS, request.header.api_version), "groups")
+        entry_type = item_type(response_type_for(LIST_GROUPS, request.header.api_version), "groups")
         entries = tuple(
             build(entry_type, group_id=group_id, protocol_type=SHARE_PROTOCOL_TYPE, group_state=state,
                    group_type=SHARE_GROUP_TYPE)
             for group_id, state in listed
         )
-        await connection.forward(request, _MergeGroups("groups", entries) if entries else None)
+        await connection.forward(request, MergeEntries("groups", constant(entries)) if entries else None)
 
 
 # ----- DescribeGroups / ConsumerGroupDescribe ------------------------------------------------
@@ -187,10 +135,10 @@ class DescribeRoute:
         if not share_ids:
             await connection.forward(request)
             return
-        entry_type = item_type(_response_type(header.api_key, header.api_version), "groups")
-        entries = tuple(self._entry(entry_type, header.api_key, header.api_version, g) for g in share_ids)
-        await _split(request, connection, entity, request_field=field, response_field="groups", ids=ids,
-                     local_entries=entries)
+        entry_type = item_type(response_type_for(header.api_key, header.api_version), "groups")
+        entries = [self._entry(entry_type, header.api_key, header.api_version, g) for g in share_ids]
+        await _split(request, connection, entity, request_field=field, response_field="groups",
+                     share_ids=share_ids, local_entries=constant(entries))
 
     @staticmethod
     def _entry(entry_type: type, api_key: int, version: int, group_id: str) -> object:
@@ -221,13 +169,19 @@ class DeleteGroupsRoute:
         if not share_ids:
             await connection.forward(request)
             return
-        entry_type = item_type(_response_type(DELETE_GROUPS, request.header.api_version), "results")
-        entries = []
-        for group_id in share_ids:
-            code, message = await self.admin.delete_group(group_id)
-            entries.append(build(entry_type, group_id=group_id, error_code=code, error_message=message))
+        entry_type = item_type(response_type_for(DELETE_GROUPS, request.header.api_version), "results")
+
+        async def deleted() -> tuple:
+            # Run when the answer is due (concurrently when every id is a share group), so the
+            # connection goes on reading requests while the tombstones are written.
+            entries = []
+            for group_id in share_ids:
+                code, message = await self.admin.delete_group(group_id)
+                entries.append(build(entry_type, group_id=group_id, error_code=code, error_message=message))
+            return tuple(entries)
+
         await _split(request, connection, entity, request_field="groups_names", response_field="results",
-                     ids=ids, local_entries=tuple(entries))
+                     share_ids=share_ids, local_entries=deleted)
 
 
 # ----- the share-group offsets APIs ----------------------------------------------------------

@@ -38,11 +38,11 @@ import trio
 from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 
-from codec.headers import parse_response_header, response_header_version
-from codec.registry import decode_entity, encode
+from codec.registry import decode_entity
 from proxy.connection import FORWARD, ClientConnection, Request, Route
 from proxy.errors import UpstreamError
-from proxy.route_split import AnswerView, build, item_type, split_request
+from proxy.rewrite import decode_response, encode_response
+from proxy.route_split import AnswerView, build, constant, item_type, split_request
 from proxy.share import state_store
 from proxy.share.commit import CommitPipeline
 from proxy.share.coordinator import ShareGroupCoordinator
@@ -202,16 +202,11 @@ class GroupConfigRoute:
                 await self.inner.start(request, connection)
                 return
             # Described now, in request order; nothing to wait for.
-            answers = tuple(
+            entries = constant([
                 self.configs.describe(result_type, r, include_synonyms=bool(getattr(entity, "include_synonyms", False)),
                                       include_documentation=bool(getattr(entity, "include_documentation", False)))
                 for r, is_local in zip(resources, local) if is_local
-            )
-
-            async def described() -> tuple:
-                return answers
-
-            entries = described
+            ])
         else:
             local = [
                 int(r.resource_type) == GROUP_RESOURCE
@@ -273,18 +268,15 @@ class ListConfigResourcesRoute:
         await self.inner.start(request, connection)
 
     async def _add_groups(self, request: Request, payload: bytes) -> bytes:
-        header = request.header
-        response_type = load_response_schema(header.api_key, header.api_version)
-        _, body_offset = parse_response_header(payload, response_header_version(header.api_key, header.api_version))
-        response = decode_entity(response_type, memoryview(payload)[body_offset:])
+        header, response = decode_response(request.header.api_key, request.header.api_version, payload)
         if response.error_code != ErrorCode.none:
             return payload
         listed = {r.resource_name for r in response.config_resources if int(r.resource_type) == GROUP_RESOURCE}
-        entry_type = item_type(response_type, "config_resources")
+        entry_type = item_type(type(response), "config_resources")
         extra = tuple(build(entry_type, resource_name=group_id, resource_type=GROUP_RESOURCE)
                       for group_id in self.configs.coordinator.configured_group_ids() if group_id not in listed)
-        merged = dataclasses.replace(response, config_resources=tuple(response.config_resources) + extra)
-        return bytes(payload[:body_offset]) + encode(merged)
+        return encode_response(header, dataclasses.replace(
+            response, config_resources=tuple(response.config_resources) + extra))
 
 
 def group_config_routes(configs: GroupConfigs, routes: dict[int, Route]) -> dict[int, Route]:

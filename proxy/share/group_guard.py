@@ -21,9 +21,9 @@ import typing
 from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 
-from codec.headers import encode_response_header, response_header_version
-from codec.registry import decode_entity, encode
+from codec.registry import decode_entity
 from proxy.connection import ClientConnection, Request
+from proxy.route_split import response_payload
 from proxy.share.coordinator import ShareGroupCoordinator
 
 JOIN_GROUP = 11
@@ -56,8 +56,7 @@ class ConsumerGroupGuard:
             _REFUSALS[header.api_key],
             f"Group {group_id} is a share group.",
         )
-        version = response_header_version(header.api_key, header.api_version)
-        await connection.respond(request, encode_response_header(header.correlation_id, version) + encode(response))
+        await connection.respond(request, response_payload(request, response))
 
 
 def error_response(response_type: type, error_code: ErrorCode, message: str | None = None) -> object:

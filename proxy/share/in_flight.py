@@ -30,11 +30,10 @@ import structlog
 from kio.schema.errors import ErrorCode
 
 from codec import extensions
-from codec.headers import encode_response_header, response_header_version
-from codec.registry import decode_entity, encode
+from codec.registry import decode_entity
 from proxy.apiversions import VersionRange
 from proxy.connection import ClientConnection, Request, ServeLocally
-from proxy.metrics import count_response_errors
+from proxy.route_split import response_payload
 from proxy.share.partition import InFlightRun
 from proxy.share.states import RecordState
 
@@ -252,10 +251,7 @@ def in_flight_routes(service, api_key: int = extensions.DEFAULT_DESCRIBE_IN_FLIG
         if result.error is not ErrorCode.none:
             log.info("in-flight describe refused", group=entity.group_id, error=result.error.name,
                      message=result.message)
-        response = in_flight_response(result, api.responses[header.api_version])
-        count_response_errors(header.api_key, response)
-        version = response_header_version(header.api_key, header.api_version)
-        return encode_response_header(header.correlation_id, version) + encode(response)
+        return response_payload(request, in_flight_response(result, api.responses[header.api_version]))
 
     return {api_key: ServeLocally(serve)}
 

@@ -18,11 +18,10 @@ from dataclasses import fields
 import structlog
 from kio.schema.errors import ErrorCode
 
-from codec.headers import encode_response_header, response_header_version
-from codec.registry import DEFAULT_REGISTRY, encode, nested_types
+from codec.registry import DEFAULT_REGISTRY, nested_types
 from proxy.apiversions import VersionRange
-from proxy.metrics import count_response_errors
 from proxy.connection import ByteBudget, ClientConnection, Request, ServeLocally
+from proxy.route_split import response_payload
 from proxy.share.manager import AcknowledgeOutcome, FetchOutcome, ShareService
 from proxy.share.reader import Fetched
 from proxy.share.sessions import response_order
@@ -51,10 +50,7 @@ def _serve(handler: Handler):
         header = request.header
         body = memoryview(request.frame)[request.body_offset:]
         entity = DEFAULT_REGISTRY.decode_request(header.api_key, header.api_version, body)
-        response = await handler(entity, request, connection)
-        count_response_errors(header.api_key, response)
-        version = response_header_version(header.api_key, header.api_version)
-        return encode_response_header(header.correlation_id, version) + encode(response)
+        return response_payload(request, await handler(entity, request, connection))
 
     return serve
 

@@ -51,7 +51,7 @@ from kio.schema.errors import ErrorCode
 from codec.produce import FIRST_TOPIC_ID_VERSION, names_any, produce_layout
 from codec.registry import decode_entity, encode
 from proxy.connection import FORWARD, ClientConnection, Request, Route
-from proxy.route_split import AnswerView, MergeEntries, build, item_type, local_response
+from proxy.route_split import AnswerView, MergeEntries, build, constant, item_type, local_response
 from proxy.share import metrics
 
 log = structlog.get_logger(__name__)
@@ -135,7 +135,7 @@ class ProduceGuard:
             await connection.respond(request, local_response(request, "responses", entries))
             return
         trimmed = dataclasses.replace(request, frame=layout.without(request.frame, refused))
-        await connection.forward(trimmed, MergeEntries("responses", _constant(entries)))
+        await connection.forward(trimmed, MergeEntries("responses", constant(entries)))
 
     def _refusals(self, version: int, partitions: Mapping[bytes, list[int]], names: Mapping[bytes, str]) -> tuple:
         response_type = load_response_schema(PRODUCE, version)
@@ -261,17 +261,7 @@ class AdminGuard:
         trimmed = dataclasses.replace(request, frame=bytes(request.frame[: request.body_offset]) + body)
         # The rest goes through the route the guard wraps (it may answer part of it itself, e.g.
         # share-group configs); the refusals are added to whatever it answers.
-        await self.inner.start(trimmed, AnswerView(connection, MergeEntries(api.response_field, _constant(refusals))))
-
-
-# ----- responses ----------------------------------------------------------------------------------
-
-
-def _constant(entries: tuple):
-    async def entries_source() -> tuple:
-        return entries
-
-    return entries_source
+        await self.inner.start(trimmed, AnswerView(connection, MergeEntries(api.response_field, constant(refusals))))
 
 
 def state_topic_routes(topics: StateTopics, routes: Mapping[int, Route]) -> dict[int, Route]:

@@ -13,8 +13,8 @@ from codec.headers import RequestHeader, encode_response_header, parse_response_
 from codec.registry import DEFAULT_REGISTRY, decode_entity, encode, nested_types
 from proxy.apiversions import FORWARDABLE, ApiVersionTable
 from proxy.connection import Request
+from proxy.route_split import MergeEntries, constant
 from proxy.share.admin_routes import (
-    _MergeGroups,
     alter_offsets_response,
     delete_offsets_response,
     describe_offsets_response,
@@ -106,7 +106,8 @@ async def test_merge_puts_the_proxys_entries_in_request_order():
     payload = encode_response_header(7, header_version) + encode(upstream)
     request = Request(RequestHeader(15, version, 7, "t"), b"", 0)
 
-    merged = await _MergeGroups("groups", (described("a", ErrorCode.group_id_not_found),), ("a", "b"))(request, payload)
+    merged = await MergeEntries("groups", constant([described("a", ErrorCode.group_id_not_found)]),
+                                order=("a", "b"))(request, payload)
 
     header, offset = parse_response_header(merged, header_version)
     assert header.correlation_id == 7
