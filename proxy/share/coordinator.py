@@ -288,8 +288,11 @@ class ShareGroupCoordinator:
         return group is not None and member_id in group.members
 
     def has_members(self, group_id: str) -> bool:
+        return self.member_count(group_id) > 0
+
+    def member_count(self, group_id: str) -> int:
         group = self._groups.get(group_id)
-        return group is not None and bool(group.members)
+        return len(group.members) if group is not None else 0
 
     def group_ids(self) -> list[str]:
         return sorted(self._groups)

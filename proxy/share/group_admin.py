@@ -52,7 +52,7 @@ from proxy.share.coordinator import GroupState
 from proxy.share.leaders import Leader, SharePartitionKey
 from proxy.share.partition import PartitionSnapshot, SharePartition
 from proxy.share.persister import PersistError
-from proxy.share.states import RecordState
+from proxy.share.states import TERMINAL_STATES
 
 log = structlog.get_logger(__name__)
 
@@ -67,7 +67,6 @@ KNOWN_GROUP_TYPES = frozenset({"consumer", "classic", "share", "streams"})
 NOT_EMPTY_MESSAGE = "The group is not empty."  # Errors.NON_EMPTY_GROUP.message()
 UNKNOWN_TOPIC_MESSAGE = "This server does not host this topic-partition."  # Errors.UNKNOWN_TOPIC_OR_PARTITION
 NO_OFFSETS_MESSAGE = "There is no offset information to delete."
-DELIVERY_COMPLETE = frozenset({RecordState.ACKNOWLEDGED, RecordState.ARCHIVED})
 
 
 # ----- pure rules ---------------------------------------------------------------------------
@@ -87,7 +86,7 @@ def delivery_complete_count(snapshot: PartitionSnapshot) -> int:
     return sum(
         batch.last_offset - max(batch.first_offset, snapshot.start_offset) + 1
         for batch in snapshot.state_batches
-        if batch.delivery_state in DELIVERY_COMPLETE and batch.last_offset >= snapshot.start_offset
+        if batch.delivery_state in TERMINAL_STATES and batch.last_offset >= snapshot.start_offset
     )
 
 

@@ -31,7 +31,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from proxy.share.commit import Cause, Change
 from proxy.share.partition import AckRange, AcquiredRecords, StateDelta
-from proxy.share.states import AcknowledgeType, RecordState
+from proxy.share.group_admin import share_lag
+from proxy.share.states import TERMINAL_STATES, AcknowledgeType, RecordState
 
 if TYPE_CHECKING:
     from proxy.share.manager import ShareService
@@ -41,9 +42,7 @@ SharePartitionKey = tuple[str, uuid.UUID, int]
 MAX_DELIVERY_COUNT_BUCKET = 10  # Kafka's delivery count limit is at most 10
 ACK_TYPE_NAMES = {int(t): t.name.lower() for t in AcknowledgeType if t is not AcknowledgeType.GAP}
 ARCHIVE_REASONS = ("rejected", "delivery_limit", "aborted_or_control", "log_truncated")
-STATE_NAMES = {RecordState.AVAILABLE: "available", RecordState.ACQUIRED: "acquired",
-               RecordState.ACKNOWLEDGED: "acknowledged", RecordState.ARCHIVED: "archived"}
-_DELIVERY_COMPLETE = (RecordState.ACKNOWLEDGED, RecordState.ARCHIVED)
+STATE_NAMES = {state: state.name.lower() for state in RecordState}
 
 
 @dataclass(slots=True)
@@ -177,9 +176,10 @@ def partition_view(key: SharePartitionKey, topic: str, engine, high_watermark: i
         size = last - first + 1
         name = STATE_NAMES.get(state, str(int(state)))
         in_flight[name] = in_flight.get(name, 0) + size
-        if state in _DELIVERY_COMPLETE and first >= engine.start_offset:
+        if state in TERMINAL_STATES and first >= engine.start_offset:
             complete += size
-    lag = -1 if high_watermark < 0 else max(0, high_watermark - engine.start_offset - complete)
+    # -1: no high watermark seen yet. One seen before the latest acquisitions can trail them: not below 0.
+    lag = -1 if high_watermark < 0 else max(0, share_lag(high_watermark, engine.start_offset, complete))
     return PartitionView(key, topic, engine.start_offset, in_flight, lag)
 
 
@@ -199,8 +199,7 @@ class ShareCollector:
         group_ids = coordinator.group_ids()
         views = [self._view(leader) for leader in leaders.values()]
         known_keys = leaders.keys()
-        events.forget_missing(set(group_ids) | {v.key[0] for v in views} | {k[0] for k in known_keys},
-                              known_keys)
+        events.forget_missing(set(group_ids) | {k[0] for k in known_keys}, known_keys)
         per_partition = events.per_partition
 
         groups = GaugeMetricFamily("ksp_share_groups", "Share groups by state (Kafka: share-group-count)",
@@ -213,8 +212,8 @@ class ShareCollector:
         yield groups
 
         members = GaugeMetricFamily("ksp_share_group_members", "Members of a share group", labels=["group"])
-        for described in coordinator.describe(group_ids):
-            members.add_metric([described.group_id], len(described.members))
+        for group_id in group_ids:
+            members.add_metric([group_id], coordinator.member_count(group_id))
         yield members
         yield GaugeMetricFamily("ksp_share_sessions", "Share sessions open (Kafka: group.share.max.share.sessions)",
                                 value=len(service.sessions))

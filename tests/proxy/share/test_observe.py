@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from prometheus_client import CollectorRegistry
 
 from proxy.share.commit import Cause, Change
-from proxy.share.coordinator import DescribedGroup, GroupState
+from proxy.share.coordinator import GroupState
 from proxy.share.observe import ShareCollector, ShareEventCounts, partition_view
 from proxy.share.partition import AckRange, BatchHeader, PartitionConfig, SharePartition
 from proxy.share.states import AcknowledgeType
@@ -114,8 +114,8 @@ class FakeCoordinator:
     def list_groups(self):
         return [(g, GroupState.STABLE if n else GroupState.EMPTY) for g, n in sorted(self.members.items())]
 
-    def describe(self, group_ids):
-        return [DescribedGroup(g, members=(object(),) * self.members[g]) for g in group_ids]
+    def member_count(self, group_id):
+        return self.members.get(group_id, 0)
 
 
 def scrape(collector: ShareCollector) -> dict:
