@@ -304,7 +304,7 @@ class GroupAdmin:
         # The group may have gained a member while we awaited the topic check.
         if self.coordinator.has_members(group_id):
             return AdminOutcome(ErrorCode.non_empty_group, NOT_EMPTY_MESSAGE)
-        self.service._handle_events(self.coordinator.create_empty_group(group_id))
+        self.service.handle_events(self.coordinator.create_empty_group(group_id))
         try:
             with trio.fail_after(self.write_timeout_s):
                 await self._settle_staged(group_id, starts)
@@ -312,7 +312,7 @@ class GroupAdmin:
                     return AdminOutcome(ErrorCode.non_empty_group, NOT_EMPTY_MESSAGE)
                 waits = [self._reset(group_id, tp, offset) for tp, offset in starts.items()]
                 self.coordinator.mark_initialized(group_id, starts)
-                group_write = self._queue_partitions_record(group_id)
+                group_write = self.commits.queue_group_records([self.service.partitions_record(group_id)])
                 for leader, version in waits:
                     await self.commits.durable(leader, version)
                 await self.commits.group_records_durable(group_write)
@@ -357,11 +357,6 @@ class GroupAdmin:
             self.service.reader.cache_budget.drop(leader)
         return leader, self.commits.record(leader, None, Cause.INITIALISED)
 
-    def _queue_partitions_record(self, group_id: str) -> int:
-        topic_names = {t.topic_id: t.name for t in self.cluster.snapshot.topics_by_id.values()}
-        return self.commits.queue_group_records([state_store.group_partitions_record(
-            group_id, list(self.coordinator.initialized_partitions(group_id)), topic_names)])
-
     # -- DeleteShareGroupOffsets ---------------------------------------------------------------
 
     async def delete_offsets(self, group_id: str, topic_names: Sequence[str]) -> AdminOutcome:
@@ -397,7 +392,7 @@ class GroupAdmin:
             results.append(TopicResult(name, topic.topic_id))
             log.info("share group offsets deleted", group=group_id, topic=name, partitions=len(keys))
         if records:
-            records.append(self._partitions_record(group_id))
+            records.append(self.service.partitions_record(group_id))
             try:
                 await self._await_group_records(self.commits.queue_group_records(records))
             except _WriteTimedOut:
@@ -412,11 +407,6 @@ class GroupAdmin:
             self.service.reader.cache_budget.drop(leader)
         self.leaders.remove(key)
         return state_store.partition_tombstone(key)
-
-    def _partitions_record(self, group_id: str) -> tuple[bytes, bytes | None]:
-        topic_names = {t.topic_id: t.name for t in self.cluster.snapshot.topics_by_id.values()}
-        return state_store.group_partitions_record(
-            group_id, list(self.coordinator.initialized_partitions(group_id)), topic_names)
 
     async def _await_group_records(self, number: int) -> None:
         with trio.move_on_after(self.write_timeout_s) as scope:
@@ -437,7 +427,7 @@ class GroupAdmin:
                    {(group_id, t, p) for event in events for t, p in event.partitions}
                    | {key for key in self.leaders.keys() if key[0] == group_id}]
         records.extend(state_store.group_tombstones(group_id))
-        self.service._group_created.pop(group_id, None)
+        self.service.group_deleted(group_id)
         log.info("share group deleted", group=group_id, partitions=len(records) - 3)
         try:
             await self._await_group_records(self.commits.queue_group_records(records))

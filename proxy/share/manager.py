@@ -238,7 +238,7 @@ class ShareService:
             if delta is not None:
                 self.commits.record(leader, delta, Cause.LOCK_EXPIRED)
             self.leaders.schedule(leader)
-        self._handle_events(self.coordinator.expire(now))
+        self.handle_events(self.coordinator.expire(now))
         if released:
             self.work.fire()
 
@@ -258,11 +258,12 @@ class ShareService:
     def _metadata_refreshed(self) -> None:
         topics = [CoordinatorTopic(t.name, t.topic_id, len(t.partitions))
                   for t in self.cluster.snapshot.topics_by_name.values()]
-        self._handle_events(self.coordinator.update_topic_metadata(topics, self.clock()))
+        self.handle_events(self.coordinator.update_topic_metadata(topics, self.clock()))
 
     # ----- coordinator events ---------------------------------------------------------
 
-    def _handle_events(self, events: Iterable[object]) -> None:
+    def handle_events(self, events: Iterable[object]) -> None:
+        """Act on coordinator events (release records, initialise, persist group metadata)."""
         for event in events:
             if isinstance(event, MemberDeparted):
                 # The share session stays: it belongs to the connection, and a client may still
@@ -313,13 +314,17 @@ class ShareService:
                 self.coordinator.initialization_failed(group_id, [tp])
         if done:
             self.coordinator.mark_initialized(group_id, done)
-            topic_names = {t.topic_id: t.name for t in self.cluster.snapshot.topics_by_id.values()}
-            self.commits.queue_group_records(
-                [state_store.group_partitions_record(
-                    group_id, [(t[0], t[1]) for t in self.coordinator.initialized_partitions(group_id)],
-                    topic_names,
-                )],
-            )
+            self.commits.queue_group_records([self.partitions_record(group_id)])
+
+    def partitions_record(self, group_id: str) -> tuple[bytes, bytes | None]:
+        """The group's record of its initialised share-partitions, as the coordinator has them now."""
+        topic_names = {t.topic_id: t.name for t in self.cluster.snapshot.topics_by_id.values()}
+        return state_store.group_partitions_record(
+            group_id, list(self.coordinator.initialized_partitions(group_id)), topic_names)
+
+    def group_deleted(self, group_id: str) -> None:
+        """Forget what the service keeps of a deleted group beside the coordinator."""
+        self._group_created.pop(group_id, None)
 
     # ----- connections ----------------------------------------------------------------
 
@@ -368,7 +373,7 @@ class ShareService:
             client_host=client_host,
             group_is_other_type=other_type,
         )
-        self._handle_events(result.events)
+        self.handle_events(result.events)
         self._wake_timer(self.coordinator.next_deadline())
         return heartbeat_response(result)
 
