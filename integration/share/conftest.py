@@ -418,19 +418,27 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str | Callab
 # ----- ShareGroupDescribe through the proxy --------------------------------------------------
 
 
+@contextlib.asynccontextmanager
+async def wire_client(bootstrap: str, client_id: str = "share-integration-test"):
+    """A Kafka-protocol client on `bootstrap` speaking the project's own codec, closed afterwards."""
+    stream = await open_upstream(parse_host_port(bootstrap), timeout=10, max_frame_size=1 << 24)
+    client = UpstreamClient(stream, client_id=client_id)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+async def wire_call(bootstrap: str, request, response_type: type | None = None):
+    """One request on a fresh connection; `response_type` for the extension RPCs (see UpstreamClient.call)."""
+    async with wire_client(bootstrap) as client:
+        return await client.call(request, response_type)
+
+
 def describe_share_group(bootstrap: str, group: str):
     """The proxy's ShareGroupDescribe (v1) answer for `group` (a kio DescribedGroup)."""
-
-    async def call():
-        stream = await open_upstream(parse_host_port(bootstrap), timeout=10, max_frame_size=1 << 24)
-        client = UpstreamClient(stream, client_id="share-integration-test")
-        try:
-            request = load_request_schema(77, 1)(group_ids=(group,), include_authorized_operations=False)
-            return (await client.call(request)).groups[0]
-        finally:
-            await client.aclose()
-
-    return trio.run(call)
+    request = load_request_schema(77, 1)(group_ids=(group,), include_authorized_operations=False)
+    return trio.run(wire_call, bootstrap, request).groups[0]
 
 
 def wait_for_assigned_members(bootstrap: str, group: str, count: int, timeout: float = 30.0):

@@ -12,31 +12,20 @@ import uuid
 import trio
 from kio.index import load_request_schema
 
-from integration.share.conftest import WireMember, durable_state, produce
-from proxy.config import parse_host_port
-from proxy.upstream import UpstreamClient, open_upstream
+from integration.share.conftest import WireMember, durable_state, produce, wire_call, wire_client
 
 NONE, UNKNOWN_TOPIC_OR_PARTITION, GROUP_ID_NOT_FOUND, NON_EMPTY_GROUP = 0, 3, 69, 68
 GROUP_OPERATIONS = 3400  # READ, DELETE, DESCRIBE, DESCRIBE_CONFIGS, ALTER_CONFIGS
 
 
 async def call(bootstrap: str, api_key: int, version: int, **fields):
-    stream = await open_upstream(parse_host_port(bootstrap), timeout=10, max_frame_size=1 << 24)
-    client = UpstreamClient(stream, client_id="group-admin-test")
-    try:
-        return await client.call(load_request_schema(api_key, version)(**fields))
-    finally:
-        await client.aclose()
+    return await wire_call(bootstrap, load_request_schema(api_key, version)(**fields))
 
 
 async def version_up_to(bootstrap: str, api_key: int, wanted: int) -> int:
     """The highest version <= `wanted` the proxy advertises (Kafka 3.9 stops below 4.x's)."""
-    stream = await open_upstream(parse_host_port(bootstrap), timeout=10, max_frame_size=1 << 24)
-    client = UpstreamClient(stream, client_id="group-admin-test")
-    try:
+    async with wire_client(bootstrap) as client:
         return min(wanted, (await client.api_versions())[api_key][1])
-    finally:
-        await client.aclose()
 
 
 def _schema_type(api_key: int, version: int, name: str) -> type:

@@ -25,10 +25,9 @@ from integration.share.conftest import (
     produce,
     share_consumer,
     wait_for_assigned_members,
+    wire_call,
 )
-from proxy.config import parse_host_port
 from proxy.localkafka import fetch_kafka
-from proxy.upstream import UpstreamClient, open_upstream
 
 from kio.schema.describe_configs.v4.request import DescribeConfigsResource
 from kio.schema.incremental_alter_configs.v1.request import AlterableConfig, AlterConfigsResource
@@ -61,15 +60,7 @@ def kafka_configs(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def call(bootstrap: str, request):
-    async def run():
-        stream = await open_upstream(parse_host_port(bootstrap), timeout=10, max_frame_size=1 << 24)
-        client = UpstreamClient(stream, client_id="group-configs-test")
-        try:
-            return await client.call(request)
-        finally:
-            await client.aclose()
-
-    return trio.run(run)
+    return trio.run(wire_call, bootstrap, request)
 
 
 def alter(bootstrap: str, resources: list[tuple[int, str, list[tuple[str, int, str | None]]]],

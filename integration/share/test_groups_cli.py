@@ -20,9 +20,7 @@ import trio
 from confluent_kafka import AcknowledgeType
 
 from codec import extensions
-from integration.share.conftest import EXPLICIT, describe_share_group, poll_until, produce, share_consumer
-from proxy.config import parse_host_port
-from proxy.upstream import UpstreamClient, open_upstream
+from integration.share.conftest import EXPLICIT, describe_share_group, poll_until, produce, share_consumer, wire_call
 
 pytestmark = pytest.mark.integration
 
@@ -43,16 +41,7 @@ def groups_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
 def in_flight(bootstrap: str, group: str, **filters):
     """The proxy's DescribeShareGroupInFlight answer (v0, key 82) for the whole group."""
     api = extensions.describe_in_flight()
-
-    async def call():
-        stream = await open_upstream(parse_host_port(bootstrap), timeout=10, max_frame_size=1 << 24)
-        client = UpstreamClient(stream, client_id="in-flight-test")
-        try:
-            return await client.call(api.requests[0](group_id=group, **filters), api.responses[0])
-        finally:
-            await client.aclose()
-
-    return trio.run(call)
+    return trio.run(wire_call, bootstrap, api.requests[0](group_id=group, **filters), api.responses[0])
 
 
 @pytest.fixture(scope="module")

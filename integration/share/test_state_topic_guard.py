@@ -24,9 +24,7 @@ from kio.index import load_request_schema
 from kio.static.primitive import Records, i16, i32
 
 from codec.records import encode_batch
-from integration.share.conftest import produce, wait_until
-from proxy.config import parse_host_port
-from proxy.upstream import UpstreamClient, open_upstream
+from integration.share.conftest import produce, wait_until, wire_call
 
 pytestmark = pytest.mark.integration
 
@@ -82,22 +80,13 @@ def raw_produce(bootstrap: str, version: int, topics: list[tuple[str, int, list[
     """One Produce request (acks=all) naming several topics, as the Java producer sends them
     (librdkafka sends one partition per request); returns {(topic, partition): (error, base offset)}."""
 
-    async def call():
-        stream = await open_upstream(parse_host_port(bootstrap), timeout=10, max_frame_size=1 << 24)
-        client = UpstreamClient(stream, client_id="mixed-produce")
-        try:
-            cls = load_request_schema(0, version)
-            data_cls = typing.get_args(typing.get_type_hints(cls)["topic_data"])[0]
-            part_cls = typing.get_args(typing.get_type_hints(data_cls)["partition_data"])[0]
-            request = cls(transactional_id=None, acks=i16(-1), timeout=datetime.timedelta(seconds=30), topic_data=tuple(
-                data_cls(name=name, partition_data=(part_cls(index=i32(partition),
-                                                             records=Records(encode_batch(0, values))),))
-                for name, partition, values in topics))
-            return await client.call(request)
-        finally:
-            await client.aclose()
-
-    response = trio.run(call)
+    cls = load_request_schema(0, version)
+    data_cls = typing.get_args(typing.get_type_hints(cls)["topic_data"])[0]
+    part_cls = typing.get_args(typing.get_type_hints(data_cls)["partition_data"])[0]
+    request = cls(transactional_id=None, acks=i16(-1), timeout=datetime.timedelta(seconds=30), topic_data=tuple(
+        data_cls(name=name, partition_data=(part_cls(index=i32(partition), records=Records(encode_batch(0, values))),))
+        for name, partition, values in topics))
+    response = trio.run(wire_call, bootstrap, request)
     return {(t.name, int(p.index)): (p.error_code.value, int(p.base_offset))
             for t in response.responses for p in t.partition_responses}
 
