@@ -28,6 +28,15 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class _DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows an option's default only when it has one ("(default: None)" on a required option is noise)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="share-proxy",
@@ -39,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
             name,
             help=help_text,
             description=help_text,
-            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+            formatter_class=_DefaultsHelpFormatter,
         )
         module = importlib.import_module(module_name)
         module.configure(command_parser)

@@ -28,6 +28,7 @@ import trio
 from kio.schema.errors import ErrorCode
 
 from codec import extensions
+from codec.share_state import DeliveryState
 from proxy.config import ENV_PREFIX, parse_host_ports
 from proxy.errors import ConfigError, UpstreamError
 
@@ -37,11 +38,11 @@ EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
 EXIT_NO_EXTENSION = 4
 
-# Record state ids (KIP-932 delivery states, the draft's IN_PROGRESS) and their column names.
-STATE_COLUMNS: tuple[tuple[int, str], ...] = (
-    (0, "AVAILABLE"), (1, "ACQUIRED"), (2, "ACKNOWLEDGED"), (4, "ARCHIVED"), (5, "IN_PROGRESS"),
-)
-STATE_NAMES = {0: "AVAILABLE", 1: "ACQUIRED", 2: "ACKNOWLEDGED", 3: "ARCHIVING", 4: "ARCHIVED", 5: "IN_PROGRESS"}
+# Record states as the wire carries them (codec.share_state.DeliveryState: KIP-932's and the
+# draft's IN_PROGRESS), one column each; ARCHIVING is never in flight for long and has none.
+STATE_NAMES = {int(state): state.name for state in DeliveryState}
+STATE_COLUMNS: tuple[tuple[int, str], ...] = tuple(
+    (int(state), state.name) for state in DeliveryState if state is not DeliveryState.ARCHIVING)
 API_KEY_ENV = ENV_PREFIX + "DESCRIBE_IN_FLIGHT_API_KEY"  # the same variable `serve` reads
 
 
