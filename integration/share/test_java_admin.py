@@ -168,6 +168,10 @@ def test_group_configs_are_set_described_with_their_source_and_validated(kafka, 
     assert configs["share.record.lock.duration.ms"]["value"] == "20000"
     assert configs["share.record.lock.duration.ms"]["source"] == "DYNAMIC_GROUP_CONFIG"
     assert configs["share.auto.offset.reset"]["value"] == "earliest"
+    # The proxy kept them: the broker's own answer (Admin straight to it) never saw the change.
+    broker = admin("describe-group-configs", kafka, group=names.group)
+    broker_values = {c["name"]: c["value"] for c in broker.get("configs") or ()}
+    assert broker_values.get("share.record.lock.duration.ms") != "20000", broker
     assert error_class(refused["result"]) == "InvalidConfigurationException", refused
     assert reverted["result"] is None
     lock = {c["name"]: c for c in after_delete["configs"]}["share.record.lock.duration.ms"]
