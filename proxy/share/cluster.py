@@ -130,6 +130,7 @@ class Cluster:
         self._refresh_lock = trio.Lock()
         self.snapshot = ClusterSnapshot()
         self.fetch_version = FETCH_MAX_VERSION
+        self.list_groups_version: int | None = None  # learned with each refresh, like fetch_version
 
     # ----- metadata -------------------------------------------------------------------
 
@@ -144,6 +145,7 @@ class Cluster:
                 versions = await client.api_versions()
                 fetch_range = versions.get(1, (0, 0))
                 self.fetch_version = min(fetch_range[1], FETCH_MAX_VERSION)
+                self.list_groups_version = min(versions.get(LIST_GROUPS, (0, 0))[1], LIST_GROUPS_MAX_VERSION)
                 if self.fetch_version < FETCH_MIN_VERSION:
                     raise UpstreamError(
                         f"upstream Fetch max version {fetch_range[1]} < {FETCH_MIN_VERSION}: "
@@ -225,8 +227,10 @@ class Cluster:
         """
         for node_id in list(self.snapshot.brokers):
             async with self._client(node_id) as client:
-                versions = await client.api_versions()
-                version = min(versions.get(LIST_GROUPS, (0, 0))[1], LIST_GROUPS_MAX_VERSION)
+                version = self.list_groups_version
+                if version is None:  # before the first metadata refresh
+                    versions = await client.api_versions()
+                    version = min(versions.get(LIST_GROUPS, (0, 0))[1], LIST_GROUPS_MAX_VERSION)
                 schema = load_request_schema(LIST_GROUPS, version)
                 response = await client.call(schema())
             if _code(response.error_code) != NONE:
