@@ -64,6 +64,16 @@ class ShareSettings:
     max_delivery_count_limit: int = 10  # group.share.max.delivery.count.limit
     min_partition_max_record_locks: int = 100  # group.share.min.partition.max.record.locks
     max_partition_max_record_locks: int = 4_000  # group.share.max.partition.max.record.locks
+    # IN_PROGRESS (draft KIP KAFKA-20458, docs/in-progress.md): group.share.in.progress.*, and bounds.
+    in_progress_staleness_threshold_ms: int = 90_000
+    in_progress_max_lock_extension_ms: int = 1_800_000
+    in_progress_rebalance_grace_ms: int = 5_000
+    min_in_progress_staleness_threshold_ms: int = 1_000
+    max_in_progress_staleness_threshold_ms: int = 3_600_000
+    min_in_progress_max_lock_extension_ms: int = 1_000
+    max_in_progress_max_lock_extension_ms: int = 86_400_000
+    min_in_progress_rebalance_grace_ms: int = 0
+    max_in_progress_rebalance_grace_ms: int = 600_000
     auto_offset_reset: str = "latest"  # share.auto.offset.reset default for new groups
     metadata_refresh_ms: int = 10_000  # new topics/partitions reach assignments within this
     state_write_timeout_ms: int = 30_000  # the state producer's delivery timeout
@@ -84,6 +94,18 @@ class ShareSettings:
             max_delivery_count_limit=max(self.max_delivery_count_limit, self.delivery_count_limit),
             min_partition_max_record_locks=min(self.min_partition_max_record_locks, self.partition_max_record_locks),
             max_partition_max_record_locks=max(self.max_partition_max_record_locks, self.partition_max_record_locks),
+            min_in_progress_staleness_threshold_ms=min(self.min_in_progress_staleness_threshold_ms,
+                                                       self.in_progress_staleness_threshold_ms),
+            max_in_progress_staleness_threshold_ms=max(self.max_in_progress_staleness_threshold_ms,
+                                                       self.in_progress_staleness_threshold_ms),
+            min_in_progress_max_lock_extension_ms=min(self.min_in_progress_max_lock_extension_ms,
+                                                      self.in_progress_max_lock_extension_ms),
+            max_in_progress_max_lock_extension_ms=max(self.max_in_progress_max_lock_extension_ms,
+                                                      self.in_progress_max_lock_extension_ms),
+            min_in_progress_rebalance_grace_ms=min(self.min_in_progress_rebalance_grace_ms,
+                                                   self.in_progress_rebalance_grace_ms),
+            max_in_progress_rebalance_grace_ms=max(self.max_in_progress_rebalance_grace_ms,
+                                                   self.in_progress_rebalance_grace_ms),
         )
         defaults = ShareGroupConfig(
             session_timeout_ms=self.session_timeout_ms,
@@ -92,6 +114,9 @@ class ShareSettings:
             delivery_count_limit=self.delivery_count_limit,
             partition_max_record_locks=self.partition_max_record_locks,
             auto_offset_reset=parse_auto_offset_reset(self.auto_offset_reset),
+            in_progress_staleness_threshold_ms=self.in_progress_staleness_threshold_ms,
+            in_progress_max_lock_extension_ms=self.in_progress_max_lock_extension_ms,
+            in_progress_rebalance_grace_ms=self.in_progress_rebalance_grace_ms,
         )
         return CoordinatorConfig(group_defaults=defaults, limits=limits)
 
