@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import structlog
 import trio
 
-from codec.extensions import DEFAULT_DESCRIBE_IN_FLIGHT_KEY
+from codec.extensions import DEFAULT_DESCRIBE_IN_FLIGHT_KEY, DEFAULT_MARK_IN_PROGRESS_KEY
 from proxy.server import Proxy
 from proxy.share import metrics, observe, state_store
 from proxy.share.admin_routes import admin_routes, register_admin_versions
@@ -31,6 +31,7 @@ from proxy.share.persister import (
     replay_state_topic,
 )
 from proxy.share.in_flight import in_flight_routes, in_flight_version_range
+from proxy.share.progress import extension_features, progress_routes, progress_version_range
 from proxy.share.routes import served_version_ranges, share_routes
 from proxy.share.state_topic_guard import StateTopics, state_topic_routes
 
@@ -211,6 +212,13 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
     in_flight_key = getattr(config, "describe_in_flight_api_key", DEFAULT_DESCRIBE_IN_FLIGHT_KEY)
     proxy.routes.update(in_flight_routes(service, in_flight_key))
     proxy.api_versions.register_local(*in_flight_version_range(in_flight_key))
+    # The extension RPC MarkInProgress (proxy/share/progress.py), under its configured key; both
+    # keys are also advertised as ApiVersions supported features so clients need not guess them.
+    mark_key = getattr(config, "mark_in_progress_api_key", DEFAULT_MARK_IN_PROGRESS_KEY)
+    proxy.routes.update(progress_routes(service, mark_key))
+    proxy.api_versions.register_local(*progress_version_range(mark_key))
+    for name, versions in extension_features(mark_key, in_flight_key).items():
+        proxy.api_versions.register_feature(name, versions)
     register_admin_versions(proxy.api_versions)
     log.info("share groups served", state_topic=settings.state_topic, replayed_records=len(replayed))
     return service
