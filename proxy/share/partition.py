@@ -719,8 +719,7 @@ class SharePartition:
                 break
             heapq.heappop(self._deadlines)
         if not self._in_progress_records:
-            self._next_sweep = None
-            return lock_deadline
+            return lock_deadline  # (the sweep time is kept: a rollback may bring its records back)
         if self._next_sweep is None:
             self._next_sweep = self._now + self.config.sweep_interval_ms
         due = self._next_sweep if lock_deadline is None else min(lock_deadline, self._next_sweep)
@@ -1382,7 +1381,7 @@ class SharePartition:
         """
         self._now = now
         config = self.config
-        sweep = self._next_sweep is not None and now >= self._next_sweep
+        sweep = bool(self._in_progress_records) and self._next_sweep is not None and now >= self._next_sweep
         due: dict[ReleaseReason, list[int]] = {}
         for hold_id in list(self._progress_ids):
             hold = self._locks.get(hold_id)
@@ -1406,7 +1405,7 @@ class SharePartition:
                 count = sum(self._release_hold(hold_id, row, changes) for hold_id in hold_ids)
                 released.append(InProgressRelease(reason, self._finish(changes), count))
         if sweep:
-            self._next_sweep = now + config.sweep_interval_ms if self._in_progress_records else None
+            self._next_sweep = now + config.sweep_interval_ms
         return released
 
     def _release_hold(self, hold_id: int, row: tuple, changes: _Changes) -> int:
@@ -1686,6 +1685,8 @@ class SharePartition:
         if move.archive_at_limit and count >= self._delivery_count_limit:
             new_state = _ARCHIVED
         n = last - first + 1
+        # The first record to enter IN_PROGRESS starts the sweep clock (a refresh does not restart it).
+        sweep_starts = not self._in_progress_records
         if self._staging and _PERSISTED[new_state]:
             self._stage(holder, first, last)
         elif holder.rollback is not None:
@@ -1717,7 +1718,7 @@ class SharePartition:
                 lock.last_offset = last
             if _PROGRESS_HELD[new_state]:
                 self._in_progress_records += n
-                if self._next_sweep is None:
+                if sweep_starts:
                     self._next_sweep = self._now + self.config.sweep_interval_ms
         else:
             holder.member_id = None
