@@ -10,9 +10,11 @@ in-flight records counted by state. With ``--in-flight`` it lists the in-flight 
 (the draft KIP's ``kafka-share-groups.sh --in-flight``), filtered on the proxy by
 ``--state`` / ``--held-longer-than-ms`` / ``--progress-stale-longer-than-ms``: TOPIC, PARTITION,
 OFFSETS, STATE, MEMBER, DELIVERY-COUNT, HELD-FOR, LAST-PROGRESS, and STALE after an IN_PROGRESS
-range whose last progress is older than the group's staleness threshold. It speaks the Kafka protocol to the proxy over a plain socket
-with the project's own codec: ApiVersions first (is the extension RPC served, under which key?),
-then DescribeShareGroupInFlight.
+range whose last progress is older than the group's staleness threshold.
+
+It speaks the Kafka protocol to the proxy over a plain socket with the project's own codec:
+ApiVersions first (is the extension RPC served, under which key? the proxy advertises it as the
+feature ``kafka-share-proxy.describe-in-flight.api-key``), then DescribeShareGroupInFlight.
 
 Exit codes: 0 described; 1 the proxy refused (e.g. unknown group, GROUP_ID_NOT_FOUND);
 2 bad arguments; 3 the proxy cannot be reached or answered garbage; 4 the server does not serve
@@ -143,7 +145,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="how long to wait for the proxy")
     parser.add_argument("--api-key", type=int, default=None, metavar="KEY",
                         help=f"API key the proxy serves DescribeShareGroupInFlight under (default: env {API_KEY_ENV}, "
-                             f"else {extensions.DEFAULT_DESCRIBE_IN_FLIGHT_KEY})")
+                             f"else the key the proxy advertises in ApiVersions, else "
+                             f"{extensions.DEFAULT_DESCRIBE_IN_FLIGHT_KEY})")
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
@@ -157,7 +160,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             if filters.any and not args.in_flight:
                 raise GroupsCommandError(
                     EXIT_USAGE, "--state, --held-longer-than-ms and --progress-stale-longer-than-ms need --in-flight")
-            api_key = args.api_key if args.api_key is not None else _api_key_from_env()
+            api_key = args.api_key if args.api_key is not None else _api_key_from_env()  # None: ask the proxy
             bootstrap = _bootstrap(args.bootstrap_server)
             response = trio.run(describe_in_flight, bootstrap, args.group, api_key, args.timeout, filters)
             if args.in_flight:
@@ -194,10 +197,10 @@ def _filters(args: argparse.Namespace) -> InFlightFilters:
     )
 
 
-def _api_key_from_env() -> int:
+def _api_key_from_env() -> int | None:
     text = os.environ.get(API_KEY_ENV)
     if not text:
-        return extensions.DEFAULT_DESCRIBE_IN_FLIGHT_KEY
+        return None
     try:
         return int(text)
     except ValueError:
@@ -211,20 +214,51 @@ def _bootstrap(text: str):
         raise GroupsCommandError(EXIT_USAGE, f"bad --bootstrap-server {text!r}: {exc}") from exc
 
 
-async def describe_in_flight(bootstrap, group_id: str, api_key: int, timeout: float,
+async def _api_versions(client) -> tuple[dict[int, tuple[int, int]], dict[str, tuple[int, int]]]:
+    """(min, max) per API key and the supported features: ApiVersions v3 (which carries the proxy's
+    ``kafka-share-proxy.*.api-key`` features), v0 from a server that does not speak v3."""
+    from kio.index import load_request_schema
+
+    from proxy.errors import UpstreamError
+
+    try:
+        response = await client.call(load_request_schema(18, 3)(
+            client_software_name="share-proxy-groups", client_software_version="1"))
+    except UpstreamError:
+        response = None  # e.g. an UNSUPPORTED_VERSION answer in the v0 shape
+    if response is None or int(response.error_code):
+        return await client.api_versions(), {}
+    versions = {int(a.api_key): (int(a.min_version), int(a.max_version)) for a in response.api_keys}
+    features = {f.name: (int(f.min_version), int(f.max_version)) for f in response.supported_features or ()}
+    return versions, features
+
+
+def _advertised_key(features: dict[str, tuple[int, int]]) -> int:
+    """The key the proxy says it serves DescribeShareGroupInFlight under, else the draft's 82."""
+    advertised = features.get(extensions.DESCRIBE_IN_FLIGHT_KEY_FEATURE)
+    if advertised is None or advertised[0] != advertised[1]:
+        return extensions.DEFAULT_DESCRIBE_IN_FLIGHT_KEY
+    return advertised[0]
+
+
+async def describe_in_flight(bootstrap, group_id: str, api_key: int | None, timeout: float,
                              filters: InFlightFilters = InFlightFilters()):
     """ApiVersions, then DescribeShareGroupInFlight for the whole group (filtered); the response entity.
 
+    ``api_key`` None: the key the proxy advertises (ApiVersions feature
+    ``kafka-share-proxy.describe-in-flight.api-key``), else 82.
     Raises GroupsCommandError for everything that is not a described group."""
     from proxy.upstream import UpstreamClient, open_first_upstream
 
-    api = extensions.describe_in_flight(api_key)
     try:
         with trio.fail_after(timeout):
             address, stream = await open_first_upstream(bootstrap, timeout=timeout, max_frame_size=100 * 1024 * 1024)
             client = UpstreamClient(stream, client_id="share-proxy-groups")
             try:
-                versions = await client.api_versions()
+                versions, features = await _api_versions(client)
+                if api_key is None:
+                    api_key = _advertised_key(features)
+                api = extensions.describe_in_flight(api_key)
                 served = versions.get(api_key)
                 if served is None or not (served[0] <= api.max_version and api.min_version <= served[1]):
                     raise GroupsCommandError(

@@ -232,3 +232,10 @@ def test_bad_in_flight_arguments_are_usage_errors_before_any_connection(argv, co
     code, out, err = run(["--bootstrap-server", "127.0.0.1:1", "--describe", "--group", "g", *argv])
     assert (code, out) == (groups_cli.EXIT_USAGE, "")
     assert complaint in err
+
+
+def test_the_describe_key_is_read_from_the_proxys_advertised_feature():
+    feature = "kafka-share-proxy.describe-in-flight.api-key"
+    assert groups_cli._advertised_key({feature: (10082, 10082)}) == 10082
+    assert groups_cli._advertised_key({}) == 82  # not a share-proxy that advertises it: the draft's key
+    assert groups_cli._advertised_key({feature: (1, 2)}) == 82  # not a key: ignored
