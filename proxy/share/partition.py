@@ -6,8 +6,8 @@ A share-partition is a sliding window over a topic-partition's log (KIP-932 "In-
 records"). Offsets below the share-partition start offset (SPSO) are finished (Archived); offsets
 from the share-partition end offset (SPEO, exclusive here, as in the KIP's worked example) on have
 not been read yet and are implicitly Available with delivery count 0. In between lie the in-flight
-records, each Available, Acquired (by one member, with a lock deadline), Acknowledged or Archived,
-and each with a delivery count.
+records, each Available, Acquired (by one member, with a lock deadline), IN_PROGRESS (by one
+member, held by its progress marks), Acknowledged or Archived, and each with a delivery count.
 
 The window is stored as in-flight batches keyed by first offset in a ``SortedDict`` that tiles
 [SPSO, SPEO) without holes, so looking up an offset is a floor search (O(log n)). A batch keeps one
@@ -20,9 +20,20 @@ The engine does no I/O and reads no clock: each call that depends on time takes 
 the caller drives lock expiry with ``next_deadline()`` / ``expire(now)``. The caller also reads the
 log: ``acquire`` takes the record-batch headers of a Fetch made from ``next_fetch_offset()``.
 
+IN_PROGRESS (draft KIP KAFKA-20458): an owned record is under a ``_Lock`` -- for ACQUIRED records
+the acquisition lock shared by one acquire (or renew) call, with its deadline in a heap; for
+IN_PROGRESS records a *progress hold* with no deadline, shared by the records one mark moved from
+one previous holder, carrying acquired_at, in_progress_start, last_progress, the owner and (after
+its member left) a grace deadline. A mark moves records to a new hold (keeping the start of a
+refreshed one), so per-offset memory stays one lock id. IN_PROGRESS records are released by
+``release_in_progress(now)``: the sweep, due every staleness threshold / 4 while any exist
+(``next_deadline()`` reports it, with grace deadlines), releases stale and over-extended ones, and
+grace deadlines release a departed member's fresh work. No IN_PROGRESS path changes the delivery
+count (counted once, at acquisition). IN_PROGRESS is persisted as itself with owner and times.
+
 Every change that must survive a restart yields a :class:`StateDelta` -- the content of one
-ShareUpdate record (new start offset or -1, and the changed state batches). Acquired records are
-never persisted (KIP-932 "Managing durable share-partition state"), so after a restart
+ShareUpdate record (new start offset or -1, and the changed state batches; IN_PROGRESS batches
+with their owner and times). Acquired records are never persisted (KIP-932 "Managing durable share-partition state"), so after a restart
 (:meth:`SharePartition.from_persisted`) a record that was Acquired for the k-th time comes back as
 it was last written: Available with delivery count k-1 (nothing at all if k was 1).
 
@@ -719,8 +730,7 @@ class SharePartition:
                 break
             heapq.heappop(self._deadlines)
         if not self._in_progress_records:
-            self._next_sweep = None
-            return lock_deadline
+            return lock_deadline  # (the sweep time is kept: a rollback may bring its records back)
         if self._next_sweep is None:
             self._next_sweep = self._now + self.config.sweep_interval_ms
         due = self._next_sweep if lock_deadline is None else min(lock_deadline, self._next_sweep)
@@ -1382,7 +1392,7 @@ class SharePartition:
         """
         self._now = now
         config = self.config
-        sweep = self._next_sweep is not None and now >= self._next_sweep
+        sweep = bool(self._in_progress_records) and self._next_sweep is not None and now >= self._next_sweep
         due: dict[ReleaseReason, list[int]] = {}
         for hold_id in list(self._progress_ids):
             hold = self._locks.get(hold_id)
@@ -1406,7 +1416,7 @@ class SharePartition:
                 count = sum(self._release_hold(hold_id, row, changes) for hold_id in hold_ids)
                 released.append(InProgressRelease(reason, self._finish(changes), count))
         if sweep:
-            self._next_sweep = now + config.sweep_interval_ms if self._in_progress_records else None
+            self._next_sweep = now + config.sweep_interval_ms
         return released
 
     def _release_hold(self, hold_id: int, row: tuple, changes: _Changes) -> int:
@@ -1540,15 +1550,16 @@ class SharePartition:
 
     def newest_acquisition(self, member_id: str, first: int, last: int) -> int:
         """The latest lock id (see acquisition_mark) among the records in [first, last] that
-        ``member_id`` holds Acquired; 0 when it holds none there."""
+        ``member_id`` holds Acquired; 0 when it holds none there. IN_PROGRESS records do not count:
+        their progress hold's id tells when they were marked, not when they were acquired."""
         newest = 0
         for batch in self._batches_from(max(first, self._start), last):
             if batch.offsets is None:
-                if _HOLDS_OWNER[batch.state] and batch.member_id == member_id and batch.lock_id > newest:
+                if _HOLDS_LOCK[batch.state] and batch.member_id == member_id and batch.lock_id > newest:
                     newest = batch.lock_id
             else:
                 for _, holder in batch.holders(first, last):
-                    if _HOLDS_OWNER[holder.state] and holder.member_id == member_id and holder.lock_id > newest:
+                    if _HOLDS_LOCK[holder.state] and holder.member_id == member_id and holder.lock_id > newest:
                         newest = holder.lock_id
         return newest
 
@@ -1686,6 +1697,8 @@ class SharePartition:
         if move.archive_at_limit and count >= self._delivery_count_limit:
             new_state = _ARCHIVED
         n = last - first + 1
+        # The first record to enter IN_PROGRESS starts the sweep clock (a refresh does not restart it).
+        sweep_starts = not self._in_progress_records
         if self._staging and _PERSISTED[new_state]:
             self._stage(holder, first, last)
         elif holder.rollback is not None:
@@ -1717,7 +1730,7 @@ class SharePartition:
                 lock.last_offset = last
             if _PROGRESS_HELD[new_state]:
                 self._in_progress_records += n
-                if self._next_sweep is None:
+                if sweep_starts:
                     self._next_sweep = self._now + self.config.sweep_interval_ms
         else:
             holder.member_id = None

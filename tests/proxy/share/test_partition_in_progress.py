@@ -423,3 +423,24 @@ def test_spso_never_passes_in_progress_and_fetch_never_hands_it_out():
     p.release_member("m2", now=0)
     r = p.acquire("m3", [BatchHeader(0, 9), BatchHeader(10, 19)], now=0, max_records=100)
     assert [(a.first_offset, a.last_offset) for a in r.acquired] == [(10, 19)]
+
+
+def test_newest_acquisition_ignores_in_progress_records():
+    p = held()
+    acquired_lock = p.newest_acquisition("m1", 0, 9)
+    p.mark_in_progress("m1", [(0, 4)], now=100)
+    assert p.newest_acquisition("m1", 0, 9) == acquired_lock  # 5-9 still under their acquisition
+    assert p.newest_acquisition("m1", 0, 4) == 0
+
+
+def test_in_flight_locked_splits_runs_by_in_progress_times_and_grace():
+    p = held()
+    p.mark_in_progress("m1", [(0, 3)], now=100)
+    p.mark_in_progress("m1", [(2, 3)], now=200)
+    p.release_member("m1", now=250)
+    assert [(r.first_offset, r.last_offset, r.state, r.in_progress_start, r.last_progress, r.grace_deadline)
+            for r in p.in_flight_locked() if r.first_offset < 10] == [
+        (0, 1, IN_PROGRESS, 100, 100, 250 + GRACE_MS),
+        (2, 3, IN_PROGRESS, 100, 200, 250 + GRACE_MS),
+        (4, 9, AVAILABLE, -1, -1, -1),
+    ]

@@ -1,8 +1,11 @@
 """Stateful property test of the share-partition engine against a small model.
 
 Hypothesis drives random members through fetches, acknowledgements of every type (valid and
-invalid), clock advances, member departures, log truncation, snapshots and restarts from persisted
-state. After every step the engine must agree with the model and keep the invariants of KIP-932.
+invalid), progress marks (draft KIP KAFKA-20458), clock advances (lock expiry, the staleness sweep,
+rebalance-grace expiry), member departures, log truncation, snapshots and restarts from persisted
+state. After every step the engine must agree with the model and keep the invariants of KIP-932:
+the window tiles [SPSO, SPEO), SPSO never passes a held (ACQUIRED or IN_PROGRESS) record, and no
+delivery is counted twice (IN_PROGRESS paths never change the count).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from proxy.share.states import TERMINAL_STATES, AcknowledgeType, RecordState
 
 MEMBERS = ("m0", "m1", "m2", "m3")
 LOCK_MS = 10_000
+STALE_MS, GRACE_MS = 8_000, 3_000
+SWEEP_MS = STALE_MS // 4
 
 
 @dataclass(frozen=True)
@@ -91,14 +96,20 @@ class PartitionMachine(RuleBasedStateMachine):
         limit=st.sampled_from([2, 3, 3, 4, 5, 6]),
         locks=st.sampled_from([100, 130]),
         read_committed=st.booleans(),
+        # Just above the staleness threshold (max extension often wins), or far above it.
+        max_extension=st.sampled_from([9_000, 30_000]),
     )
-    def setup(self, log: GeneratedLog, limit: int, locks: int, read_committed: bool) -> None:
+    def setup(self, log: GeneratedLog, limit: int, locks: int, read_committed: bool, max_extension: int) -> None:
         self.log = log
+        self.max_ms = max_extension
         self.config = PartitionConfig(
             delivery_count_limit=limit,
             record_lock_duration_ms=LOCK_MS,
             max_record_locks=locks,
             read_committed=read_committed,
+            in_progress_staleness_threshold_ms=STALE_MS,
+            in_progress_max_lock_extension_ms=max_extension,
+            in_progress_rebalance_grace_ms=GRACE_MS,
         )
         self.never = log.undeliverable_always | (log.aborted_offsets if read_committed else frozenset())
         self.p = SharePartition(self.config, 0)
@@ -112,6 +123,9 @@ class PartitionMachine(RuleBasedStateMachine):
         self.deadline: dict[int, int] = {}
         self.count: dict[int, int] = {}
         self.finished: set[int] = set()  # offsets seen Acknowledged or Archived
+        # IN_PROGRESS offsets (also in `holder`): [in-progress start, last progress, grace deadline].
+        self.progress: dict[int, list[int]] = {}
+        self.next_sweep: int | None = None
 
     # ----- helpers ---------------------------------------------------------------------
 
@@ -125,6 +139,38 @@ class PartitionMachine(RuleBasedStateMachine):
     def _drop_holding(self, offset: int) -> None:
         self.holder.pop(offset, None)
         self.deadline.pop(offset, None)
+        self.progress.pop(offset, None)
+
+    def _may_progress(self, offset: int, member: str) -> bool:
+        """A mark (or a renew of an IN_PROGRESS record) of `offset` by `member` is allowed."""
+        if self.holder.get(offset) != member:
+            return False
+        return offset not in self.progress or self.now - self.progress[offset][0] <= self.max_ms
+
+    def _progressed(self, offset: int) -> None:
+        """`offset` was marked (or renewed while IN_PROGRESS) now."""
+        if not self.progress:
+            self.next_sweep = self.now + SWEEP_MS
+        start = self.progress[offset][0] if offset in self.progress else self.now
+        self.progress[offset] = [start, self.now, -1]
+        self.deadline.pop(offset, None)
+
+    def _released_in_progress(self, offset: int) -> None:
+        """Released by the sweep, grace expiry or a stale departure: the count stays as it is."""
+        self._drop_holding(offset)
+
+    @staticmethod
+    def _runs_of(offsets: list[int]) -> list[list[int]]:
+        runs: list[list[int]] = []
+        for offset in offsets:
+            if runs and runs[-1][-1] + 1 == offset:
+                runs[-1].append(offset)
+            else:
+                runs.append([offset])
+        return runs
+
+    def _in_progress_view(self) -> list:
+        return [r for r in self.p.in_flight_locked() if r.state is RecordState.IN_PROGRESS]
 
     # ----- rules -----------------------------------------------------------------------
 
@@ -179,7 +225,6 @@ class PartitionMachine(RuleBasedStateMachine):
         poison = None
         if data.draw(st.integers(0, 4)) == 0:
             poison = data.draw(st.integers(self.p.start_offset, self.p.end_offset + 3))
-        valid = poison is None or self.holder.get(poison) == member
         if poison is not None and poison not in chosen:
             chosen = sorted({*chosen, poison})
         if not chosen:
@@ -200,7 +245,10 @@ class PartitionMachine(RuleBasedStateMachine):
             ranges.append(AckRange(run[0], run[-1], types))
             if offset is not None:
                 run = [offset]
-        before = (list(self.p.in_flight()), self.p.start_offset, self.p.next_deadline())
+        # Valid when the member holds every offset, and renews only IN_PROGRESS records within the max extension.
+        valid = all(self.holder.get(o) == member for o in chosen) and all(
+            self._may_progress(o, member) for o, t in types_of.items() if t == AcknowledgeType.RENEW)
+        before = (list(self.p.in_flight()), self.p.start_offset, self.p.next_deadline(), self._in_progress_view())
         phase = data.draw(st.sampled_from(["one-call", "staged", "rolled-back"]), label="phase")
         try:
             if phase == "one-call":
@@ -212,9 +260,11 @@ class PartitionMachine(RuleBasedStateMachine):
                     if staged is not None and staged.change_id:
                         assert self.p.start_offset == before[1], "SPSO moved before the write was durable"
                         self.p.rollback(staged.change_id)
-                    after = (list(self.p.in_flight()), self.p.start_offset, self.p.next_deadline())
+                    after = (list(self.p.in_flight()), self.p.start_offset, self.p.next_deadline(),
+                             self._in_progress_view())
                     renewed = any(t == AcknowledgeType.RENEW for t in types_of.values())
                     assert after[:2] == before[:2] and (renewed or after[2] == before[2]), "rollback was not exact"
+                    assert after[3] == before[3], "rollback did not restore the in-progress times"
                     staged = self.p.stage_acknowledge(member, ranges, now=self.now)
                 committed = self.p.commit(staged.change_id) if staged is not None and staged.change_id else None
                 delta = None if staged is None else StateDelta(
@@ -223,32 +273,135 @@ class PartitionMachine(RuleBasedStateMachine):
                 )
         except ShareStateError:
             assert not valid, f"valid acknowledgement refused: {ranges}"
-            assert (list(self.p.in_flight()), self.p.start_offset, self.p.next_deadline()) == before
+            assert (list(self.p.in_flight()), self.p.start_offset, self.p.next_deadline(),
+                    self._in_progress_view()) == before
             return
         assert valid, f"invalid acknowledgement accepted: {ranges}"
         self._record(delta)
         for offset, ack_type in types_of.items():
-            if ack_type == AcknowledgeType.RENEW:
+            if ack_type == AcknowledgeType.RENEW and offset in self.progress:
+                self._progressed(offset)  # a renew of an IN_PROGRESS record is a mark
+            elif ack_type == AcknowledgeType.RENEW:
                 self.deadline[offset] = self.now + LOCK_MS
             else:
                 self._drop_holding(offset)
 
-    @rule(ms=st.integers(0, 2 * LOCK_MS))
+    @rule(data=st.data())
+    def mark_in_progress(self, data):
+        member = data.draw(st.sampled_from(sorted(set(self.holder.values())) or MEMBERS), label="member")
+        held = self._held_by(member)
+        chosen = set(data.draw(st.sets(st.sampled_from(held), max_size=len(held))) if held else set())
+        if data.draw(st.integers(0, 4)) == 0:
+            chosen.add(data.draw(st.integers(self.p.start_offset, self.p.end_offset + 3)))
+        if not chosen:
+            return
+        chosen_list = sorted(chosen)
+        valid = all(self._may_progress(o, member) for o in chosen_list)
+        ranges = [(run[0], run[-1]) for run in self._runs_of(chosen_list)]
+        before = (list(self.p.in_flight()), self.p.start_offset, self.p.next_deadline(), self._in_progress_view())
+        phase = data.draw(st.sampled_from(["one-call", "staged", "rolled-back"]), label="phase")
+        try:
+            if phase == "one-call":
+                delta = self.p.mark_in_progress(member, ranges, now=self.now)
+            else:
+                staged = self.p.stage_mark_in_progress(member, ranges, now=self.now)
+                if phase == "rolled-back":
+                    assert staged is not None and staged.change_id
+                    self.p.rollback(staged.change_id)
+                    after = (list(self.p.in_flight()), self.p.start_offset, self.p.next_deadline(),
+                             self._in_progress_view())
+                    assert after == before, "rolled-back mark was not undone exactly"
+                    staged = self.p.stage_mark_in_progress(member, ranges, now=self.now)
+                assert staged is not None
+                committed = self.p.commit(staged.change_id)
+                assert committed is None  # a mark finishes nothing: the SPSO cannot move
+                delta = staged.delta
+        except ShareStateError:
+            assert not valid, f"valid mark refused: {ranges}"
+            assert (list(self.p.in_flight()), self.p.start_offset, self.p.next_deadline(),
+                    self._in_progress_view()) == before
+            return
+        assert valid, f"invalid mark accepted: {ranges} by {member}"
+        self._record(delta)
+        for offset in chosen_list:
+            self._progressed(offset)
+
+    def _model_next_deadline(self) -> int | None:
+        due = list(self.deadline.values())
+        if self.progress:
+            due.append(self.next_sweep)
+            due.extend(grace for _, _, grace in self.progress.values() if grace != -1)
+        return min(due, default=None)
+
+    @rule(ms=st.integers(0, 2 * LOCK_MS) | st.integers(0, SWEEP_MS))
     def advance_clock(self, ms):
         self.now += ms
-        expected = self.p.next_deadline()
-        model_next = min(self.deadline.values(), default=None)
-        assert expected == model_next
+        assert self.p.next_deadline() == self._model_next_deadline()
         self._record(self.p.expire(self.now))
         for offset in [o for o, d in self.deadline.items() if d <= self.now]:
             self._drop_holding(offset)
+        released = self.p.release_in_progress(self.now)
+        for release in released:
+            self._record(release.delta)
+        # The model's sweep: due every threshold / 4; max extension wins over staleness; grace any time.
+        sweep = bool(self.progress) and self.now >= self.next_sweep
+        expected: dict[str, int] = {}
+        for offset, (start, last, grace) in list(self.progress.items()):
+            if sweep and self.now - start >= self.max_ms:
+                reason = "max_extension"
+            elif sweep and self.now - last > STALE_MS:
+                reason = "staleness"
+            elif grace != -1 and grace <= self.now:
+                reason = "grace_expiry"
+            else:
+                continue
+            expected[reason] = expected.get(reason, 0) + 1
+            self._released_in_progress(offset)
+        if sweep:
+            self.next_sweep = self.now + SWEEP_MS
+        assert {r.reason.value: r.records for r in released} == expected
+
+    @rule(member=st.sampled_from(MEMBERS), ms=st.integers(500, SWEEP_MS))
+    def keep_working(self, member, ms):
+        """A slow worker: time passes and it marks everything it has in progress again, so records
+        reach the max extension while fresh (where the refusal and MAX_EXTENSION live)."""
+        self.advance_clock(ms)
+        offsets = [o for o in self._held_by(member) if o in self.progress]
+        if not offsets:
+            return
+        ranges = [(run[0], run[-1]) for run in self._runs_of(offsets)]
+        valid = all(self._may_progress(o, member) for o in offsets)
+        try:
+            delta = self.p.mark_in_progress(member, ranges, now=self.now)
+        except ShareStateError as error:
+            assert not valid and "share.in.progress.max.lock.extension.ms" in str(error)
+            return
+        assert valid
+        self._record(delta)
+        for offset in offsets:
+            self._progressed(offset)
 
     @rule(member=st.sampled_from(MEMBERS))
     def member_leaves(self, member):
-        self._record(self.p.release_member(member))
+        delta = self.p.release_member(member, now=self.now)
+        stale = self.p.last_member_release
+        if stale is not None:
+            self._record(stale.delta)  # released first, in the same call
+        self._record(delta)
+        stale_model = 0
         for offset in self._held_by(member):
+            if offset in self.progress:
+                start, last, grace = self.progress[offset]
+                if self.now - last <= STALE_MS:
+                    if grace == -1:
+                        self.progress[offset][2] = self.now + GRACE_MS  # held for the rebalance grace
+                else:
+                    stale_model += 1
+                    self._released_in_progress(offset)
+                continue
             self.count[offset] -= 1  # not a delivery attempt
             self._drop_holding(offset)
+        assert (stale.records if stale is not None else 0) == stale_model
 
     @rule(data=st.data())
     def truncate_log(self, data):
@@ -270,8 +423,15 @@ class PartitionMachine(RuleBasedStateMachine):
     def restart_from_persisted_state(self):
         self.p = SharePartition.from_persisted(self.config, self.snapshot, self.deltas)
         for offset in list(self.holder):
+            if offset in self.progress:
+                self.progress[offset][2] = -1  # IN_PROGRESS survives with owner and times; no grace
+                continue
             self.count[offset] -= 1  # the acquisition was never persisted
             self._drop_holding(offset)
+        if self.progress:
+            # With no `now`, the rebuilt engine's first sweep is when a record could first go stale
+            # or over-extend.
+            self.next_sweep = min(min(last + STALE_MS + 1, start + self.max_ms) for start, last, _ in self.progress.values())
 
     # ----- invariants --------------------------------------------------------------------
 
@@ -293,14 +453,23 @@ class PartitionMachine(RuleBasedStateMachine):
             for offset in range(first, last + 1):
                 assert self.count.get(offset, 0) == count, f"delivery count of {offset}"
                 if state is RecordState.ACQUIRED:
-                    assert self.holder.get(offset) == member
+                    assert self.holder.get(offset) == member and offset not in self.progress
+                elif state is RecordState.IN_PROGRESS:
+                    assert self.holder.get(offset) == member and offset in self.progress
                 else:
                     assert offset not in self.holder
                 if state in TERMINAL_STATES:
                     self.finished.add(offset)
                 elif self.count.get(offset, 0) >= self.config.delivery_count_limit:
-                    assert state is RecordState.ACQUIRED, f"{offset} at the limit yet {state.name}"
+                    assert state in (RecordState.ACQUIRED, RecordState.IN_PROGRESS), \
+                        f"{offset} at the limit yet {state.name}"
         assert cursor == p.end_offset
+        for run in self._in_progress_view():
+            for offset in range(run.first_offset, run.last_offset + 1):
+                assert [run.in_progress_start, run.last_progress, run.grace_deadline] == self.progress[offset], \
+                    f"in-progress times of {offset}"
+        assert p.in_progress_count() == len(self.progress)
+        assert p.stale_count(self.now) == sum(1 for _, last, _ in self.progress.values() if self.now - last > STALE_MS)
         assert all(o >= p.start_offset for o in self.holder), "a member holds an offset below SPSO"
         assert all(self.count.get(o, 0) == 0 for o in range(p.end_offset, p.end_offset + 50))
 
