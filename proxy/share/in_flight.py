@@ -3,14 +3,24 @@ share group holds in flight, per share-partition.
 
 Served by the proxy alone (no broker has it). Per share-partition of the group -- every one it
 has, or those asked for -- the answer carries the SPSO, the SPEO (exclusive) and the window
-between them as offset ranges of uniform state, delivery count and owner, with when the records
-were acquired and when their lock runs out (wall-clock ms). Filters:
+between them as offset ranges of uniform state, delivery count, owner and times, with when the
+records were acquired, when they entered IN_PROGRESS and last made progress, and when their hold
+ends (wall-clock ms; the engine's monotonic times are converted at the moment of the answer).
+Filters (draft KIP §2.5 ``describeShareGroupInFlight`` options), combined with AND:
 
 * ``States``: only ranges in these states (empty: every state a window holds);
-* ``HeldLongerThanMs``: only records acquired longer ago than this;
+* ``HeldLongerThanMs``: only records acquired longer ago than this (an IN_PROGRESS record with no
+  acquisition time, i.e. recovered after a restart, counts from its in-progress start);
 * ``ProgressStalenessMs``: only IN_PROGRESS records whose last progress is older than this.
-  IN_PROGRESS arrives with the extension's MarkInProgress (issue 10); until then nothing is in
-  it, so this filter matches nothing.
+
+IN_PROGRESS ranges (issue 10) carry two derived values, both from the config the share-partition's
+engine runs with (the group's live config, as the sweeper sees it):
+
+* ``Stale``: the last progress is older than ``share.in.progress.staleness.threshold.ms``;
+* ``LockDeadlineTimestamp``: IN_PROGRESS records are not under the acquisition lock, so this is
+  when the sweeper releases them -- the earliest of last progress + staleness threshold,
+  in-progress start + max lock extension, and the rebalance grace deadline if the owner left
+  (docs/in-progress.md, "The IN_PROGRESS lock"). For ACQUIRED records it is the lock's expiry.
 
 A parked share-partition (leaders.py: no members, nothing in flight) is described from its parked
 SPSO without bringing it back. Errors are the protocol's: GROUP_ID_NOT_FOUND for a group the
@@ -31,18 +41,19 @@ from kio.schema.errors import ErrorCode
 
 from codec import extensions
 from codec.registry import decode_entity
+from codec.share_state import DeliveryState
 from proxy.apiversions import VersionRange
 from proxy.connection import ClientConnection, Request, ServeLocally
 from proxy.route_split import response_payload
-from proxy.share.partition import InFlightRun
+from proxy.share.partition import InFlightRun, PartitionConfig
 from proxy.share.states import RecordState
 
 log = structlog.get_logger(__name__)
 
-# The draft's IN_PROGRESS state id (not a RecordState until issue 10 serves it).
-IN_PROGRESS = 5
-# State ids a request may filter on: Kafka's delivery states plus the draft's IN_PROGRESS.
-KNOWN_STATE_IDS = frozenset({0, 1, 2, 3, 4, IN_PROGRESS})
+IN_PROGRESS = RecordState.IN_PROGRESS
+# State ids a request may filter on: every id the wire carries (ARCHIVING, 3, is accepted and
+# never matches: the proxy has no dead-letter step).
+KNOWN_STATE_IDS = frozenset(int(state) for state in DeliveryState)
 NO_FILTER = -1
 
 
@@ -66,14 +77,48 @@ class InFlightFilter:
         return None
 
     def matches(self, run: InFlightRun, now: int) -> bool:
+        """Whether a run passes every filter (``now`` on the engine's clock)."""
         if self.states and int(run.state) not in self.states:
             return False
-        if self.held_longer_than_ms >= 0 and (run.acquired_at < 0 or now - run.acquired_at <= self.held_longer_than_ms):
-            return False
+        if self.held_longer_than_ms >= 0:
+            since = held_since(run)
+            if since < 0 or now - since <= self.held_longer_than_ms:
+                return False
         if self.progress_staleness_ms >= 0:
-            # Only IN_PROGRESS records have a progress signal, and none exist before issue 10.
-            return int(run.state) == IN_PROGRESS
+            # Only IN_PROGRESS records carry a progress signal.
+            if run.state != IN_PROGRESS or run.last_progress < 0 or now - run.last_progress <= self.progress_staleness_ms:
+                return False
         return True
+
+
+def held_since(run: InFlightRun) -> int:
+    """When a member took the run (engine ms), -1 if none holds it: the acquisition, or for an
+    IN_PROGRESS run recovered without one, its in-progress start."""
+    if run.acquired_at >= 0:
+        return run.acquired_at
+    return run.in_progress_start if run.state == IN_PROGRESS else -1
+
+
+def is_stale(run: InFlightRun, config: PartitionConfig, now: int) -> bool:
+    """An IN_PROGRESS run whose last progress is older than the group's staleness threshold
+    (the sweeper's own test: now - last_progress > threshold)."""
+    return (run.state == IN_PROGRESS and run.last_progress >= 0
+            and now - run.last_progress > config.in_progress_staleness_threshold_ms)
+
+
+def hold_deadline(run: InFlightRun, config: PartitionConfig) -> int:
+    """When the run's hold ends (engine ms, -1 for none): the acquisition lock's expiry, or for
+    IN_PROGRESS the moment the sweeper releases it (staleness, max extension, rebalance grace)."""
+    if run.state != IN_PROGRESS:
+        return run.lock_deadline
+    ends = []
+    if run.last_progress >= 0:
+        ends.append(run.last_progress + config.in_progress_staleness_threshold_ms)
+    if run.in_progress_start >= 0:
+        ends.append(run.in_progress_start + config.in_progress_max_lock_extension_ms)
+    if run.grace_deadline >= 0:
+        ends.append(run.grace_deadline)
+    return min(ends) if ends else run.lock_deadline
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +129,10 @@ class DescribedRange:
     delivery_count: int
     member_id: str | None
     acquired_timestamp: int  # wall-clock ms, -1 when not acquired
-    lock_deadline_timestamp: int  # wall-clock ms, -1 when not acquired
+    lock_deadline_timestamp: int  # wall-clock ms, -1 when not held (see hold_deadline)
+    in_progress_start_timestamp: int = -1  # wall-clock ms, -1 unless IN_PROGRESS
+    last_progress_timestamp: int = -1  # wall-clock ms, -1 unless IN_PROGRESS
+    stale: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,9 +198,12 @@ def describe_group_in_flight(
             leader = registry.active(key)
             if leader is not None:
                 engine = leader.engine
+                config = engine.config
                 ranges = tuple(
                     DescribedRange(run.first_offset, run.last_offset, int(run.state), run.delivery_count,
-                                   run.member_id, wall(run.acquired_at), wall(run.lock_deadline))
+                                   run.member_id, wall(run.acquired_at), wall(hold_deadline(run, config)),
+                                   wall(run.in_progress_start), wall(run.last_progress),
+                                   is_stale(run, config, now))
                     for run in engine.in_flight_locked() if wanted.matches(run, now)
                 )
                 described.append(DescribedPartition(partition, start_offset=engine.start_offset,
@@ -206,9 +257,10 @@ def in_flight_response(result: GroupInFlight, response_type: type):
                                 delivery_count=r.delivery_count,
                                 member_id=r.member_id,
                                 acquired_timestamp=r.acquired_timestamp,
-                                in_progress_start_timestamp=-1,
-                                last_progress_timestamp=-1,
+                                in_progress_start_timestamp=r.in_progress_start_timestamp,
+                                last_progress_timestamp=r.last_progress_timestamp,
                                 lock_deadline_timestamp=r.lock_deadline_timestamp,
+                                stale=r.stale,
                             )
                             for r in p.ranges
                         ),
@@ -261,5 +313,5 @@ def in_flight_version_range(api_key: int = extensions.DEFAULT_DESCRIBE_IN_FLIGHT
     return api_key, VersionRange(api.min_version, api.max_version)
 
 
-__all__ = ["InFlightFilter", "describe_group_in_flight", "in_flight_routes", "in_flight_version_range",
-           "in_flight_response", "IN_PROGRESS", "RecordState"]
+__all__ = ["InFlightFilter", "describe_group_in_flight", "hold_deadline", "held_since", "in_flight_routes",
+           "in_flight_response", "in_flight_version_range", "is_stale", "IN_PROGRESS", "RecordState"]

@@ -4,10 +4,17 @@ Theory of operation
 -------------------
 Counting on the hot paths is one dict lookup and an integer add (:class:`ShareEventCounts`):
 acquisitions (the reader), acknowledgements by type (the service, when they are applied), and the
-change hook of the commit pipeline (lock expiries, members' releases, archiving by reason). Gauges
--- records in flight by state, SPSO, lag, members, sessions -- are not bookkept at all: the
+change hook of the commit pipeline (lock expiries, members' releases, archiving by reason, records
+marked IN_PROGRESS, IN_PROGRESS releases by reason). Gauges -- records in flight by state, records
+IN_PROGRESS and stale, SPSO, lag, members, sessions -- are not bookkept at all: the
 :class:`ShareCollector` computes them from the partition registry and the coordinator when
 Prometheus scrapes, so they cannot drift from the engines' truth.
+
+How long records stayed IN_PROGRESS is the engine's to measure (it sees every way out: accept,
+release, reject, sweeper, grace expiry, log truncation); the change hook drains those durations
+from the share-partition that changed (:meth:`SharePartition.drain_in_progress_finished`) into a
+histogram, and every scrape drains what is left, so the engines never hold more than the records
+that left IN_PROGRESS since their last change.
 
 Cardinality: group-level series always (a group is an operator-chosen name); series per
 share-partition (topic, partition labels) only with ``--metrics-per-partition``. Series of groups
@@ -22,6 +29,7 @@ sums the share-partitions whose lag is known.
 
 from __future__ import annotations
 
+import bisect
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +48,15 @@ if TYPE_CHECKING:
 SharePartitionKey = tuple[str, uuid.UUID, int]
 
 MAX_DELIVERY_COUNT_BUCKET = 10  # Kafka's delivery count limit is at most 10
+# Seconds a record stayed IN_PROGRESS: the draft's workloads run for seconds to minutes, bounded
+# by the max lock extension (30 min by default).
+IN_PROGRESS_DURATION_BUCKETS = (1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0)
+# The change hook's causes for IN_PROGRESS records released by the engine, as metric reasons.
+IN_PROGRESS_RELEASE_REASONS = {
+    Cause.STALE_RELEASED: "staleness",
+    Cause.MAX_EXTENSION_RELEASED: "max_extension",
+    Cause.GRACE_EXPIRED: "grace_expiry",
+}
 ACK_TYPE_NAMES = {int(t): t.name.lower() for t in AcknowledgeType if t is not AcknowledgeType.GAP}
 ARCHIVE_REASONS = ("rejected", "delivery_limit", "aborted_or_control", "log_truncated")
 STATE_NAMES = {state: state.name.lower() for state in RecordState}
@@ -56,10 +73,20 @@ class ShareCounts:
     archived: dict[str, int] = field(default_factory=dict)  # reason -> records
     # delivery_counts[n] = records handed out for the n-th time (n capped at the last bucket)
     delivery_counts: list[int] = field(default_factory=lambda: [0] * (MAX_DELIVERY_COUNT_BUCKET + 1))
+    marked_in_progress: int = 0  # records named by applied marks (first marks and refreshes)
+    in_progress_released: dict[str, int] = field(default_factory=dict)  # reason -> records
+    # in_progress_durations[i] = records whose time IN_PROGRESS fell in bucket i (last: +Inf)
+    in_progress_durations: list[int] = field(default_factory=lambda: [0] * (len(IN_PROGRESS_DURATION_BUCKETS) + 1))
+    in_progress_seconds: float = 0.0
 
     def add_archived(self, reason: str, records: int) -> None:
         if records > 0:
             self.archived[reason] = self.archived.get(reason, 0) + records
+
+    def add_in_progress_duration(self, duration_ms: int, records: int) -> None:
+        seconds = max(duration_ms, 0) / 1000
+        self.in_progress_durations[bisect.bisect_left(IN_PROGRESS_DURATION_BUCKETS, seconds)] += records
+        self.in_progress_seconds += seconds * records
 
 
 class ShareEventCounts:
@@ -127,11 +154,31 @@ class ShareEventCounts:
             released = _records_in(delta, RecordState.AVAILABLE)
             for counts in self._counts(change.key):
                 counts.member_released += released
+        elif cause is Cause.MARKED_IN_PROGRESS:
+            marked = _records_in(delta, RecordState.IN_PROGRESS)
+            for counts in self._counts(change.key):
+                counts.marked_in_progress += marked
+        elif cause in IN_PROGRESS_RELEASE_REASONS:
+            reason = IN_PROGRESS_RELEASE_REASONS[cause]
+            released = _records_in(delta, RecordState.AVAILABLE)
+            archived = _records_in(delta, RecordState.ARCHIVED)  # released on their last delivery
+            for counts in self._counts(change.key):
+                if released + archived:
+                    counts.in_progress_released[reason] = counts.in_progress_released.get(reason, 0) + released + archived
+                counts.add_archived("delivery_limit", archived)
         elif cause in (Cause.ACQUIRED, Cause.LOG_TRUNCATED):
             reason = "aborted_or_control" if cause is Cause.ACQUIRED else "log_truncated"
             archived = _records_in(delta, RecordState.ARCHIVED)
             for counts in self._counts(change.key):
                 counts.add_archived(reason, archived)
+
+    def in_progress_finished(self, key: SharePartitionKey, finished: Sequence[tuple[int, int]]) -> None:
+        """(duration ms, records) of records that left IN_PROGRESS, from the engine."""
+        if not finished:
+            return
+        for counts in self._counts(key):
+            for duration_ms, records in finished:
+                counts.add_in_progress_duration(duration_ms, records)
 
     # ----- housekeeping ------------------------------------------------------------------
 
@@ -166,10 +213,14 @@ class PartitionView:
     start_offset: int
     in_flight: dict[str, int]
     lag: int  # -1: unknown (no high watermark seen yet)
+    in_progress: int = 0  # records IN_PROGRESS
+    stale: int = 0  # of those, no progress within the staleness threshold
 
 
-def partition_view(key: SharePartitionKey, topic: str, engine, high_watermark: int) -> PartitionView:
-    """In-flight records by state and lag of one in-memory share-partition."""
+def partition_view(key: SharePartitionKey, topic: str, engine, high_watermark: int, now: int | None = None
+                   ) -> PartitionView:
+    """In-flight records by state, IN_PROGRESS and stale records (stale needs ``now``, the engine's
+    clock) and lag of one in-memory share-partition."""
     in_flight = dict.fromkeys(STATE_NAMES.values(), 0)
     complete = 0
     for first, last, state, _, _ in engine.in_flight():
@@ -180,7 +231,8 @@ def partition_view(key: SharePartitionKey, topic: str, engine, high_watermark: i
             complete += size
     # -1: no high watermark seen yet. One seen before the latest acquisitions can trail them: not below 0.
     lag = -1 if high_watermark < 0 else max(0, share_lag(high_watermark, engine.start_offset, complete))
-    return PartitionView(key, topic, engine.start_offset, in_flight, lag)
+    stale = engine.stale_count(now) if now is not None else 0
+    return PartitionView(key, topic, engine.start_offset, in_flight, lag, engine.in_progress_count(), stale)
 
 
 class ShareCollector:
@@ -197,7 +249,11 @@ class ShareCollector:
         service, events = self.service, self.events
         coordinator, leaders = service.coordinator, service.leaders
         group_ids = coordinator.group_ids()
-        views = [self._view(leader) for leader in leaders.values()]
+        now = service.clock()
+        views = []
+        for leader in leaders.values():
+            views.append(self._view(leader, now))
+            events.in_progress_finished(leader.key, leader.engine.drain_in_progress_finished())
         known_keys = leaders.keys()
         events.forget_missing(set(group_ids) | {k[0] for k in known_keys}, known_keys)
         per_partition = events.per_partition
@@ -228,9 +284,18 @@ class ShareCollector:
             "end offset is known (DescribeShareGroupOffsets v1 lag)", labels=["group"])
         partitions = GaugeMetricFamily("ksp_share_group_partitions", "Share-partitions of the group (in memory)",
                                        labels=["group"])
+        in_progress = GaugeMetricFamily(
+            "ksp_share_group_records_in_progress",
+            "Records IN_PROGRESS (marked by MarkInProgress, not yet acknowledged or released)", labels=["group"])
+        stale = GaugeMetricFamily(
+            "ksp_share_group_records_in_progress_stale",
+            "Records IN_PROGRESS whose last progress is older than the group's staleness threshold "
+            "(the sweeper releases them on its next pass)", labels=["group"])
         group_in_flight: dict[str, dict[str, int]] = {g: dict.fromkeys(STATE_NAMES.values(), 0) for g in group_ids}
         group_lag: dict[str, int] = dict.fromkeys(group_ids, 0)
         group_partitions: dict[str, int] = dict.fromkeys(group_ids, 0)
+        group_in_progress: dict[str, int] = dict.fromkeys(group_ids, 0)
+        group_stale: dict[str, int] = dict.fromkeys(group_ids, 0)
         for view in views:
             group = view.key[0]
             totals = group_in_flight.setdefault(group, dict.fromkeys(STATE_NAMES.values(), 0))
@@ -238,6 +303,8 @@ class ShareCollector:
                 totals[state_name] = totals.get(state_name, 0) + records
             group_lag[group] = group_lag.get(group, 0) + max(view.lag, 0)
             group_partitions[group] = group_partitions.get(group, 0) + 1
+            group_in_progress[group] = group_in_progress.get(group, 0) + view.in_progress
+            group_stale[group] = group_stale.get(group, 0) + view.stale
         for group, totals in sorted(group_in_flight.items()):
             for state_name, records in totals.items():
                 in_flight.add_metric([group, state_name], records)
@@ -245,9 +312,15 @@ class ShareCollector:
             lag.add_metric([group], value)
         for group, value in sorted(group_partitions.items()):
             partitions.add_metric([group], value)
+        for group, value in sorted(group_in_progress.items()):
+            in_progress.add_metric([group], value)
+        for group, value in sorted(group_stale.items()):
+            stale.add_metric([group], value)
         yield in_flight
         yield lag
         yield partitions
+        yield in_progress
+        yield stale
 
         yield from _counter_families("ksp_share_group", ["group"],
                                      ((g, [g]) for g in sorted(events.groups)), events.groups)
@@ -262,17 +335,26 @@ class ShareCollector:
             p_lag = GaugeMetricFamily("ksp_share_partition_lag_records",
                                       "End offset - SPSO - delivery-complete records above SPSO; -1 unknown",
                                       labels=labels)
+            p_in_progress = GaugeMetricFamily("ksp_share_partition_records_in_progress", "Records IN_PROGRESS",
+                                              labels=labels)
+            p_stale = GaugeMetricFamily("ksp_share_partition_records_in_progress_stale",
+                                        "Records IN_PROGRESS with no progress within the staleness threshold",
+                                        labels=labels)
             names: dict[SharePartitionKey, list[str]] = {}
             for view in views:
                 label_values = [view.key[0], view.topic, str(view.key[2])]
                 names[view.key] = label_values
                 spso.add_metric(label_values, view.start_offset)
                 p_lag.add_metric(label_values, view.lag)
+                p_in_progress.add_metric(label_values, view.in_progress)
+                p_stale.add_metric(label_values, view.stale)
                 for state_name, records in view.in_flight.items():
                     p_in_flight.add_metric([*label_values, state_name], records)
             yield spso
             yield p_in_flight
             yield p_lag
+            yield p_in_progress
+            yield p_stale
             keys = sorted(events.partitions, key=lambda k: (k[0], str(k[1]), k[2]))
             yield from _counter_families(
                 "ksp_share_partition", labels,
@@ -283,8 +365,8 @@ class ShareCollector:
         topic = self.service.cluster.topic_by_id(topic_id)
         return topic.name if topic is not None else str(topic_id)
 
-    def _view(self, leader) -> PartitionView:
-        return partition_view(leader.key, self._topic_name(leader.key[1]), leader.engine, leader.high_watermark)
+    def _view(self, leader, now: int) -> PartitionView:
+        return partition_view(leader.key, self._topic_name(leader.key[1]), leader.engine, leader.high_watermark, now)
 
 
 def _counter_families(prefix: str, labels: list[str], rows, table) -> Iterator:
@@ -303,6 +385,17 @@ def _counter_families(prefix: str, labels: list[str], rows, table) -> Iterator:
                                    labels=[*labels, "reason"])
     deliveries = HistogramMetricFamily(f"{prefix}_delivery_count",
                                        "Delivery count of each record handed to a consumer", labels=labels)
+    marked = CounterMetricFamily(f"{prefix}_records_marked_in_progress",
+                                 "Records named by applied MarkInProgress requests (first marks and refreshes)",
+                                 labels=labels)
+    in_progress_released = CounterMetricFamily(
+        f"{prefix}_in_progress_released_records",
+        "IN_PROGRESS records released by the proxy (archived if on their last delivery), by reason: staleness, "
+        "max_extension, grace_expiry", labels=[*labels, "reason"])
+    in_progress_durations = HistogramMetricFamily(
+        f"{prefix}_in_progress_duration_seconds",
+        "How long records stayed IN_PROGRESS (first mark to accept, release, reject or release by the proxy)",
+        labels=labels)
     for key, label_values in rows:
         counts: ShareCounts = table[key]
         acquired.add_metric(label_values, counts.acquired)
@@ -320,12 +413,35 @@ def _counter_families(prefix: str, labels: list[str], rows, table) -> Iterator:
         running += counts.delivery_counts[0]  # never happens (counts start at 1); kept in +Inf
         buckets.append(("+Inf", running))
         deliveries.add_metric(label_values, buckets, sum_value=total)
+        marked.add_metric(label_values, counts.marked_in_progress)
+        for reason in IN_PROGRESS_RELEASE_REASONS.values():
+            in_progress_released.add_metric([*label_values, reason], counts.in_progress_released.get(reason, 0))
+        buckets, running = [], 0
+        for bound, records in zip((*IN_PROGRESS_DURATION_BUCKETS, float("inf")), counts.in_progress_durations):
+            running += records
+            buckets.append(("+Inf" if bound == float("inf") else str(bound), running))
+        in_progress_durations.add_metric(label_values, buckets, sum_value=counts.in_progress_seconds)
     yield acquired
     yield acknowledged
     yield expired
     yield released
     yield archived
     yield deliveries
+    yield marked
+    yield in_progress_released
+    yield in_progress_durations
+
+
+def in_progress_drain(service, events: ShareEventCounts):
+    """A change hook that moves the changed share-partition's finished IN_PROGRESS durations into
+    ``events`` (so the engine's list stays short whether or not anyone scrapes)."""
+
+    def drain(change: Change) -> None:
+        leader = service.leaders.active(change.key)
+        if leader is not None:
+            events.in_progress_finished(change.key, leader.engine.drain_in_progress_finished())
+
+    return drain
 
 
 def register(service: ShareService, *, per_partition: bool, registry=None) -> ShareCollector:
@@ -334,9 +450,11 @@ def register(service: ShareService, *, per_partition: bool, registry=None) -> Sh
 
     EVENTS.per_partition = per_partition
     service.commits.subscribe(EVENTS.on_change)
+    service.commits.subscribe(in_progress_drain(service, EVENTS))
     collector = ShareCollector(service)
     (registry or REGISTRY).register(collector)
     return collector
 
 
-__all__ = ["EVENTS", "ShareCollector", "ShareCounts", "ShareEventCounts", "partition_view", "register"]
+__all__ = ["EVENTS", "IN_PROGRESS_DURATION_BUCKETS", "ShareCollector", "ShareCounts", "ShareEventCounts",
+           "in_progress_drain", "partition_view", "register"]

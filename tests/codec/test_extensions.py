@@ -67,7 +67,7 @@ def test_describe_in_flight_response_carries_per_range_state_and_times():
     records = DescribeShareGroupInFlightResponse.InFlightRecords(
         first_offset=i64(10), last_offset=i64(19), state=i8(5), delivery_count=i16(2), member_id="member-1",
         acquired_timestamp=i64(1_000), in_progress_start_timestamp=i64(1_500), last_progress_timestamp=i64(2_000),
-        lock_deadline_timestamp=i64(32_000),
+        lock_deadline_timestamp=i64(32_000), stale=True,
     )
     response = DescribeShareGroupInFlightResponse(
         group_id="g",
@@ -83,6 +83,9 @@ def test_describe_in_flight_response_carries_per_range_state_and_times():
         ),
     )
     assert DEFAULT_REGISTRY.decode_response(82, 0, encode(response)) == response
+    assert DEFAULT_REGISTRY.decode_response(82, 0, encode(response)).topics[0].partitions[0].records[0].stale is True
+    assert DescribeShareGroupInFlightResponse.InFlightRecords(
+        first_offset=i64(0), last_offset=i64(0), state=i8(1), delivery_count=i16(1), member_id=None).stale is False
 
 
 def test_moving_the_keys_changes_only_the_api_key():

@@ -13,8 +13,16 @@ from codec import extensions
 from codec.headers import RequestHeader, encode_request_header, parse_request_header, parse_response_header
 from codec.registry import decode_entity, encode
 from proxy.connection import Request
-from proxy.share.in_flight import InFlightFilter, describe_group_in_flight, in_flight_routes
+from proxy.share.in_flight import (
+    InFlightFilter,
+    describe_group_in_flight,
+    held_since,
+    hold_deadline,
+    in_flight_routes,
+    is_stale,
+)
 from proxy.share.manager import ShareService
+from proxy.share.partition import InFlightRun, PartitionConfig
 from proxy.share.states import RecordState
 from tests.proxy.share.test_manager import (
     ACCEPT,
@@ -32,8 +40,10 @@ from tests.proxy.share.test_manager import (
 )
 
 WALL_OFFSET_MS = 1_700_000_000_000  # wall clock = virtual monotonic clock + this
-AVAILABLE, ACQUIRED, ACKNOWLEDGED, ARCHIVED = (int(s) for s in (
-    RecordState.AVAILABLE, RecordState.ACQUIRED, RecordState.ACKNOWLEDGED, RecordState.ARCHIVED))
+AVAILABLE, ACQUIRED, ACKNOWLEDGED, ARCHIVED, IN_PROGRESS = (int(s) for s in (
+    RecordState.AVAILABLE, RecordState.ACQUIRED, RecordState.ACKNOWLEDGED, RecordState.ARCHIVED,
+    RecordState.IN_PROGRESS))
+STALENESS_MS, MAX_EXTENSION_MS = 90_000, 1_800_000  # the defaults
 
 
 async def start(nursery, partitions: int = 1) -> Harness:
@@ -118,8 +128,118 @@ async def test_filters_by_state_and_by_time_held(nursery, autojump_clock):
     # Held longer than 4 s: only what `early` took 5 s ago.
     assert describe(held_longer_than_ms=4_000) == [(0, 0, ACQUIRED, 1, early.member_id)]
     assert describe(held_longer_than_ms=60_000) == []
-    # No record is IN_PROGRESS before issue 10: a staleness filter matches nothing.
+    # Nothing is IN_PROGRESS: a progress filter matches nothing (not even records never marked).
     assert describe(progress_staleness_ms=0) == []
+
+
+def leader_engine(harness):
+    return harness.service.leaders.active((GROUP, *TP)).engine
+
+
+async def test_in_progress_ranges_carry_owner_times_and_when_the_sweeper_releases_them(nursery, autojump_clock):
+    harness = await start(nursery)
+    harness.cluster.append([b"a", b"b", b"c", b"d"])
+    member = harness.member("worker")
+    await harness.fetch(member)
+    acquired_at = virtual_ms()
+    await trio.sleep(3)
+    engine = leader_engine(harness)
+    marked_at = virtual_ms()
+    engine.mark_in_progress(member.member_id, [(0, 1)], now=marked_at)
+    await trio.sleep(2)
+    refreshed_at = virtual_ms()
+    engine.mark_in_progress(member.member_id, [(0, 0)], now=refreshed_at)
+    await trio.sleep(1)
+
+    described = only_partition(describe_group_in_flight(harness.service, GROUP, None, InFlightFilter())).ranges
+
+    wall = WALL_OFFSET_MS
+    assert [(r.first_offset, r.last_offset, r.state, r.delivery_count, r.member_id) for r in described] == [
+        (0, 0, IN_PROGRESS, 1, member.member_id), (1, 1, IN_PROGRESS, 1, member.member_id),
+        (2, 3, ACQUIRED, 1, member.member_id)]
+    refreshed, marked_once, held = described
+    # The acquisition time is kept through marks; the start is the first mark, progress the latest.
+    assert (refreshed.acquired_timestamp, refreshed.in_progress_start_timestamp,
+            refreshed.last_progress_timestamp) == (acquired_at + wall, marked_at + wall, refreshed_at + wall)
+    assert (marked_once.in_progress_start_timestamp, marked_once.last_progress_timestamp) == (
+        marked_at + wall, marked_at + wall)
+    # Not under the acquisition lock: held until no progress for the staleness threshold.
+    assert refreshed.lock_deadline_timestamp == refreshed_at + STALENESS_MS + wall
+    assert marked_once.lock_deadline_timestamp == marked_at + STALENESS_MS + wall
+    assert (refreshed.stale, marked_once.stale) == (False, False)
+    assert (held.in_progress_start_timestamp, held.last_progress_timestamp, held.stale) == (-1, -1, False)
+    assert held.lock_deadline_timestamp == acquired_at + LOCK_MS + wall
+
+
+async def test_progress_staleness_and_state_filters_find_the_quiet_in_progress_records(nursery, autojump_clock):
+    harness = await start(nursery)
+    harness.cluster.append([b"a", b"b"])
+    harness.cluster.append([b"c", b"d"])
+    busy, quiet = harness.member("busy"), harness.member("quiet")
+    await harness.fetch(busy, max_records=2)
+    await harness.fetch(quiet, max_records=2)
+    engine = leader_engine(harness)
+    engine.mark_in_progress(quiet.member_id, [(2, 2)], now=virtual_ms())
+    engine.mark_in_progress(busy.member_id, [(0, 1)], now=virtual_ms())
+    await trio.sleep(10)
+    engine.mark_in_progress(busy.member_id, [(0, 1)], now=virtual_ms())
+    await trio.sleep(1)
+
+    def describe(**wanted):
+        return ranges(describe_group_in_flight(harness.service, GROUP, None, InFlightFilter(**wanted)))
+
+    # quiet marked 11 s ago, busy 1 s ago; offset 3 is only acquired.
+    assert describe(progress_staleness_ms=5_000) == [(2, 2, IN_PROGRESS, 1, quiet.member_id)]
+    assert describe(progress_staleness_ms=500) == [(0, 1, IN_PROGRESS, 1, busy.member_id),
+                                                   (2, 2, IN_PROGRESS, 1, quiet.member_id)]
+    assert describe(progress_staleness_ms=60_000) == []
+    assert describe(states=frozenset({IN_PROGRESS})) == [(0, 1, IN_PROGRESS, 1, busy.member_id),
+                                                         (2, 2, IN_PROGRESS, 1, quiet.member_id)]
+    assert describe(states=frozenset({ACQUIRED}), progress_staleness_ms=0) == []
+    # Held longer than 10 s: every record taken 11 s ago, marked or not.
+    assert [r[:3] for r in describe(held_longer_than_ms=10_000)] == [(0, 1, IN_PROGRESS), (2, 2, IN_PROGRESS),
+                                                                     (3, 3, ACQUIRED)]
+
+
+def run(state=RecordState.IN_PROGRESS, *, acquired_at=1_000, lock_deadline=-1, start=2_000, last=5_000,
+        grace=-1) -> InFlightRun:
+    return InFlightRun(0, 9, state, 1, "m", acquired_at, lock_deadline, start, last, grace)
+
+
+CONFIG = PartitionConfig(in_progress_staleness_threshold_ms=10_000, in_progress_max_lock_extension_ms=20_000,
+                         in_progress_rebalance_grace_ms=5_000)
+
+
+def test_stale_means_no_progress_for_longer_than_the_groups_threshold():
+    assert not is_stale(run(last=5_000), CONFIG, now=15_000)  # exactly the threshold: not yet
+    assert is_stale(run(last=5_000), CONFIG, now=15_001)
+    assert not is_stale(run(RecordState.ACQUIRED, start=-1, last=-1, lock_deadline=31_000), CONFIG, now=10**9)
+
+
+def test_the_hold_of_in_progress_records_ends_at_staleness_max_extension_or_grace_whichever_is_first():
+    assert hold_deadline(run(start=2_000, last=5_000), CONFIG) == 15_000  # staleness
+    assert hold_deadline(run(start=2_000, last=19_000), CONFIG) == 22_000  # max extension, progress or not
+    assert hold_deadline(run(start=2_000, last=5_000, grace=9_000), CONFIG) == 9_000  # the owner left
+    assert hold_deadline(run(RecordState.ACQUIRED, start=-1, last=-1, lock_deadline=31_000), CONFIG) == 31_000
+    assert hold_deadline(run(RecordState.AVAILABLE, acquired_at=-1, start=-1, last=-1), CONFIG) == -1
+
+
+def test_held_since_is_the_acquisition_or_for_a_recovered_in_progress_record_its_start():
+    assert held_since(run(acquired_at=1_000)) == 1_000
+    assert held_since(run(acquired_at=-1, start=2_000)) == 2_000
+    assert held_since(run(RecordState.AVAILABLE, acquired_at=-1, start=-1, last=-1)) == -1
+    recovered = InFlightFilter(held_longer_than_ms=1_000)
+    assert recovered.matches(run(acquired_at=-1, start=2_000), now=3_001)
+    assert not recovered.matches(run(acquired_at=-1, start=2_000), now=3_000)
+
+
+def test_the_progress_filter_matches_only_in_progress_records_quiet_for_longer():
+    quiet = InFlightFilter(progress_staleness_ms=3_000)
+    assert quiet.matches(run(last=5_000), now=8_001)
+    assert not quiet.matches(run(last=5_000), now=8_000)
+    assert not quiet.matches(run(RecordState.ACQUIRED, start=-1, last=-1), now=10**9)
+    assert InFlightFilter(states=frozenset({IN_PROGRESS}), progress_staleness_ms=0).problem() is None
+    assert "ProgressStalenessMs" in InFlightFilter(progress_staleness_ms=-2).problem()
 
 
 async def test_a_renewed_lock_keeps_the_time_the_records_were_acquired(nursery, autojump_clock):
@@ -228,3 +348,24 @@ async def test_route_answers_under_its_configured_key(nursery, autojump_clock, a
     assert (topic.topic_name, partition.start_offset, partition.end_offset) == ("orders", 0, 2)
     assert [(r.first_offset, r.last_offset, r.state, r.delivery_count, r.member_id) for r in partition.records] == [
         (0, 1, ACQUIRED, 1, member.member_id)]
+
+
+async def test_in_progress_times_and_stale_travel_on_the_wire(nursery, autojump_clock):
+    harness = await start(nursery)
+    harness.cluster.append([b"a", b"b"])
+    member = harness.member("m")
+    await harness.fetch(member)
+    marked_at = virtual_ms()
+    leader_engine(harness).mark_in_progress(member.member_id, [(1, 1)], now=marked_at)
+    route = in_flight_routes(harness.service)[82]
+
+    payload = await route.handler(wire_request(82, GROUP, states=(IN_PROGRESS,)), Connection())
+
+    _, offset = parse_response_header(payload, 1)
+    response = decode_entity(extensions.describe_in_flight().responses[0], memoryview(payload)[offset:])
+    [records] = response.topics[0].partitions[0].records
+    assert (records.first_offset, records.last_offset, records.state, records.member_id) == (
+        1, 1, IN_PROGRESS, member.member_id)
+    assert records.in_progress_start_timestamp == records.last_progress_timestamp == marked_at + WALL_OFFSET_MS
+    assert records.lock_deadline_timestamp == marked_at + STALENESS_MS + WALL_OFFSET_MS
+    assert records.stale is False

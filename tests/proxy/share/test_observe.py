@@ -10,7 +10,13 @@ from prometheus_client import CollectorRegistry
 
 from proxy.share.commit import Cause, Change
 from proxy.share.coordinator import GroupState
-from proxy.share.observe import ShareCollector, ShareEventCounts, partition_view
+from proxy.share.observe import (
+    IN_PROGRESS_DURATION_BUCKETS,
+    ShareCollector,
+    ShareEventCounts,
+    in_progress_drain,
+    partition_view,
+)
 from proxy.share.partition import AckRange, BatchHeader, PartitionConfig, SharePartition
 from proxy.share.states import AcknowledgeType
 
@@ -128,6 +134,7 @@ def make_service(members: dict[str, int], leaders: list[FakeLeader]):
     return SimpleNamespace(
         coordinator=FakeCoordinator(members), leaders=FakeRegistry({leader.key: leader for leader in leaders}),
         sessions=[1, 2, 3], cluster=SimpleNamespace(topic_by_id=lambda tid: SimpleNamespace(name="orders")),
+        clock=lambda: 0,
     )
 
 
@@ -166,3 +173,127 @@ def test_collector_series_per_group_per_partition_with_the_switch_and_removal_of
     samples = scrape(ShareCollector(service, events))
     assert not any(("group", "other-group") in labels for _, labels in samples)
     assert "other-group" not in events.groups
+
+
+# ----- IN_PROGRESS ----------------------------------------------------------------------------
+
+IN_PROGRESS_CONFIG = dict(delivery_count_limit=2, in_progress_staleness_threshold_ms=10_000,
+                          in_progress_max_lock_extension_ms=60_000, in_progress_rebalance_grace_ms=5_000)
+
+
+def in_progress_engine() -> SharePartition:
+    return SharePartition(PartitionConfig(**IN_PROGRESS_CONFIG), 0)
+
+
+def test_marks_are_counted_from_the_change_hook():
+    events = ShareEventCounts(per_partition=True)
+    engine = in_progress_engine()
+    acquire(engine, 0, 9)
+    events.on_change(Change(KEY, Cause.MARKED_IN_PROGRESS, engine.mark_in_progress("m1", [(0, 3)], now=1)))
+    events.on_change(Change(KEY, Cause.MARKED_IN_PROGRESS, engine.mark_in_progress("m1", [(0, 1), (6, 6)], now=2)))
+    for counts in (events.groups["orders-group"], events.partitions[KEY]):
+        assert counts.marked_in_progress == 7  # 4 first marks, then 2 refreshes and 1 first mark
+
+
+def test_releases_by_the_sweeper_are_counted_by_reason_and_archived_at_the_delivery_limit():
+    events = ShareEventCounts()
+    engine = in_progress_engine()
+    acquire(engine, 0, 9, now=0)
+    engine.acknowledge("m1", [AckRange(5, 9, (RELEASE,))], now=0)
+    acquire(engine, 5, 9, now=0)  # 5-9 on their second (last) delivery
+    engine.mark_in_progress("m1", [(0, 9)], now=0)
+    engine.mark_in_progress("m1", [(0, 1)], now=40_000)  # 0-1 keep making progress, the rest go quiet
+    released = engine.release_in_progress(now=50_000)
+    by_reason = {release.reason.value: release for release in released}
+    assert by_reason["staleness"].records == 8
+    for release in released:
+        events.on_change(Change(KEY, _RELEASE_CAUSES[release.reason.value], release.delta))
+    counts = events.groups["orders-group"]
+    assert counts.in_progress_released == {"staleness": 8}
+    assert counts.archived == {"delivery_limit": 5}  # 5-9 were on their last delivery
+    # 0-1 kept marking: released at the max extension (60 s after the first mark), progress or not.
+    engine.mark_in_progress("m1", [(0, 1)], now=55_000)
+    for release in engine.release_in_progress(now=61_000):
+        events.on_change(Change(KEY, _RELEASE_CAUSES[release.reason.value], release.delta))
+    assert counts.in_progress_released == {"staleness": 8, "max_extension": 2}
+
+
+def test_a_departed_members_fresh_records_are_counted_as_grace_expiry():
+    events = ShareEventCounts()
+    engine = in_progress_engine()
+    acquire(engine, 0, 4, now=0)
+    engine.mark_in_progress("m1", [(0, 1)], now=1_000)
+    engine.release_member("m1", now=2_000)  # 2-4 released at once; 0-1 held for the grace
+    assert engine.in_progress_count() == 2
+    released = engine.release_in_progress(now=7_001)
+    for release in released:
+        events.on_change(Change(KEY, _RELEASE_CAUSES[release.reason.value], release.delta))
+    assert events.groups["orders-group"].in_progress_released == {"grace_expiry": 2}
+    assert engine.in_progress_count() == 0
+
+
+_RELEASE_CAUSES = {"staleness": Cause.STALE_RELEASED, "max_extension": Cause.MAX_EXTENSION_RELEASED,
+                   "grace_expiry": Cause.GRACE_EXPIRED}
+
+
+def test_in_progress_durations_fill_the_histogram():
+    events = ShareEventCounts()
+    events.in_progress_finished(KEY, [(500, 2), (1_000, 1), (45_000, 3), (7_200_000, 1)])
+    counts = events.groups["orders-group"]
+    # le=1s gets 0.5 s and 1 s; le=60 s gets 45 s; 2 h is past the last bound (+Inf).
+    assert counts.in_progress_durations[0] == 3
+    assert counts.in_progress_durations[4] == 3
+    assert counts.in_progress_durations[-1] == 1
+    assert counts.in_progress_seconds == 0.5 * 2 + 1 + 45 * 3 + 7_200
+
+
+def test_collector_exports_in_progress_and_stale_gauges_releases_and_durations():
+    engine = in_progress_engine()
+    events = ShareEventCounts(per_partition=True)
+    events.acquired(KEY, acquire(engine, 0, 9, now=0).acquired)
+    events.on_change(Change(KEY, Cause.MARKED_IN_PROGRESS, engine.mark_in_progress("m1", [(0, 5)], now=0)))
+    engine.mark_in_progress("m1", [(0, 1)], now=8_000)
+    engine.acknowledge("m1", [AckRange(2, 2, (ACCEPT,))], now=9_000)  # 9 s IN_PROGRESS, then accepted
+    now = {"ms": 12_000}  # 3-5 last progressed 12 s ago (> 10 s threshold): stale; 0-1 4 s ago: fresh
+    service = make_service({"orders-group": 1}, [FakeLeader(KEY, engine, 10)])
+    service.clock = lambda: now["ms"]
+
+    samples = scrape(ShareCollector(service, events))
+
+    group = frozenset({("group", "orders-group")})
+    partition = group | {("topic", "orders"), ("partition", "0")}
+    for prefix, labels in (("ksp_share_group", group), ("ksp_share_partition", partition)):
+        assert samples[(f"{prefix}_records_in_progress", labels)] == 5
+        assert samples[(f"{prefix}_records_in_progress_stale", labels)] == 3
+        assert samples[(f"{prefix}_records_marked_in_progress_total", labels)] == 6
+        assert samples[(f"{prefix}_in_progress_released_records_total", labels | {("reason", "staleness")})] == 0
+        # The accepted record spent 9 s IN_PROGRESS (drained from the engine by the scrape).
+        assert samples[(f"{prefix}_in_progress_duration_seconds_bucket", labels | {("le", "5.0")})] == 0
+        assert samples[(f"{prefix}_in_progress_duration_seconds_bucket", labels | {("le", "10.0")})] == 1
+        assert samples[(f"{prefix}_in_progress_duration_seconds_count", labels)] == 1
+        assert samples[(f"{prefix}_in_progress_duration_seconds_sum", labels)] == 9.0
+    assert samples[("ksp_share_group_in_flight_records", group | {("state", "in_progress")})] == 5
+    assert engine.drain_in_progress_finished() == []  # the scrape took them
+
+    now["ms"] = 100_000  # everything is stale now
+    samples = scrape(ShareCollector(service, events))
+    assert samples[("ksp_share_group_records_in_progress_stale", group)] == 5
+    assert samples[("ksp_share_group_in_progress_duration_seconds_count", group)] == 1  # not counted twice
+
+
+def test_the_change_hook_drains_durations_of_the_share_partition_that_changed():
+    engine = in_progress_engine()
+    events = ShareEventCounts()
+    acquire(engine, 0, 3, now=0)
+    engine.mark_in_progress("m1", [(0, 3)], now=0)
+    service = make_service({"orders-group": 1}, [FakeLeader(KEY, engine)])
+    service.leaders.active = service.leaders.leaders.get
+    drain = in_progress_drain(service, events)
+    delta = engine.acknowledge("m1", [AckRange(0, 3, (ACCEPT,))], now=70_000)
+
+    drain(Change(KEY, Cause.ACKNOWLEDGED, delta))
+    drain(Change(("gone-group", TOPIC_ID, 0), Cause.ACKNOWLEDGED, None))  # not in memory: nothing happens
+
+    counts = events.groups["orders-group"]
+    assert counts.in_progress_durations[IN_PROGRESS_DURATION_BUCKETS.index(120.0)] == 4  # 70 s each
+    assert counts.in_progress_seconds == 280.0
