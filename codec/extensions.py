@@ -16,6 +16,11 @@ from .schema import MessageDefinition
 DEFAULT_MARK_IN_PROGRESS_KEY = 81
 DEFAULT_DESCRIBE_IN_FLIGHT_KEY = 82
 
+# ApiVersions (v3+) SupportedFeatures entries naming the keys the proxy serves the extension RPCs
+# under: MinVersion = MaxVersion = the api key. Clients read them instead of hard-coding 81/82.
+MARK_IN_PROGRESS_KEY_FEATURE = "kafka-share-proxy.mark-in-progress.api-key"
+DESCRIBE_IN_FLIGHT_KEY_FEATURE = "kafka-share-proxy.describe-in-flight.api-key"
+
 # Kafka's own users of the draft's keys (Kafka 4.4): who is shadowed while we own them.
 KAFKA_APIS_SHADOWED = {
     80: "AddRaftVoter (controller and broker listeners)",

@@ -8,6 +8,12 @@ The advertised range of an API is
   :meth:`ApiVersionTable.register_local`, e.g. the share APIs 76-79 and 90-92 in
   later issues): the proxy's own range, whether or not the broker has the API.
 
+From ApiVersions v3 (flexible) the answer may also carry *supported features* the proxy adds
+(:meth:`ApiVersionTable.register_feature`): the extension RPCs' api keys travel that way, as
+``kafka-share-proxy.*.api-key`` features whose min and max version are the key, so clients read
+the keys instead of hard-coding them (docs/codec.md). Stock clients store feature names they do
+not know and otherwise ignore them.
+
 An ApiVersions request with a version the proxy does not know is answered the way
 Kafka answers it: response header v0, a v0 body with UNSUPPORTED_VERSION and one
 entry telling the client the ApiVersions range to retry with.
@@ -84,10 +90,19 @@ class ApiVersionTable:
     def __init__(self, forwardable: Mapping[int, VersionRange] = FORWARDABLE) -> None:
         self._forwardable = dict(forwardable)
         self._local: dict[int, VersionRange] = {}
+        self._features: dict[str, VersionRange] = {}
 
     def register_local(self, api_key: int, versions: VersionRange) -> None:
         """Declare an API the proxy serves itself (advertised even if the broker lacks it)."""
         self._local[api_key] = versions
+
+    def register_feature(self, name: str, versions: VersionRange) -> None:
+        """Advertise a supported feature of the proxy's own (ApiVersions v3+ SupportedFeatures)."""
+        self._features[name] = versions
+
+    @property
+    def features(self) -> dict[str, VersionRange]:
+        return dict(self._features)
 
     @property
     def api_versions_range(self) -> VersionRange:
@@ -114,17 +129,33 @@ class ApiVersionTable:
         return [(key, r.min_version, r.max_version) for key, r in sorted(result.items())]
 
 
+def _nested(entity: Any, name: str) -> type:
+    """A nested struct class of an ApiVersions response: kio's module, or the codec's class (v5)."""
+    nested = getattr(type(entity), name, None)
+    if isinstance(nested, type):
+        return nested
+    return getattr(load_payload_module(API_VERSIONS_KEY, entity.__version__, EntityType.response), name)
+
+
 def narrow_response(entity: Any, table: ApiVersionTable) -> Any:
-    """Return an ApiVersions response entity listing only what the proxy can handle."""
-    api_version_type = load_payload_module(API_VERSIONS_KEY, entity.__version__, EntityType.response).ApiVersion
+    """Return an ApiVersions response entity listing only what the proxy can handle (and its features)."""
+    api_version_type = _nested(entity, "ApiVersion")
     narrowed = table.narrow((int(a.api_key), int(a.min_version), int(a.max_version)) for a in entity.api_keys)
-    return dataclasses.replace(
-        entity,
-        api_keys=tuple(
+    changes: dict[str, Any] = {
+        "api_keys": tuple(
             api_version_type(api_key=i16(key), min_version=i16(low), max_version=i16(high))
             for key, low, high in narrowed
         ),
-    )
+    }
+    features = table.features
+    if features and hasattr(entity, "supported_features"):
+        feature_type = _nested(entity, "SupportedFeatureKey")
+        kept = tuple(f for f in entity.supported_features if f.name not in features)
+        changes["supported_features"] = kept + tuple(
+            feature_type(name=name, min_version=i16(r.min_version), max_version=i16(r.max_version))
+            for name, r in sorted(features.items())
+        )
+    return dataclasses.replace(entity, **changes)
 
 
 def unsupported_version_response(correlation_id: int, supported: VersionRange) -> bytes:

@@ -111,6 +111,16 @@ class ProxyConfig:
     share_max_delivery_count_limit: int = 10
     share_min_partition_max_record_locks: int = 100
     share_max_partition_max_record_locks: int = 4_000
+    # IN_PROGRESS (draft KIP KAFKA-20458, docs/in-progress.md): defaults for every group, and bounds.
+    share_in_progress_staleness_threshold_ms: int = 90_000
+    share_in_progress_max_lock_extension_ms: int = 1_800_000
+    share_in_progress_rebalance_grace_ms: int = 5_000
+    share_min_in_progress_staleness_threshold_ms: int = 1_000
+    share_max_in_progress_staleness_threshold_ms: int = 3_600_000
+    share_min_in_progress_max_lock_extension_ms: int = 1_000
+    share_max_in_progress_max_lock_extension_ms: int = 86_400_000
+    share_min_in_progress_rebalance_grace_ms: int = 0
+    share_max_in_progress_rebalance_grace_ms: int = 600_000
     max_share_sessions: int = 2_000
     max_share_session_partitions: int = 10_000
     max_share_session_partitions_total: int = 200_000
@@ -121,6 +131,8 @@ class ProxyConfig:
     share_long_poll_connections: int = 8
     # The extension RPC DescribeShareGroupInFlight (draft KIP KAFKA-20458) is served under this key.
     describe_in_flight_api_key: int = 82
+    # ... and MarkInProgress under this one (the draft's 81; docs/codec.md).
+    mark_in_progress_api_key: int = 81
 
     @property
     def effective_advertised_host(self) -> str:
@@ -195,6 +207,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("share_max_delivery_count_limit", int, "highest share.delivery.count.limit a group may set (group.share.max.delivery.count.limit, default 10; at most 10)", "N"),
     Option("share_min_partition_max_record_locks", int, "lowest share.partition.max.record.locks a group may set (group.share.min.partition.max.record.locks, default 100)", "N"),
     Option("share_max_partition_max_record_locks", int, "highest share.partition.max.record.locks a group may set (group.share.max.partition.max.record.locks, default 4000; at most 10000)", "N"),
+    Option("share_in_progress_staleness_threshold_ms", int, "an IN_PROGRESS record with no progress signal for this long is released (group.share.in.progress.staleness.threshold.ms, default 90000; docs/in-progress.md)", "MS"),
+    Option("share_in_progress_max_lock_extension_ms", int, "longest a record may stay IN_PROGRESS, however often it is marked (group.share.in.progress.max.lock.extension.ms, default 1800000)", "MS"),
+    Option("share_in_progress_rebalance_grace_ms", int, "how long fresh IN_PROGRESS records of a member that left stay its own before they are released (group.share.in.progress.rebalance.grace.ms, default 5000)", "MS"),
+    Option("share_min_in_progress_staleness_threshold_ms", int, "lowest share.in.progress.staleness.threshold.ms a group may set (default 1000)", "MS"),
+    Option("share_max_in_progress_staleness_threshold_ms", int, "highest share.in.progress.staleness.threshold.ms a group may set (default 3600000)", "MS"),
+    Option("share_min_in_progress_max_lock_extension_ms", int, "lowest share.in.progress.max.lock.extension.ms a group may set (default 1000)", "MS"),
+    Option("share_max_in_progress_max_lock_extension_ms", int, "highest share.in.progress.max.lock.extension.ms a group may set (default 86400000)", "MS"),
+    Option("share_min_in_progress_rebalance_grace_ms", int, "lowest share.in.progress.rebalance.grace.ms a group may set (default 0)", "MS"),
+    Option("share_max_in_progress_rebalance_grace_ms", int, "highest share.in.progress.rebalance.grace.ms a group may set (default 600000)", "MS"),
     Option("share_metadata_refresh_ms", int, "how often topic metadata is refreshed, so new topics and partitions reach share-group assignments (default 10000)", "MS"),
     Option("share_upstream_connections", int, "connections per upstream broker the share service uses for ListOffsets, ListGroups and record reads (default 32)", "N"),
     Option("share_long_poll_connections", int, "connections per upstream broker the share service may hold in long polls (Fetch waiting for new data), apart from the ones above so that long polls never starve them (default 8)", "N"),
@@ -203,6 +224,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("share_read_cache_bytes", int, "log bytes the share-partition read caches may hold in total, for members queued behind one upstream read (default 67108864)", "BYTES"),
     Option("max_share_session_partitions", int, "share-partitions one share session may hold; a ShareFetch beyond it gets SHARE_SESSION_LIMIT_REACHED (default 10000; no Kafka counterpart)", "N"),
     Option("describe_in_flight_api_key", int, "API key the extension RPC DescribeShareGroupInFlight is served under (default 82, the draft KIP's; must be a Kafka API key flexible from v0 that the proxy does not serve otherwise)", "KEY"),
+    Option("mark_in_progress_api_key", int, "API key the extension RPC MarkInProgress is served under (default 81, the draft KIP's; must be a Kafka API key flexible from v0 that the proxy does not serve otherwise, and differ from --describe-in-flight-api-key)", "KEY"),
     Option("max_share_session_partitions_total", int, "share-partitions all share sessions together may hold; beyond it SHARE_SESSION_LIMIT_REACHED (default 200000)", "N"),
 )
 
@@ -287,32 +309,44 @@ def _validate(config: ProxyConfig) -> None:
         if value is not None and value < 1:
             raise ConfigError(f"{name} must be at least 1")
     _validate_share_bounds(config)
+    if config.share_in_progress_max_lock_extension_ms < config.share_in_progress_staleness_threshold_ms:
+        raise ConfigError("share_in_progress_max_lock_extension_ms "
+                          f"({config.share_in_progress_max_lock_extension_ms}) must be at least "
+                          f"share_in_progress_staleness_threshold_ms ({config.share_in_progress_staleness_threshold_ms})")
+    for name in ("share_in_progress_staleness_threshold_ms", "share_in_progress_max_lock_extension_ms"):
+        if getattr(config, name) < 100:
+            raise ConfigError(f"{name} must be at least 100")
+    if config.share_in_progress_rebalance_grace_ms < 0:
+        raise ConfigError("share_in_progress_rebalance_grace_ms must not be negative")
     if config.state_topic_partitions < 1:
         raise ConfigError("state_topic_partitions must be at least 1")
-    _validate_extension_key(config.describe_in_flight_api_key)
+    _validate_extension_keys(config.mark_in_progress_api_key, config.describe_in_flight_api_key)
     base = config.effective_broker_port_base
     if base is not None and not 0 < base <= 65535:
         raise ConfigError(f"broker port base {base} out of range")
 
 
-def _validate_extension_key(api_key: int) -> None:
+def _validate_extension_keys(mark_key: int, describe_key: int) -> None:
     """The connection loop reads request headers by Kafka's table, so an extension key must be one
     Kafka defines as flexible from v0 (e.g. 80-82, the Raft voter APIs brokers do not serve to
-    clients), and not one the proxy already serves."""
+    clients), not one the proxy already serves, and the two extension keys must differ."""
     from codec.errors import HeaderError
     from codec.headers import is_flexible
-    from codec.registry import MessageRegistry
+    from codec.registry import STANDARD_APIS
 
-    try:
-        flexible = is_flexible(api_key, 0)
-    except HeaderError:
-        flexible = False
-    if not flexible:
-        raise ConfigError(f"describe_in_flight_api_key {api_key} is not a Kafka API key flexible from version 0")
-    try:
-        MessageRegistry(describe_in_flight_key=api_key)
-    except ValueError as exc:
-        raise ConfigError(f"describe_in_flight_api_key {api_key}: {exc}") from exc
+    served = {api.api_key: api.name for api in STANDARD_APIS}
+    for name, api_key in (("mark_in_progress_api_key", mark_key), ("describe_in_flight_api_key", describe_key)):
+        try:
+            flexible = is_flexible(api_key, 0)
+        except HeaderError:
+            flexible = False
+        if not flexible:
+            raise ConfigError(f"{name} {api_key} is not a Kafka API key flexible from version 0")
+        if api_key in served:
+            raise ConfigError(f"{name} {api_key}: the proxy already serves {served[api_key]} under it")
+    if mark_key == describe_key:
+        raise ConfigError(f"mark_in_progress_api_key and describe_in_flight_api_key are both {mark_key}; "
+                          "each extension RPC needs its own key")
 
 
 # Per-group config bounds: (min option, max option, lowest allowed, highest allowed) -- Kafka's
@@ -323,6 +357,10 @@ _SHARE_BOUNDS = (
     ("share_min_heartbeat_interval_ms", "share_max_heartbeat_interval_ms", 1, 2**31 - 1),
     ("share_min_delivery_count_limit", "share_max_delivery_count_limit", 2, 10),
     ("share_min_partition_max_record_locks", "share_max_partition_max_record_locks", 100, 10_000),
+    # IN_PROGRESS (no Kafka counterpart yet): the sweeper runs every threshold/4, so not below 100 ms.
+    ("share_min_in_progress_staleness_threshold_ms", "share_max_in_progress_staleness_threshold_ms", 100, 86_400_000),
+    ("share_min_in_progress_max_lock_extension_ms", "share_max_in_progress_max_lock_extension_ms", 100, 604_800_000),
+    ("share_min_in_progress_rebalance_grace_ms", "share_max_in_progress_rebalance_grace_ms", 0, 3_600_000),
 )
 
 

@@ -55,6 +55,12 @@ class Cause(enum.Enum):
     MEMBER_RELEASED = "member-released"
     LOG_TRUNCATED = "log-truncated"
     COMMITTED = "committed"  # a staged change became durable (its SPSO move)
+    # IN_PROGRESS (docs/in-progress.md); metrics label the last three as release reasons
+    # staleness / max_extension / grace_expiry.
+    MARKED_IN_PROGRESS = "marked-in-progress"
+    STALE_RELEASED = "stale-released"
+    MAX_EXTENSION_RELEASED = "max-extension-released"
+    GRACE_EXPIRED = "grace-expired"
 
 
 @dataclass(frozen=True, slots=True)

@@ -93,6 +93,13 @@ class ShareGroupLimits:
     max_delivery_count_limit: int = 10  # group.share.max.delivery.count.limit
     min_partition_max_record_locks: int = 100  # group.share.min.partition.max.record.locks
     max_partition_max_record_locks: int = 4_000  # group.share.max.partition.max.record.locks (4.3+ default)
+    # IN_PROGRESS (draft KIP KAFKA-20458; no Kafka broker has them): the proxy's own bounds.
+    min_in_progress_staleness_threshold_ms: int = 1_000
+    max_in_progress_staleness_threshold_ms: int = 3_600_000
+    min_in_progress_max_lock_extension_ms: int = 1_000
+    max_in_progress_max_lock_extension_ms: int = 86_400_000
+    min_in_progress_rebalance_grace_ms: int = 0
+    max_in_progress_rebalance_grace_ms: int = 600_000
 
 
 _ISOLATION_LEVELS = ("read_uncommitted", "read_committed")
@@ -109,6 +116,10 @@ class ShareGroupConfig:
     partition_max_record_locks: int = 2_000
     auto_offset_reset: AutoOffsetReset = AutoOffsetReset("latest")
     isolation_level: str = "read_uncommitted"
+    # IN_PROGRESS (docs/in-progress.md): the draft KIP's group.share.in.progress.* defaults.
+    in_progress_staleness_threshold_ms: int = 90_000
+    in_progress_max_lock_extension_ms: int = 1_800_000
+    in_progress_rebalance_grace_ms: int = 5_000
 
     #: Kafka's group-config names -> field names.
     NAMES = {
@@ -119,6 +130,9 @@ class ShareGroupConfig:
         "share.partition.max.record.locks": "partition_max_record_locks",
         "share.auto.offset.reset": "auto_offset_reset",
         "share.isolation.level": "isolation_level",
+        "share.in.progress.staleness.threshold.ms": "in_progress_staleness_threshold_ms",
+        "share.in.progress.max.lock.extension.ms": "in_progress_max_lock_extension_ms",
+        "share.in.progress.rebalance.grace.ms": "in_progress_rebalance_grace_ms",
     }
 
     def with_overrides(self, overrides: Mapping[str, str | int]) -> ShareGroupConfig:
@@ -155,6 +169,12 @@ class ShareGroupConfig:
         if self.session_timeout_ms <= self.heartbeat_interval_ms:
             raise GroupConfigError("share.session.timeout.ms must be greater than share.heartbeat.interval.ms "
                                    f"({self.session_timeout_ms} <= {self.heartbeat_interval_ms})")
+        if self.in_progress_max_lock_extension_ms < self.in_progress_staleness_threshold_ms:
+            # Else every IN_PROGRESS record would hit the max extension before it could go stale.
+            raise GroupConfigError(
+                "share.in.progress.max.lock.extension.ms must be greater than or equal to "
+                "share.in.progress.staleness.threshold.ms "
+                f"({self.in_progress_max_lock_extension_ms} < {self.in_progress_staleness_threshold_ms})")
         if self.isolation_level not in _ISOLATION_LEVELS:
             raise GroupConfigError(f"share.isolation.level must be one of {', '.join(_ISOLATION_LEVELS)}, "
                                    f"not {self.isolation_level!r}")
@@ -172,6 +192,14 @@ _BOUNDED = {
     "share.delivery.count.limit": ("delivery_count_limit", "min_delivery_count_limit", "max_delivery_count_limit"),
     "share.partition.max.record.locks": ("partition_max_record_locks", "min_partition_max_record_locks",
                                          "max_partition_max_record_locks"),
+    "share.in.progress.staleness.threshold.ms": ("in_progress_staleness_threshold_ms",
+                                                 "min_in_progress_staleness_threshold_ms",
+                                                 "max_in_progress_staleness_threshold_ms"),
+    "share.in.progress.max.lock.extension.ms": ("in_progress_max_lock_extension_ms",
+                                                "min_in_progress_max_lock_extension_ms",
+                                                "max_in_progress_max_lock_extension_ms"),
+    "share.in.progress.rebalance.grace.ms": ("in_progress_rebalance_grace_ms", "min_in_progress_rebalance_grace_ms",
+                                             "max_in_progress_rebalance_grace_ms"),
 }
 
 #: Group config -> the broker config that sets its default for every group (Kafka's names).
@@ -181,6 +209,10 @@ _BROKER_NAMES = {
     "share.record.lock.duration.ms": "group.share.record.lock.duration.ms",
     "share.delivery.count.limit": "group.share.delivery.count.limit",
     "share.partition.max.record.locks": "group.share.partition.max.record.locks",
+    # The draft KIP's broker-level names (the proxy's --share-in-progress-* flags set them).
+    "share.in.progress.staleness.threshold.ms": "group.share.in.progress.staleness.threshold.ms",
+    "share.in.progress.max.lock.extension.ms": "group.share.in.progress.max.lock.extension.ms",
+    "share.in.progress.rebalance.grace.ms": "group.share.in.progress.rebalance.grace.ms",
 }
 
 
@@ -209,6 +241,12 @@ _DOCS = {
                                "or by_duration:<ISO-8601 duration> (PnDTnHnMn.nS).",
     "share.isolation.level": "Controls how to read records written transactionally: read_committed or "
                              "read_uncommitted.",
+    "share.in.progress.staleness.threshold.ms": "An IN_PROGRESS record with no progress signal for this long is "
+                                                "released (stuck-worker detection).",
+    "share.in.progress.max.lock.extension.ms": "The longest a record may stay IN_PROGRESS, however often it is "
+                                               "marked (runaway-worker detection).",
+    "share.in.progress.rebalance.grace.ms": "How long the fresh IN_PROGRESS records of a member that left stay its "
+                                            "own before they are released.",
 }
 
 #: Kafka's own defaults for every share group config (its broker configs' defaults).

@@ -207,6 +207,10 @@ class ShareService:
         self._schedule(leader)
         self.work.fire()
 
+    def deadline_changed(self, leader: Leader) -> None:
+        """A route changed `leader`'s deadlines (e.g. a progress mark starts its sweeps): queue them."""
+        self._schedule(leader)
+
     def _schedule(self, leader: Leader) -> None:
         """Queue the leader's lock deadline; wake the timer only if it falls before its wake-up."""
         deadline = self.leaders.schedule(leader)
@@ -381,7 +385,7 @@ class ShareService:
         return describe_response(self.coordinator.describe(request.group_ids),
                                  include_authorized_operations=bool(request.include_authorized_operations))
 
-    def _membership_error(self, group_id: str, member_id: str) -> tuple[ErrorCode, str] | None:
+    def membership_error(self, group_id: str, member_id: str) -> tuple[ErrorCode, str] | None:
         """A share session is served only to a member of the group (else nothing is created).
 
         Kafka's brokers (4.1/4.2) do not ask the group coordinator here: they open a session for
@@ -494,7 +498,7 @@ class ShareService:
             return FetchOutcome(ErrorCode.invalid_request, "GroupId and MemberId are required.")
         epoch = int(request.share_session_epoch)
         if epoch == 0:  # opening a session: only for a member (later epochs need the session)
-            refused = self._membership_error(group_id, member_id)
+            refused = self.membership_error(group_id, member_id)
             if refused is not None:
                 return FetchOutcome(*refused)
         fetch_partitions = [

@@ -32,6 +32,7 @@ acknowledgement of a partition is validated before any of it is applied (all or 
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import heapq
 import itertools
@@ -60,10 +61,12 @@ __all__ = [
     "AcquiredRecords",
     "BatchHeader",
     "InFlightRun",
+    "InProgressRelease",
     "PartitionConfig",
     "PartitionSnapshot",
     "PersistedBatch",
     "RecordBatchHeader",
+    "ReleaseReason",
     "SharePartition",
     "ShareStateError",
     "StagedChange",
@@ -78,6 +81,7 @@ INVALID_RECORD_STATE = 121
 _AVAILABLE = RecordState.AVAILABLE
 _ACQUIRED = RecordState.ACQUIRED
 _ARCHIVED = RecordState.ARCHIVED
+_IN_PROGRESS = RecordState.IN_PROGRESS
 
 _NO_OFFSET = 2**63
 _STATE_IDS = range(8)  # room for ARCHIVING (3), IN_PROGRESS (5) and beyond
@@ -104,6 +108,7 @@ _IS_TERMINAL: tuple[bool, ...] = _trait("terminal")
 _HOLDS_OWNER: tuple[bool, ...] = _trait("holds_owner")
 _HOLDS_LOCK: tuple[bool, ...] = _trait("holds_lock")
 _PERSISTED: tuple[bool, ...] = _trait("persisted", True)
+_PROGRESS_HELD: tuple[bool, ...] = _trait("progress_held")
 # States a restart resumes as written; anything else read back is delivered again (Available).
 _RESUMABLE = frozenset(state for state, traits in STATE_TRAITS.items() if traits.persisted)
 _PERSISTED_AS: tuple = tuple(
@@ -114,7 +119,12 @@ _PERSISTED_AS: tuple = tuple(
 _ACQUIRE = _ROWS[Event.ACQUIRE]
 _LOCK_EXPIRED = _ROWS[Event.LOCK_EXPIRED]
 _MEMBER_LEFT = _ROWS[Event.MEMBER_LEFT]
+_MARK = _ROWS[Event.MARK]
+_STALE = _ROWS[Event.STALE]
+_MAX_EXTENSION = _ROWS[Event.MAX_EXTENSION]
+_GRACE_EXPIRED = _ROWS[Event.GRACE_EXPIRED]
 _RENEW_TYPE = int(AcknowledgeType.RENEW)
+_NOT_IN_PROGRESS: tuple[int, int, None] = (-1, -1, None)
 
 
 class ShareStateError(Exception):
@@ -139,12 +149,22 @@ class PartitionConfig:
     ``max_record_locks``: ``group.share.partition.max.record.locks`` /
     ``share.partition.max.record.locks`` -- bound on the in-flight span SPEO - SPSO.
     ``read_committed``: ``share.isolation.level``; aborted transactional records are archived.
+    ``in_progress_staleness_threshold_ms``: ``share.in.progress.staleness.threshold.ms`` -- an
+    IN_PROGRESS record with no progress for longer is released by the sweeper (every threshold/4).
+    ``in_progress_max_lock_extension_ms``: ``share.in.progress.max.lock.extension.ms`` -- the longest
+    a record may stay IN_PROGRESS, progress or not.
+    ``in_progress_rebalance_grace_ms``: ``share.in.progress.rebalance.grace.ms`` -- how long a departed
+    member's fresh IN_PROGRESS records are held for it.
+    The proxy's flags and group configs bound these; the engine only refuses values it cannot run.
     """
 
     delivery_count_limit: int = 5
     record_lock_duration_ms: int = 30_000
     max_record_locks: int = 2000
     read_committed: bool = False
+    in_progress_staleness_threshold_ms: int = 90_000
+    in_progress_max_lock_extension_ms: int = 1_800_000
+    in_progress_rebalance_grace_ms: int = 5_000
 
     def __post_init__(self) -> None:
         if not 2 <= self.delivery_count_limit <= 10:
@@ -153,6 +173,17 @@ class PartitionConfig:
             raise ValueError(f"record_lock_duration_ms {self.record_lock_duration_ms} not in [1000, 3600000]")
         if not 100 <= self.max_record_locks <= 10_000:
             raise ValueError(f"max_record_locks {self.max_record_locks} not in [100, 10000]")
+        if self.in_progress_staleness_threshold_ms < 4:
+            raise ValueError(f"in_progress_staleness_threshold_ms {self.in_progress_staleness_threshold_ms} < 4")
+        if self.in_progress_max_lock_extension_ms < 1:
+            raise ValueError(f"in_progress_max_lock_extension_ms {self.in_progress_max_lock_extension_ms} < 1")
+        if self.in_progress_rebalance_grace_ms < 0:
+            raise ValueError(f"in_progress_rebalance_grace_ms {self.in_progress_rebalance_grace_ms} < 0")
+
+    @property
+    def sweep_interval_ms(self) -> int:
+        """How often the staleness sweep runs while records are IN_PROGRESS (draft KIP §3.3: threshold / 4)."""
+        return self.in_progress_staleness_threshold_ms // 4
 
     @property
     def throttle_delivery_count(self) -> int:
@@ -221,17 +252,32 @@ class InFlightRun:
     delivery_count: int
     member_id: str | None
     acquired_at: int  # ms on the engine's clock, -1 when not acquired
-    lock_deadline: int  # ms on the engine's clock, -1 when not acquired
+    lock_deadline: int  # ms on the engine's clock, -1 when not under the acquisition lock
+    in_progress_start: int = -1  # engine clock ms of the first mark, -1 when not IN_PROGRESS
+    last_progress: int = -1  # engine clock ms of the latest mark
+    grace_deadline: int = -1  # set while held for a departed member (rebalance grace)
 
 
 @dataclass(frozen=True, slots=True)
 class PersistedBatch:
-    """A state batch as persisted: (first_offset, last_offset, delivery_state, delivery_count)."""
+    """A state batch as persisted: (first_offset, last_offset, delivery_state, delivery_count).
+
+    IN_PROGRESS batches also carry their owner and times (state-record tags 100-102); the times are
+    on the engine's clock here, and ``state_store`` converts them to and from wall-clock time."""
 
     first_offset: int
     last_offset: int
     delivery_state: RecordState
     delivery_count: int
+    in_progress_start: int = -1
+    last_progress: int = -1
+    member_id: str | None = None
+
+    @property
+    def content(self) -> tuple:
+        """Everything but the offsets: equal contents of adjacent batches merge into one."""
+        return (self.delivery_state, self.delivery_count, self.in_progress_start, self.last_progress,
+                self.member_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +289,31 @@ class StateDelta:
     # Every record the change moved, including those the SPSO then passed (not persisted, so
     # not in state_batches): what metrics count. Not part of the persisted content.
     changed: tuple[PersistedBatch, ...] = field(default=(), compare=False)
+
+
+class ReleaseReason(enum.Enum):
+    """Why IN_PROGRESS records were released (metrics label them so)."""
+
+    STALENESS = "staleness"
+    MAX_EXTENSION = "max_extension"
+    GRACE_EXPIRY = "grace_expiry"
+
+
+@dataclass(frozen=True, slots=True)
+class InProgressRelease:
+    """IN_PROGRESS records released (or archived at the delivery limit) for one reason."""
+
+    reason: ReleaseReason
+    delta: StateDelta | None  # what to persist for this reason (None if nothing)
+    records: int
+
+
+# Release reasons in the order release_in_progress() reports them, with their table rows.
+_RELEASE_ROWS = (
+    (ReleaseReason.STALENESS, _STALE),
+    (ReleaseReason.MAX_EXTENSION, _MAX_EXTENSION),
+    (ReleaseReason.GRACE_EXPIRY, _GRACE_EXPIRED),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,34 +423,52 @@ class _InFlightBatch:
 class _Rollback:
     """What a staged change replaced: restored if its state write fails (Kafka's ``rollbackState``)."""
 
-    __slots__ = ("change_id", "state", "delivery_count", "member_id", "lock_id", "lock_deadline", "acquired_at")
+    __slots__ = ("change_id", "state", "delivery_count", "member_id", "lock_id", "lock")
 
     def __init__(
         self, change_id: int, state: RecordState, delivery_count: int, member_id: str | None, lock_id: int,
-        lock_deadline: int, acquired_at: int = -1,
+        lock: _Lock | None,
     ) -> None:
         self.change_id = change_id
         self.state = state
         self.delivery_count = delivery_count
         self.member_id = member_id
         self.lock_id = lock_id
-        self.lock_deadline = lock_deadline
-        self.acquired_at = acquired_at
+        # A copy of the record's lock (deadline, acquisition and in-progress times) as it was: the
+        # live one may be gone, or changed, by the time a rollback brings the record back.
+        self.lock = lock.copy() if lock is not None else None
 
 
 class _Lock:
-    """An acquisition lock shared by the records acquired (or renewed) in one call."""
+    """What holds a group of owned records: the acquisition lock shared by the records acquired (or
+    renewed) in one call, or -- for IN_PROGRESS records -- their progress hold, shared by the
+    records one mark moved from one previous holder (so they share their in-progress times).
 
-    __slots__ = ("deadline", "acquired_at", "first_offset", "last_offset", "held")
+    A progress hold has no acquisition deadline (-1, never in the deadline heap); its records are
+    released by the sweep (``last_progress``, ``in_progress_start``) or at ``grace_deadline``.
+    """
 
-    def __init__(self, deadline: int, acquired_at: int) -> None:
+    __slots__ = ("deadline", "acquired_at", "first_offset", "last_offset", "held", "in_progress_start",
+                 "last_progress", "grace_deadline", "member_id", "progress")
+
+    def __init__(self, deadline: int, acquired_at: int, *, progress: bool = False, in_progress_start: int = -1,
+                 last_progress: int = -1, grace_deadline: int = -1, member_id: str | None = None) -> None:
+        self.progress = progress  # a progress hold (IN_PROGRESS records), not an acquisition lock
         self.deadline = deadline
         # When its records were acquired (ms, the caller's clock); a renewal keeps the earliest.
         self.acquired_at = acquired_at
-        # Widened as records join the lock; expire() scans only this range.
+        # Widened as records join the lock; expire() and the sweep scan only this range.
         self.first_offset = _NO_OFFSET
         self.last_offset = -1
         self.held = 0
+        self.in_progress_start = in_progress_start
+        self.last_progress = last_progress
+        self.grace_deadline = grace_deadline
+        self.member_id = member_id  # the owner, for progress holds (release_member finds them by it)
+
+    def copy(self) -> _Lock:
+        return _Lock(self.deadline, self.acquired_at, progress=self.progress, in_progress_start=self.in_progress_start,
+                     last_progress=self.last_progress, grace_deadline=self.grace_deadline, member_id=self.member_id)
 
 
 class _Changes:
@@ -388,16 +477,19 @@ class _Changes:
     __slots__ = ("_runs",)
 
     def __init__(self) -> None:
-        self._runs: list[list] = []  # [first, last, state, count], merged while contiguous
+        # [first, last, state, count, in_progress_start, last_progress, member], merged while contiguous
+        self._runs: list[list] = []
 
-    def add(self, first: int, last: int, state: RecordState, delivery_count: int) -> None:
+    def add(self, first: int, last: int, state: RecordState, delivery_count: int,
+            progress: tuple[int, int, str | None] = (-1, -1, None)) -> None:
         runs = self._runs
         if runs:
             prev = runs[-1]
-            if prev[1] + 1 == first and prev[2] is state and prev[3] == delivery_count:
+            if prev[1] + 1 == first and prev[2] is state and prev[3] == delivery_count \
+                    and (prev[4], prev[5], prev[6]) == progress:
                 prev[1] = last
                 return
-        runs.append([first, last, state, delivery_count])
+        runs.append([first, last, state, delivery_count, *progress])
 
     @property
     def batches(self) -> list[PersistedBatch]:
@@ -410,12 +502,8 @@ def _coalesce(batches: Iterable[PersistedBatch]) -> list[PersistedBatch]:
     for b in sorted(batches, key=lambda b: b.first_offset):
         if out:
             prev = out[-1]
-            if (
-                prev.last_offset + 1 == b.first_offset
-                and prev.delivery_state == b.delivery_state
-                and prev.delivery_count == b.delivery_count
-            ):
-                out[-1] = PersistedBatch(prev.first_offset, b.last_offset, b.delivery_state, b.delivery_count)
+            if prev.last_offset + 1 == b.first_offset and prev.content == b.content:
+                out[-1] = dataclasses.replace(prev, last_offset=b.last_offset)
                 continue
         out.append(b)
     return out
@@ -424,6 +512,50 @@ def _coalesce(batches: Iterable[PersistedBatch]) -> list[PersistedBatch]:
 # --------------------------------------------------------------------------------------------
 # The engine
 # --------------------------------------------------------------------------------------------
+
+
+class _Renewals:
+    """The locks one acknowledge or mark call moves owned records to: one new acquisition lock for
+    renewed ACQUIRED records, and for records entering or staying IN_PROGRESS one new progress hold
+    per previous holder (keeping its acquisition time and, for a refresh, its in-progress start)."""
+
+    __slots__ = ("_partition", "_member_id", "_now", "_renew_lock_id", "_holds")
+
+    def __init__(self, partition: SharePartition, member_id: str, now: int) -> None:
+        self._partition = partition
+        self._member_id = member_id
+        self._now = now
+        self._renew_lock_id = 0
+        self._holds: dict[int, int] = {}  # previous lock id -> the new progress hold's id
+
+    def lock_for(self, holder: _InFlightBatch | _OffsetState, row: tuple) -> int:
+        """The lock id ``holder``'s records take when ``row`` moves them (0: no lock)."""
+        move = row[holder.state]
+        if move is None or not _HOLDS_OWNER[move.new_state]:
+            return 0
+        partition = self._partition
+        if _PROGRESS_HELD[move.new_state]:
+            hold_id = self._holds.get(holder.lock_id)
+            if hold_id is None:
+                old = partition._locks.get(holder.lock_id)
+                acquired_at = old.acquired_at if old is not None else self._now
+                start = old.in_progress_start if old is not None and old.progress else self._now
+                hold_id = self._holds[holder.lock_id] = next(partition._lock_ids)
+                partition._locks[hold_id] = _Lock(-1, acquired_at, progress=True, in_progress_start=start,
+                                                  last_progress=self._now, member_id=self._member_id)
+                partition._progress_ids.add(hold_id)
+            return hold_id
+        if not self._renew_lock_id:
+            self._renew_lock_id = next(partition._lock_ids)
+            partition._locks[self._renew_lock_id] = _Lock(
+                self._now + partition.config.record_lock_duration_ms, self._now)
+        return self._renew_lock_id
+
+    def arm(self) -> None:
+        """Queue the renewed acquisition lock's deadline (once its records joined it)."""
+        lock = self._partition._locks.get(self._renew_lock_id) if self._renew_lock_id else None
+        if lock is not None:
+            heapq.heappush(self._partition._deadlines, (lock.deadline, self._renew_lock_id))
 
 
 # Lock ids come from one counter for every share-partition, so they also order acquisitions across
@@ -459,10 +591,24 @@ class SharePartition:
         self._change_ids = itertools.count(1)
         self._staging = 0  # the change being staged by the running call, 0 when none
         self._last_rollback: _Rollback | None = None
+        # IN_PROGRESS bookkeeping: the progress holds (lock ids, pruned lazily as holds empty), how
+        # many records are IN_PROGRESS, when the staleness sweep is next due (None: nothing to sweep).
+        self._progress_ids: set[int] = set()
+        self._in_progress_records = 0
+        self._next_sweep: int | None = None
+        # The latest `now` a call gave: the time a record leaves IN_PROGRESS in calls without one.
+        self._now = 0
+        self._finished: list[tuple[int, int]] = []  # (ms in progress, records) since the last drain
+        # The stale IN_PROGRESS records the last release_member() released at once (see there).
+        self.last_member_release: InProgressRelease | None = None
 
     def reconfigure(self, config: PartitionConfig) -> None:
         """Take the group's current settings: later acquisitions lock for the new duration, and
-        releases and expiries archive at the new delivery limit (records in flight keep their locks)."""
+        releases and expiries archive at the new delivery limit (records in flight keep their locks).
+        New in-progress thresholds apply to records already IN_PROGRESS from the next sweep, which a
+        shorter sweep interval brings forward."""
+        if self._next_sweep is not None:
+            self._next_sweep = min(self._next_sweep, self._now + config.sweep_interval_ms)
         self.config = config
         self._delivery_count_limit = config.delivery_count_limit
 
@@ -538,9 +684,15 @@ class SharePartition:
                 pieces = batch.holders(batch.first_offset, batch.last_offset)
             for offset, holder in pieces:
                 last = batch.last_offset if holder is batch else offset
-                lock = self._locks.get(holder.lock_id) if _HOLDS_LOCK[holder.state] else None
-                key = (holder.state, holder.delivery_count, holder.member_id,
-                       lock.acquired_at if lock is not None else -1, lock.deadline if lock is not None else -1)
+                lock = self._locks.get(holder.lock_id) if _HOLDS_OWNER[holder.state] else None
+                if lock is None:
+                    key = (holder.state, holder.delivery_count, holder.member_id, -1, -1, -1, -1, -1)
+                elif lock.progress:
+                    key = (holder.state, holder.delivery_count, holder.member_id, lock.acquired_at, -1,
+                           lock.in_progress_start, lock.last_progress, lock.grace_deadline)
+                else:
+                    key = (holder.state, holder.delivery_count, holder.member_id, lock.acquired_at, lock.deadline,
+                           -1, -1, -1)
                 if run is not None and run[1] + 1 == offset and run[2] == key:
                     run[1] = last
                     continue
@@ -555,27 +707,89 @@ class SharePartition:
         return {member for _, _, state, _, member in self._runs() if _HOLDS_OWNER[state] and member is not None}
 
     def next_deadline(self) -> int | None:
-        """The earliest acquisition-lock deadline (ms), or None when nothing is acquired."""
+        """When the caller must next call in (ms), or None: the earliest acquisition-lock deadline
+        (then :meth:`expire`), and while records are IN_PROGRESS the next sweep and the earliest
+        rebalance-grace deadline (then :meth:`release_in_progress`)."""
+        lock_deadline = None
         while self._deadlines:
             deadline, lock_id = self._deadlines[0]
             lock = self._locks.get(lock_id)
             if lock is not None and lock.deadline == deadline:
-                return deadline
+                lock_deadline = deadline
+                break
             heapq.heappop(self._deadlines)
-        return None
+        if not self._in_progress_records:
+            self._next_sweep = None
+            return lock_deadline
+        if self._next_sweep is None:
+            self._next_sweep = self._now + self.config.sweep_interval_ms
+        due = self._next_sweep if lock_deadline is None else min(lock_deadline, self._next_sweep)
+        for hold in self._progress_holds():
+            if hold.grace_deadline != -1 and hold.grace_deadline < due:
+                due = hold.grace_deadline
+        return due
+
+    def in_progress_count(self) -> int:
+        """Records IN_PROGRESS now."""
+        return self._in_progress_records
+
+    def stale_count(self, now: int) -> int:
+        """IN_PROGRESS records whose last progress is older than the staleness threshold."""
+        threshold = self.config.in_progress_staleness_threshold_ms
+        return sum(hold.held for hold in self._progress_holds() if now - hold.last_progress > threshold)
+
+    def drain_in_progress_finished(self) -> list[tuple[int, int]]:
+        """(ms spent IN_PROGRESS, records) for the records that left IN_PROGRESS since the last drain
+        (for the duration histogram). A staged acknowledgement that is rolled back was counted."""
+        finished, self._finished = self._finished, []
+        return finished
+
+    def _note_finished(self, duration: int, records: int) -> None:
+        finished = self._finished
+        if finished and finished[-1][0] == duration:  # offsets of one batch leave together
+            finished[-1] = (duration, finished[-1][1] + records)
+        else:
+            finished.append((duration, records))
+
+    def _progress_holds(self) -> list[_Lock]:
+        """The live progress holds (pruning the ids of emptied ones)."""
+        holds = []
+        for hold_id in list(self._progress_ids):
+            hold = self._locks.get(hold_id)
+            if hold is None:
+                self._progress_ids.discard(hold_id)
+            else:
+                holds.append(hold)
+        return holds
+
+    def _progress_of(self, holder: _InFlightBatch | _OffsetState) -> tuple[int, int, str | None]:
+        """(in_progress_start, last_progress, owner) as persisted for a record; -1s and None unless IN_PROGRESS."""
+        if not _PROGRESS_HELD[holder.state]:
+            return _NOT_IN_PROGRESS
+        hold = self._locks.get(holder.lock_id)
+        if hold is None:
+            return -1, -1, holder.member_id
+        return hold.in_progress_start, hold.last_progress, holder.member_id
 
     def snapshot(self) -> PartitionSnapshot:
         """ShareSnapshot content: durable state as a restart would see it (Acquired not persisted)."""
         batches: list[PersistedBatch] = []
-        for first, last, state, count, _ in self._runs():
-            written_as = _PERSISTED_AS[state]
-            if written_as is not None:
-                # Not persisted as itself: e.g. the last write for an acquired record was Available
-                # with the count before this acquisition (or nothing, for a first delivery).
-                state, count = written_as[0], count + written_as[1]
-            if state is _AVAILABLE and count == 0:
-                continue
-            batches.append(PersistedBatch(first, last, state, count))
+        for batch in self._batches.values():
+            if batch.offsets is None:
+                pieces: Iterable = ((batch.first_offset, batch),)
+            else:
+                pieces = batch.holders(batch.first_offset, batch.last_offset)
+            for first, holder in pieces:
+                last = batch.last_offset if holder is batch else first
+                state, count = holder.state, holder.delivery_count
+                written_as = _PERSISTED_AS[state]
+                if written_as is not None:
+                    # Not persisted as itself: e.g. the last write for an acquired record was Available
+                    # with the count before this acquisition (or nothing, for a first delivery).
+                    state, count = written_as[0], count + written_as[1]
+                if state is _AVAILABLE and count == 0:
+                    continue
+                batches.append(PersistedBatch(first, last, state, count, *self._progress_of(holder)))
         return PartitionSnapshot(self._start, tuple(_coalesce(batches)))
 
     # ----- rebuild -------------------------------------------------------------------------
@@ -590,10 +804,15 @@ class SharePartition:
         """Rebuild from the latest ShareSnapshot and the ShareUpdates written after it, in order.
 
         A batch in a state the engine cannot resume from -- Acquired (never persisted: it is
-        written as the state before acquisition) or a delivery state id it does not know (Kafka's
-        3, the extension's 5, or garbage) -- is taken as unfinished: its records are Available
-        again with the delivery count it carries. A restart then delivers them once more rather
-        than losing or refusing them.
+        written as the state before acquisition), a delivery state id it does not know (Kafka's
+        3, or garbage), or IN_PROGRESS without an owner -- is taken as unfinished: its records are
+        Available again with the delivery count it carries. A restart then delivers them once more
+        rather than losing or refusing them.
+
+        IN_PROGRESS batches come back IN_PROGRESS, owned by their member with their times (engine
+        clock; the caller converts from the wall clock). No rebalance grace starts: only staleness
+        and the max extension release them, so a worker still busy across a restart keeps its
+        records, and its owner rejoining under the same member id may keep marking them.
         """
         start = snapshot.start_offset
         overlay: SortedDict = SortedDict()  # first -> PersistedBatch, non-overlapping
@@ -606,19 +825,52 @@ class SharePartition:
                 _overlay(overlay, batch)
         partition = cls(config, start)
         cursor = start
+        holds: dict[tuple[str, int, int], int] = {}  # (owner, start, last progress) -> hold id
         for persisted in overlay.values():
             if persisted.last_offset < start:
                 continue
             # An int id too (a caller may pass what it read); `is` checks elsewhere need the member.
             state = RecordState(persisted.delivery_state) if persisted.delivery_state in _RESUMABLE else _AVAILABLE
+            if _PROGRESS_HELD[state] and persisted.member_id is None:
+                state = _AVAILABLE  # nobody to give it back to: deliver it again
             first = max(persisted.first_offset, start)
             if first > cursor:
                 # Offsets with no persisted state were read but never finished: deliver them again.
                 partition._append(_InFlightBatch(cursor, first - 1, _AVAILABLE))
-            partition._append(_InFlightBatch(first, persisted.last_offset, state, persisted.delivery_count))
+            batch = _InFlightBatch(first, persisted.last_offset, state, persisted.delivery_count)
+            if _PROGRESS_HELD[state]:
+                partition._resume_in_progress(batch, persisted, holds)
+            partition._append(batch)
             cursor = persisted.last_offset + 1
         partition._advance_start()
         return partition
+
+    def _resume_in_progress(
+        self, batch: _InFlightBatch, persisted: PersistedBatch, holds: dict[tuple[str, int, int], int]
+    ) -> None:
+        """Put a rebuilt IN_PROGRESS batch under a progress hold with its persisted owner and times."""
+        assert persisted.member_id is not None
+        key = (persisted.member_id, persisted.in_progress_start, persisted.last_progress)
+        hold_id = holds.get(key)
+        if hold_id is None:
+            hold_id = holds[key] = next(self._lock_ids)
+            # The acquisition time is not persisted; the start of the work is the closest known.
+            self._locks[hold_id] = _Lock(-1, persisted.in_progress_start, progress=True,
+                                         in_progress_start=persisted.in_progress_start,
+                                         last_progress=persisted.last_progress, member_id=persisted.member_id)
+            self._progress_ids.add(hold_id)
+        hold = self._locks[hold_id]
+        batch.member_id = persisted.member_id
+        batch.lock_id = hold_id
+        hold.held += batch.size
+        hold.first_offset = min(hold.first_offset, batch.first_offset)
+        hold.last_offset = max(hold.last_offset, batch.last_offset)
+        self._in_progress_records += batch.size
+        # No `now` here: the first sweep is due when the first of them could go stale or over-extend.
+        due = min(persisted.last_progress + self.config.in_progress_staleness_threshold_ms + 1,
+                  persisted.in_progress_start + self.config.in_progress_max_lock_extension_ms)
+        if self._next_sweep is None or due < self._next_sweep:
+            self._next_sweep = due
 
     # ----- acquisition ------------------------------------------------------------------------
 
@@ -640,6 +892,7 @@ class SharePartition:
         Available in-flight records are acquired first, lowest offset first (KIP-932 "In-flight
         records"), then new records beyond SPEO while the record-lock limit allows.
         """
+        self._now = now
         if not batches or max_records <= 0:
             return AcquireResult((), None)
         record_limit = mode is AcquireMode.RECORD_LIMIT
@@ -883,10 +1136,13 @@ class SharePartition:
         their lock) when the state write fails, so the member's retry succeeds. Renewals persist
         nothing and are not staged. Returns None when nothing durable changed.
         """
+        return self._staged_call(lambda: self._acknowledge(member_id, ranges, now=now))
+
+    def _staged_call(self, change: Callable[[], StateDelta | None]) -> StagedChange | None:
         change_id = next(self._change_ids)
         self._staging = change_id
         try:
-            delta = self._acknowledge(member_id, ranges, now=now)
+            delta = change()
         finally:
             self._staging = 0
         if change_id not in self._staged:
@@ -933,22 +1189,43 @@ class SharePartition:
     def _restore(self, holder: _InFlightBatch | _OffsetState, first: int, last: int) -> None:
         saved = holder.rollback
         assert saved is not None
+        n = last - first + 1
         holder.rollback = None
+        self._detach(holder, n)  # a staged mark left the records under a new progress hold
         holder.state = saved.state
         holder.delivery_count = saved.delivery_count
         holder.member_id = saved.member_id
         holder.lock_id = saved.lock_id
-        if not _HOLDS_LOCK[saved.state]:
+        if not _HOLDS_OWNER[saved.state]:
             return
         lock = self._locks.get(saved.lock_id)
         if lock is None:
-            # The lock was dropped when its last record left Acquired: bring it back, deadline
-            # unchanged (a lock that ran out meanwhile expires at the next expire()).
-            lock = self._locks[saved.lock_id] = _Lock(saved.lock_deadline, saved.acquired_at)
-            heapq.heappush(self._deadlines, (lock.deadline, saved.lock_id))
-        lock.held += last - first + 1
+            # The lock (or progress hold) was dropped when its last record left it: bring it back,
+            # times unchanged (a lock that ran out meanwhile expires at the next expire(), a stale
+            # hold goes at the next sweep).
+            assert saved.lock is not None
+            lock = self._locks[saved.lock_id] = saved.lock.copy()
+            if lock.progress:
+                self._progress_ids.add(saved.lock_id)
+            else:
+                heapq.heappush(self._deadlines, (lock.deadline, saved.lock_id))
+        lock.held += n
         lock.first_offset = min(lock.first_offset, first)
         lock.last_offset = max(lock.last_offset, last)
+        if _PROGRESS_HELD[saved.state]:
+            self._in_progress_records += n
+
+    def _detach(self, holder: _InFlightBatch | _OffsetState, n: int) -> None:
+        """``n`` records of ``holder`` leave its lock or progress hold (dropped once empty)."""
+        if not _HOLDS_OWNER[holder.state]:
+            return
+        if _PROGRESS_HELD[holder.state]:
+            self._in_progress_records -= n
+        lock = self._locks.get(holder.lock_id)
+        if lock is not None:
+            lock.held -= n
+            if lock.held <= 0:
+                del self._locks[holder.lock_id]
 
     def _drop_staging(self, first: int, last: int) -> None:
         for batch in list(self._batches_from(first, last)):
@@ -970,11 +1247,9 @@ class SharePartition:
         if (saved is None or saved.change_id != change_id or saved.state is not holder.state
                 or saved.delivery_count != holder.delivery_count or saved.member_id != holder.member_id
                 or saved.lock_id != holder.lock_id):
-            lock = self._locks.get(holder.lock_id)
+            lock = self._locks.get(holder.lock_id) if _HOLDS_OWNER[holder.state] else None
             saved = self._last_rollback = _Rollback(change_id, holder.state, holder.delivery_count,
-                                                    holder.member_id, holder.lock_id,
-                                                    lock.deadline if lock is not None else 0,
-                                                    lock.acquired_at if lock is not None else -1)
+                                                    holder.member_id, holder.lock_id, lock)
         holder.rollback = saved
         ranges = self._staged.setdefault(change_id, [])
         if ranges and ranges[-1][1] + 1 == first:
@@ -987,38 +1262,168 @@ class SharePartition:
             self._available_hint = offset
 
     def _acknowledge(self, member_id: str, ranges: Sequence[AckRange], *, now: int) -> StateDelta | None:
+        self._now = now
         self._validate_ack_ranges(ranges)
         # Pass 1: validate everything before touching anything (atomic per partition).
         for ack in ranges:
-            self._check_ack(member_id, ack)
+            self._check_ack(member_id, ack, now)
         # Pass 2: apply.
         changes = _Changes()
-        renew_lock_id = 0
+        renewals = _Renewals(self, member_id, now)
         for ack in ranges:
             first = max(ack.first_offset, self._start)
             last = ack.last_offset
             if first > last:
                 continue
             types = ack.acknowledge_types
-            if not renew_lock_id and _RENEW_TYPE in types:
-                renew_lock_id = next(self._lock_ids)
-                self._locks[renew_lock_id] = _Lock(now + self.config.record_lock_duration_ms, now)
             single = _ACK_ROWS[types[0]] if len(types) == 1 else None
             for batch in list(self._batches_from(first, last)):
                 if single is not None and batch.offsets is None and batch.first_offset >= first \
                         and batch.last_offset <= last:
-                    self._apply_batch(batch, single, member_id, renew_lock_id, changes)
+                    self._apply_batch(batch, single, member_id, renewals.lock_for(batch, single), changes)
                     continue
                 offsets = batch.split()
                 base = batch.first_offset
                 for offset in range(max(first, base), min(last, batch.last_offset) + 1):
                     row = single if single is not None else _ACK_ROWS[types[offset - ack.first_offset]]
-                    self._apply_offset(offsets[offset - base], offset, row, member_id, renew_lock_id, changes)
-        if renew_lock_id:
-            lock = self._locks.get(renew_lock_id)
-            if lock is not None:
-                heapq.heappush(self._deadlines, (lock.deadline, renew_lock_id))
+                    holder = offsets[offset - base]
+                    self._apply_offset(holder, offset, row, member_id, renewals.lock_for(holder, row), changes)
+        renewals.arm()
         return self._finish(changes)
+
+    # ----- IN_PROGRESS (draft KIP KAFKA-20458) ---------------------------------------------------
+
+    def mark_in_progress(
+        self, member_id: str, ranges: Sequence[tuple[int, int]], *, now: int
+    ) -> StateDelta | None:
+        """MarkInProgress (draft KIP §3.2): the member is working on these records.
+
+        ``ranges`` are (first, last) offset pairs, ascending and non-overlapping (else
+        INVALID_REQUEST). Every offset at or above SPSO must be ACQUIRED or IN_PROGRESS by
+        ``member_id``, and a record already IN_PROGRESS must not have been so for longer than the
+        max lock extension (else INVALID_RECORD_STATE); offsets below SPSO are skipped, as
+        acknowledge does. All or nothing. ACQUIRED records become IN_PROGRESS (start = last
+        progress = now) and leave the acquisition lock; IN_PROGRESS ones get last progress = now
+        and keep their start. A departed member's records held for the rebalance grace are its own
+        again. The change is persisted (IN_PROGRESS is written as itself): a caller that persists
+        before answering uses :meth:`stage_mark_in_progress`.
+        """
+        return self._mark(member_id, ranges, now=now)
+
+    def stage_mark_in_progress(
+        self, member_id: str, ranges: Sequence[tuple[int, int]], *, now: int
+    ) -> StagedChange | None:
+        """:meth:`mark_in_progress` as a staged change: :meth:`commit` once durable, or
+        :meth:`rollback` to put the records back (ACQUIRED under their lock, or IN_PROGRESS with
+        their previous times)."""
+        return self._staged_call(lambda: self._mark(member_id, ranges, now=now))
+
+    def _mark(self, member_id: str, ranges: Sequence[tuple[int, int]], *, now: int) -> StateDelta | None:
+        self._now = now
+        previous_last = -1
+        for first, last in ranges:
+            if first < 0 or first > last:
+                raise ShareStateError(INVALID_REQUEST, f"bad progress range {first}-{last}")
+            if first <= previous_last:
+                raise ShareStateError(INVALID_REQUEST, "progress ranges must be ascending and non-overlapping")
+            previous_last = last
+        live = [(max(first, self._start), last) for first, last in ranges if last >= self._start]
+        for first, last in live:
+            if last >= self._end:
+                raise ShareStateError(INVALID_RECORD_STATE, f"offset {max(first, self._end)} was not acquired")
+            for batch in self._batches_from(first, last):
+                if batch.offsets is None:
+                    self._check_progress(batch, member_id, Event.MARK, now, max(first, batch.first_offset))
+                else:
+                    for offset, holder in batch.holders(first, last):
+                        self._check_progress(holder, member_id, Event.MARK, now, offset)
+        changes = _Changes()
+        renewals = _Renewals(self, member_id, now)
+        for first, last in live:
+            for batch in list(self._batches_from(first, last)):
+                if batch.offsets is None and batch.first_offset >= first and batch.last_offset <= last:
+                    self._apply_batch(batch, _MARK, member_id, renewals.lock_for(batch, _MARK), changes)
+                    continue
+                batch.split()
+                for offset, holder in batch.holders(first, last):
+                    self._apply_offset(holder, offset, _MARK, member_id, renewals.lock_for(holder, _MARK), changes)
+        return self._finish(changes)
+
+    def _check_progress(
+        self, holder: _InFlightBatch | _OffsetState, member_id: str, event: Event, now: int, offset: int
+    ) -> None:
+        """``event`` (a mark, or a renew) may move the record: owned by the member, in a state with
+        a row for it, and -- when already IN_PROGRESS -- within the max lock extension."""
+        if _ROWS[event][holder.state] is None or holder.member_id != member_id:
+            raise ShareStateError(
+                INVALID_RECORD_STATE,
+                f"offset {offset} is {holder.state.name}, not acquired or in progress by this member",
+            )
+        if _PROGRESS_HELD[holder.state]:
+            hold = self._locks.get(holder.lock_id)
+            limit = self.config.in_progress_max_lock_extension_ms
+            if hold is not None and now - hold.in_progress_start > limit:
+                raise ShareStateError(
+                    INVALID_RECORD_STATE,
+                    f"offset {offset} has been in progress for {now - hold.in_progress_start} ms, longer than "
+                    f"share.in.progress.max.lock.extension.ms ({limit} ms)",
+                )
+
+    def release_in_progress(self, now: int) -> list[InProgressRelease]:
+        """The staleness sweep and rebalance-grace expiry (draft KIP §3.3, "Rebalance flow").
+
+        When the sweep is due (every staleness threshold / 4 while records are IN_PROGRESS, see
+        :meth:`next_deadline`): records in progress for the max lock extension or longer are
+        released (MAX_EXTENSION, even when also stale), and records with no progress for longer than
+        the staleness threshold (STALENESS). On every call: records whose rebalance grace has ended
+        (GRACE_EXPIRY). Released means Available, or Archived once the delivery count has reached the
+        limit; the count itself is left as it is (docs/in-progress.md "Delivery counting"). One
+        entry per reason that released something, each with its own delta to persist.
+        """
+        self._now = now
+        config = self.config
+        sweep = self._next_sweep is not None and now >= self._next_sweep
+        due: dict[ReleaseReason, list[int]] = {}
+        for hold_id in list(self._progress_ids):
+            hold = self._locks.get(hold_id)
+            if hold is None:
+                self._progress_ids.discard(hold_id)
+                continue
+            if sweep and now - hold.in_progress_start >= config.in_progress_max_lock_extension_ms:
+                reason = ReleaseReason.MAX_EXTENSION
+            elif sweep and now - hold.last_progress > config.in_progress_staleness_threshold_ms:
+                reason = ReleaseReason.STALENESS
+            elif hold.grace_deadline != -1 and hold.grace_deadline <= now:
+                reason = ReleaseReason.GRACE_EXPIRY
+            else:
+                continue
+            due.setdefault(reason, []).append(hold_id)
+        released: list[InProgressRelease] = []
+        for reason, row in _RELEASE_ROWS:
+            hold_ids = due.get(reason)
+            if hold_ids:
+                changes = _Changes()
+                count = sum(self._release_hold(hold_id, row, changes) for hold_id in hold_ids)
+                released.append(InProgressRelease(reason, self._finish(changes), count))
+        if sweep:
+            self._next_sweep = now + config.sweep_interval_ms if self._in_progress_records else None
+        return released
+
+    def _release_hold(self, hold_id: int, row: tuple, changes: _Changes) -> int:
+        """Move every record of one progress hold by ``row``; returns how many moved."""
+        hold = self._locks.get(hold_id)
+        if hold is None:
+            return 0
+        count, first, last = hold.held, hold.first_offset, hold.last_offset
+        for batch in list(self._batches_from(first, last)):
+            if batch.offsets is None:
+                if _PROGRESS_HELD[batch.state] and batch.lock_id == hold_id:
+                    self._apply_batch(batch, row, None, 0, changes)
+            else:
+                for offset, holder in batch.holders(first, last):
+                    if _PROGRESS_HELD[holder.state] and holder.lock_id == hold_id:
+                        self._apply_offset(holder, offset, row, None, 0, changes)
+        return count
 
     @staticmethod
     def _validate_ack_ranges(ranges: Sequence[AckRange]) -> None:
@@ -1036,7 +1441,7 @@ class SharePartition:
                     raise ShareStateError(INVALID_REQUEST, f"unknown acknowledge type {ack_type}")
             previous_last = ack.last_offset
 
-    def _check_ack(self, member_id: str, ack: AckRange) -> None:
+    def _check_ack(self, member_id: str, ack: AckRange, now: int) -> None:
         """Every offset of ``ack`` at or above SPSO is Acquired by the member and may take its type."""
         first = max(ack.first_offset, self._start)
         last = ack.last_offset
@@ -1051,14 +1456,19 @@ class SharePartition:
             if batch.offsets is None:
                 used = types if len(types) == 1 else set(types[lo - ack.first_offset:hi - ack.first_offset + 1])
                 for ack_type in used:
-                    self._check_holder(batch, member_id, ack_type, lo)
+                    self._check_holder(batch, member_id, ack_type, lo, now)
             else:
                 for offset, holder in batch.holders(lo, hi):
                     self._check_holder(holder, member_id, types[0 if len(types) == 1 else offset - ack.first_offset],
-                                       offset)
+                                       offset, now)
 
-    @staticmethod
-    def _check_holder(holder: _InFlightBatch | _OffsetState, member_id: str, ack_type: int, offset: int) -> None:
+    def _check_holder(
+        self, holder: _InFlightBatch | _OffsetState, member_id: str, ack_type: int, offset: int, now: int
+    ) -> None:
+        if ack_type == _RENEW_TYPE and _PROGRESS_HELD[holder.state]:
+            # A renew of an IN_PROGRESS record is a mark: same rules (max extension).
+            self._check_progress(holder, member_id, Event.RENEW, now, offset)
+            return
         if not _HOLDS_OWNER[holder.state] or holder.member_id != member_id:
             raise ShareStateError(
                 INVALID_RECORD_STATE, f"offset {offset} is {holder.state.name}, not acquired by this member"
@@ -1071,7 +1481,10 @@ class SharePartition:
     # ----- releases ------------------------------------------------------------------------
 
     def expire(self, now: int) -> StateDelta | None:
-        """Release every record whose acquisition lock deadline is at or before ``now``."""
+        """Release every record whose acquisition lock deadline is at or before ``now``.
+
+        IN_PROGRESS records are not under the acquisition lock: see :meth:`release_in_progress`."""
+        self._now = now
         changes = _Changes()
         while self._deadlines and self._deadlines[0][0] <= now:
             deadline, lock_id = heapq.heappop(self._deadlines)
@@ -1084,12 +1497,40 @@ class SharePartition:
             )
         return self._finish(changes)
 
-    def release_member(self, member_id: str) -> StateDelta | None:
+    def release_member(self, member_id: str, *, now: int | None = None) -> StateDelta | None:
         """Release a departed member's records (session closed / member left).
 
-        Kafka undoes the delivery-count increment here: the records may never have reached the
-        application, so this is not a delivery attempt and never archives.
+        ACQUIRED records: released at once, and Kafka undoes the delivery-count increment here: the
+        records may never have reached the application, so this is not a delivery attempt and never
+        archives. The returned delta covers these (persist it as a member release).
+
+        IN_PROGRESS records (draft KIP "Rebalance flow"): those with fresh progress (now - last
+        progress <= staleness threshold) stay IN_PROGRESS, owner unchanged, until ``now`` + the
+        rebalance grace (then :meth:`release_in_progress` releases them as GRACE_EXPIRY, unless the
+        member marks or acknowledges them first); stale ones are released at once, the count left as
+        it is (Archived at the limit). Those are NOT in the returned delta: they are in
+        :attr:`last_member_release` (reason STALENESS, its own delta to persist, and how many), None
+        when there were none. Without ``now`` (callers before the extension) every IN_PROGRESS record
+        is taken as stale.
         """
+        self.last_member_release = None
+        if now is not None:
+            self._now = now
+        threshold = self.config.in_progress_staleness_threshold_ms
+        stale_changes = _Changes()
+        stale = 0
+        for hold_id in list(self._progress_ids):
+            hold = self._locks.get(hold_id)
+            if hold is None:
+                self._progress_ids.discard(hold_id)
+            elif hold.member_id == member_id:
+                if now is not None and now - hold.last_progress <= threshold:
+                    if hold.grace_deadline == -1:  # a second departure does not extend the grace
+                        hold.grace_deadline = now + self.config.in_progress_rebalance_grace_ms
+                else:
+                    stale += self._release_hold(hold_id, _STALE, stale_changes)
+        if stale:
+            self.last_member_release = InProgressRelease(ReleaseReason.STALENESS, self._finish(stale_changes), stale)
         changes = _Changes()
         self._release_acquired(
             self._batches.values(), self._start, self._end - 1,
@@ -1168,6 +1609,9 @@ class SharePartition:
         self._locks.clear()
         self._deadlines.clear()
         self._staged.clear()
+        self._progress_ids.clear()
+        self._in_progress_records = 0
+        self._next_sweep = None
         self._start = self._end = self._available_hint = start_offset
         return self.snapshot()
 
@@ -1204,7 +1648,8 @@ class SharePartition:
     ) -> None:
         self._transit(batch, row, member_id, lock_id, batch.first_offset, batch.last_offset)
         if changes is not None and _PERSISTED[batch.state]:
-            changes.add(batch.first_offset, batch.last_offset, batch.state, batch.delivery_count)
+            changes.add(batch.first_offset, batch.last_offset, batch.state, batch.delivery_count,
+                        self._progress_of(batch))
         if batch.state is _AVAILABLE and batch.first_offset < self._available_hint:
             self._available_hint = batch.first_offset
 
@@ -1219,7 +1664,7 @@ class SharePartition:
     ) -> None:
         self._transit(holder, row, member_id, lock_id, offset, offset)
         if changes is not None and _PERSISTED[holder.state]:
-            changes.add(offset, offset, holder.state, holder.delivery_count)
+            changes.add(offset, offset, holder.state, holder.delivery_count, self._progress_of(holder))
         if holder.state is _AVAILABLE and offset < self._available_hint:
             self._available_hint = offset
 
@@ -1245,31 +1690,35 @@ class SharePartition:
             self._stage(holder, first, last)
         elif holder.rollback is not None:
             holder.rollback = None  # a later, unstaged change (e.g. log truncation) supersedes it
-        if _HOLDS_LOCK[holder.state]:
+        if _HOLDS_OWNER[holder.state]:
             lock = self._locks.get(holder.lock_id)
             if lock is not None:
+                if _PROGRESS_HELD[holder.state] and not _PROGRESS_HELD[new_state]:
+                    self._note_finished(self._now - lock.in_progress_start, n)
                 if _HOLDS_OWNER[new_state]:
-                    # A renewal: the records are still held since their acquisition.
+                    # A renewal or a mark: the records are still held since their acquisition.
                     renewed = self._locks[lock_id]
                     if lock.acquired_at < renewed.acquired_at:
                         renewed.acquired_at = lock.acquired_at
-                lock.held -= n
-                if lock.held <= 0:
-                    del self._locks[holder.lock_id]
+            self._detach(holder, n)
         holder.state = new_state
         holder.delivery_count = count
         if _HOLDS_OWNER[new_state]:
             if not move.keeps_owner or member_id is None:
-                raise AssertionError("a move to ACQUIRED must name the member")
+                raise AssertionError(f"a move to {new_state.name} must name the member")
             holder.member_id = member_id
             holder.lock_id = lock_id
             lock = self._locks[lock_id]
             lock.held += n
-            # The lock's scan range covers every record it holds, for expire().
+            # The lock's scan range covers every record it holds, for expire() and the sweep.
             if first < lock.first_offset:
                 lock.first_offset = first
             if last > lock.last_offset:
                 lock.last_offset = last
+            if _PROGRESS_HELD[new_state]:
+                self._in_progress_records += n
+                if self._next_sweep is None:
+                    self._next_sweep = self._now + self.config.sweep_interval_ms
         else:
             holder.member_id = None
             holder.lock_id = 0
@@ -1358,7 +1807,7 @@ class SharePartition:
 def _clip(batches: Iterable[PersistedBatch], start: int) -> tuple[PersistedBatch, ...]:
     """The batches' parts at or above ``start`` (the SPSO: nothing below it is persisted)."""
     return tuple(
-        b if b.first_offset >= start else PersistedBatch(start, b.last_offset, b.delivery_state, b.delivery_count)
+        b if b.first_offset >= start else dataclasses.replace(b, first_offset=start)
         for b in batches
         if b.last_offset >= start
     )
@@ -1372,7 +1821,7 @@ def _overlay(overlay: SortedDict, batch: PersistedBatch) -> None:
     for old in covered:
         del overlay[old.first_offset]
         if old.first_offset < first:
-            overlay[old.first_offset] = PersistedBatch(old.first_offset, first - 1, old.delivery_state, old.delivery_count)
+            overlay[old.first_offset] = dataclasses.replace(old, last_offset=first - 1)
         if old.last_offset > last:
-            overlay[last + 1] = PersistedBatch(last + 1, old.last_offset, old.delivery_state, old.delivery_count)
+            overlay[last + 1] = dataclasses.replace(old, first_offset=last + 1)
     overlay[first] = batch

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import structlog
 import trio
 
-from codec.extensions import DEFAULT_DESCRIBE_IN_FLIGHT_KEY
+from codec.extensions import DEFAULT_DESCRIBE_IN_FLIGHT_KEY, DEFAULT_MARK_IN_PROGRESS_KEY
 from proxy.server import Proxy
 from proxy.share import metrics, observe, state_store
 from proxy.share.admin_routes import admin_routes, register_admin_versions
@@ -31,6 +31,7 @@ from proxy.share.persister import (
     replay_state_topic,
 )
 from proxy.share.in_flight import in_flight_routes, in_flight_version_range
+from proxy.share.progress import extension_features, progress_routes, progress_version_range
 from proxy.share.routes import served_version_ranges, share_routes
 from proxy.share.state_topic_guard import StateTopics, state_topic_routes
 
@@ -64,6 +65,16 @@ class ShareSettings:
     max_delivery_count_limit: int = 10  # group.share.max.delivery.count.limit
     min_partition_max_record_locks: int = 100  # group.share.min.partition.max.record.locks
     max_partition_max_record_locks: int = 4_000  # group.share.max.partition.max.record.locks
+    # IN_PROGRESS (draft KIP KAFKA-20458, docs/in-progress.md): group.share.in.progress.*, and bounds.
+    in_progress_staleness_threshold_ms: int = 90_000
+    in_progress_max_lock_extension_ms: int = 1_800_000
+    in_progress_rebalance_grace_ms: int = 5_000
+    min_in_progress_staleness_threshold_ms: int = 1_000
+    max_in_progress_staleness_threshold_ms: int = 3_600_000
+    min_in_progress_max_lock_extension_ms: int = 1_000
+    max_in_progress_max_lock_extension_ms: int = 86_400_000
+    min_in_progress_rebalance_grace_ms: int = 0
+    max_in_progress_rebalance_grace_ms: int = 600_000
     auto_offset_reset: str = "latest"  # share.auto.offset.reset default for new groups
     metadata_refresh_ms: int = 10_000  # new topics/partitions reach assignments within this
     state_write_timeout_ms: int = 30_000  # the state producer's delivery timeout
@@ -84,6 +95,18 @@ class ShareSettings:
             max_delivery_count_limit=max(self.max_delivery_count_limit, self.delivery_count_limit),
             min_partition_max_record_locks=min(self.min_partition_max_record_locks, self.partition_max_record_locks),
             max_partition_max_record_locks=max(self.max_partition_max_record_locks, self.partition_max_record_locks),
+            min_in_progress_staleness_threshold_ms=min(self.min_in_progress_staleness_threshold_ms,
+                                                       self.in_progress_staleness_threshold_ms),
+            max_in_progress_staleness_threshold_ms=max(self.max_in_progress_staleness_threshold_ms,
+                                                       self.in_progress_staleness_threshold_ms),
+            min_in_progress_max_lock_extension_ms=min(self.min_in_progress_max_lock_extension_ms,
+                                                      self.in_progress_max_lock_extension_ms),
+            max_in_progress_max_lock_extension_ms=max(self.max_in_progress_max_lock_extension_ms,
+                                                      self.in_progress_max_lock_extension_ms),
+            min_in_progress_rebalance_grace_ms=min(self.min_in_progress_rebalance_grace_ms,
+                                                   self.in_progress_rebalance_grace_ms),
+            max_in_progress_rebalance_grace_ms=max(self.max_in_progress_rebalance_grace_ms,
+                                                   self.in_progress_rebalance_grace_ms),
         )
         defaults = ShareGroupConfig(
             session_timeout_ms=self.session_timeout_ms,
@@ -92,6 +115,9 @@ class ShareSettings:
             delivery_count_limit=self.delivery_count_limit,
             partition_max_record_locks=self.partition_max_record_locks,
             auto_offset_reset=parse_auto_offset_reset(self.auto_offset_reset),
+            in_progress_staleness_threshold_ms=self.in_progress_staleness_threshold_ms,
+            in_progress_max_lock_extension_ms=self.in_progress_max_lock_extension_ms,
+            in_progress_rebalance_grace_ms=self.in_progress_rebalance_grace_ms,
         )
         return CoordinatorConfig(group_defaults=defaults, limits=limits)
 
@@ -186,6 +212,13 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
     in_flight_key = getattr(config, "describe_in_flight_api_key", DEFAULT_DESCRIBE_IN_FLIGHT_KEY)
     proxy.routes.update(in_flight_routes(service, in_flight_key))
     proxy.api_versions.register_local(*in_flight_version_range(in_flight_key))
+    # The extension RPC MarkInProgress (proxy/share/progress.py), under its configured key; both
+    # keys are also advertised as ApiVersions supported features so clients need not guess them.
+    mark_key = getattr(config, "mark_in_progress_api_key", DEFAULT_MARK_IN_PROGRESS_KEY)
+    proxy.routes.update(progress_routes(service, mark_key))
+    proxy.api_versions.register_local(*progress_version_range(mark_key))
+    for name, versions in extension_features(mark_key, in_flight_key).items():
+        proxy.api_versions.register_feature(name, versions)
     register_admin_versions(proxy.api_versions)
     log.info("share groups served", state_topic=settings.state_topic, replayed_records=len(replayed))
     return service

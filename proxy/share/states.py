@@ -18,8 +18,10 @@ class RecordState(enum.IntEnum):
     AVAILABLE = 0
     ACQUIRED = 1
     ACKNOWLEDGED = 2
-    # 3 is Kafka's ARCHIVING (dead-letter copy pending); 5 is the draft IN_PROGRESS state.
+    # 3 is Kafka's ARCHIVING (dead-letter copy pending), not used by the proxy.
     ARCHIVED = 4
+    # Draft KIP KAFKA-20458 §2.2: the application has the record and said it is working on it.
+    IN_PROGRESS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +34,8 @@ class StateTraits:
     KIP-932) is written as ``persisted_as`` with the delivery count moved by ``persisted_count_delta``:
     what was durable before the member took the records.
     ``terminal``: never moves again; the SPSO advances over it.
+    ``progress_held``: held by progress marks instead of the acquisition lock: released by the
+    staleness sweep, the max extension and the rebalance grace (draft KIP §3.3), never by expire().
     """
 
     holds_owner: bool = False
@@ -40,6 +44,7 @@ class StateTraits:
     persisted_as: RecordState | None = None
     persisted_count_delta: int = 0
     terminal: bool = False
+    progress_held: bool = False
 
 
 STATE_TRAITS: dict[RecordState, StateTraits] = {
@@ -49,6 +54,9 @@ STATE_TRAITS: dict[RecordState, StateTraits] = {
                                       persisted_as=RecordState.AVAILABLE, persisted_count_delta=-1),
     RecordState.ACKNOWLEDGED: StateTraits(terminal=True),
     RecordState.ARCHIVED: StateTraits(terminal=True),
+    # Persisted as itself with its owner and times (tags 100-102), so in-progress work survives a
+    # restart; not under the acquisition lock (docs/in-progress.md "The IN_PROGRESS lock").
+    RecordState.IN_PROGRESS: StateTraits(holds_owner=True, progress_held=True),
 }
 
 # Records in these states never move again; SPSO advances over them (KIP-932 "Managing the SPSO").
@@ -77,6 +85,10 @@ class Event(enum.Enum):
     LOCK_EXPIRED = "lock-expired"
     MEMBER_LEFT = "member-left"  # share session closed / member left the group
     ARCHIVE = "archive"  # log truncation, control batch, aborted transaction
+    MARK = "mark"  # MarkInProgress (draft KIP §3.2)
+    STALE = "stale"  # no progress within the staleness threshold (sweeper, or a stuck member leaving)
+    MAX_EXTENSION = "max-extension"  # in progress for the max lock extension, progress or not
+    GRACE_EXPIRED = "grace-expired"  # the rebalance grace of a departed member's fresh work ran out
 
 
 ACK_EVENTS: dict[AcknowledgeType, Event] = {
@@ -106,6 +118,7 @@ _A = RecordState.AVAILABLE
 _Q = RecordState.ACQUIRED
 _K = RecordState.ACKNOWLEDGED
 _X = RecordState.ARCHIVED
+_P = RecordState.IN_PROGRESS
 
 TRANSITIONS: dict[tuple[RecordState, Event], Transition] = {
     # KIP-932: "Every time that a record is acquired ... its delivery count increments by 1."
@@ -123,6 +136,22 @@ TRANSITIONS: dict[tuple[RecordState, Event], Transition] = {
     (_Q, Event.MEMBER_LEFT): Transition(_A, delivery_delta=-1),
     (_A, Event.ARCHIVE): Transition(_X),
     (_Q, Event.ARCHIVE): Transition(_X),
+    # Draft KIP §2.2 "Allowed transitions". No row changes the delivery count: the delivery was
+    # counted at acquisition, and an IN_PROGRESS record has provably reached the application, so
+    # releasing it is that same attempt ending (docs/in-progress.md "Delivery counting").
+    (_Q, Event.MARK): Transition(_P, keeps_owner=True),
+    (_P, Event.MARK): Transition(_P, keeps_owner=True),  # progress refreshed, start kept
+    (_P, Event.RENEW): Transition(_P, keeps_owner=True),  # a stock client's renew counts as progress
+    (_P, Event.ACCEPT): Transition(_K),
+    (_P, Event.RELEASE): Transition(_A, archive_at_limit=True),
+    (_P, Event.REJECT): Transition(_X),
+    (_P, Event.GAP): Transition(_X),
+    (_P, Event.STALE): Transition(_A, archive_at_limit=True),
+    (_P, Event.MAX_EXTENSION): Transition(_A, archive_at_limit=True),
+    (_P, Event.GRACE_EXPIRED): Transition(_A, archive_at_limit=True),
+    (_P, Event.ARCHIVE): Transition(_X),
+    # No (IN_PROGRESS, MEMBER_LEFT) row: a departing member's in-progress records are STALE at once
+    # or held for the rebalance grace, then GRACE_EXPIRED, by freshness (draft KIP "Rebalance flow").
 }
 
 

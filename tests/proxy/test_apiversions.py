@@ -118,3 +118,46 @@ async def test_route_reads_a_brokers_unsupported_version_answer_as_v0():
     _, decoded = decode_response(API_VERSIONS, 0, payload)
     assert decoded.error_code == ErrorCode.unsupported_version
     assert [(a.api_key, a.min_version, a.max_version) for a in decoded.api_keys] == [(18, 0, 3)]
+
+
+@pytest.mark.parametrize("version", [3, 4, 5])
+def test_registered_features_join_the_brokers_from_v3(version):
+    from codec.registry import DEFAULT_REGISTRY
+
+    response_type = (DEFAULT_REGISTRY.response_type(API_VERSIONS, 5) if version == 5
+                     else load_payload_module(API_VERSIONS, version, EntityType.response).ApiVersionsResponse)
+    feature = (response_type.SupportedFeatureKey if version == 5
+               else load_payload_module(API_VERSIONS, version, EntityType.response).SupportedFeatureKey)
+    api_version = (response_type.ApiVersion if version == 5
+                   else load_payload_module(API_VERSIONS, version, EntityType.response).ApiVersion)
+    response = build(
+        response_type,
+        api_keys=tuple(api_version(api_key=i16(k), min_version=i16(lo), max_version=i16(hi)) for k, lo, hi in BROKER_4X),
+        supported_features=(feature(name="share.version", min_version=i16(0), max_version=i16(1)),
+                            feature(name="kafka-share-proxy.mark-in-progress.api-key", min_version=i16(1),
+                                    max_version=i16(1))),  # a stale value upstream never wins
+    )
+    table = ApiVersionTable()
+    table.register_local(81, VersionRange(0, 0))
+    table.register_feature("kafka-share-proxy.mark-in-progress.api-key", VersionRange(81, 81))
+    table.register_feature("kafka-share-proxy.describe-in-flight.api-key", VersionRange(82, 82))
+
+    narrowed = narrow_response(response, table)
+
+    assert [(f.name, f.min_version, f.max_version) for f in narrowed.supported_features] == [
+        ("share.version", 0, 1),
+        ("kafka-share-proxy.describe-in-flight.api-key", 82, 82),
+        ("kafka-share-proxy.mark-in-progress.api-key", 81, 81),
+    ]
+    assert (81, 0, 0) in [(a.api_key, a.min_version, a.max_version) for a in narrowed.api_keys]
+
+
+def test_features_are_not_added_before_v3():
+    m = load_payload_module(API_VERSIONS, 2, EntityType.response)
+    response = build(m.ApiVersionsResponse, api_keys=(m.ApiVersion(api_key=i16(18), min_version=i16(0),
+                                                                   max_version=i16(2)),))
+    table = ApiVersionTable()
+    table.register_feature("kafka-share-proxy.mark-in-progress.api-key", VersionRange(81, 81))
+    narrowed = narrow_response(response, table)
+    assert not hasattr(narrowed, "supported_features")
+    assert [(a.api_key, a.max_version) for a in narrowed.api_keys] == [(18, 2)]

@@ -155,3 +155,49 @@ def test_describe_in_flight_key_must_be_a_free_flexible_kafka_key(key):
     # Metadata (3) is not flexible at v0; 76 is served as ShareGroupHeartbeat; 10082 is no Kafka key.
     with pytest.raises(ConfigError, match="describe_in_flight_api_key"):
         load_config({"upstream": "k:9092", "describe_in_flight_api_key": key}, environ={})
+
+
+def test_mark_in_progress_key_defaults_to_the_draft_kip_and_must_differ_from_the_describe_key():
+    assert load_config({"upstream": "k:9092"}, environ={}).mark_in_progress_api_key == 81
+    moved = load_config({"upstream": "k:9092", "mark_in_progress_api_key": "80"}, environ={})
+    assert (moved.mark_in_progress_api_key, moved.describe_in_flight_api_key) == (80, 82)
+    with pytest.raises(ConfigError, match="both 82"):
+        load_config({"upstream": "k:9092", "mark_in_progress_api_key": "82"}, environ={})
+    with pytest.raises(ConfigError, match="mark_in_progress_api_key 90: the proxy already serves DescribeShareGroupOffsets"):
+        load_config({"upstream": "k:9092", "mark_in_progress_api_key": "90"}, environ={})
+    with pytest.raises(ConfigError, match="mark_in_progress_api_key 3 is not a Kafka API key flexible"):
+        load_config({"upstream": "k:9092", "mark_in_progress_api_key": "3"}, environ={})
+
+
+def test_in_progress_defaults_and_bounds_reach_the_share_settings():
+    from proxy.serve import share_settings
+
+    defaults = share_settings(parse(["--upstream", "k:1"]))
+    group = defaults.coordinator_config().group_defaults
+    assert (group.in_progress_staleness_threshold_ms, group.in_progress_max_lock_extension_ms,
+            group.in_progress_rebalance_grace_ms) == (90_000, 1_800_000, 5_000)
+    settings = share_settings(parse(["--upstream", "k:1", "--share-in-progress-staleness-threshold-ms", "2000",
+                                     "--share-in-progress-max-lock-extension-ms", "6000",
+                                     "--share-in-progress-rebalance-grace-ms", "700",
+                                     "--share-max-in-progress-rebalance-grace-ms", "900"]))
+    config = settings.coordinator_config()
+    assert (config.group_defaults.in_progress_staleness_threshold_ms,
+            config.group_defaults.in_progress_max_lock_extension_ms,
+            config.group_defaults.in_progress_rebalance_grace_ms) == (2_000, 6_000, 700)
+    assert (config.limits.min_in_progress_staleness_threshold_ms, config.limits.max_in_progress_rebalance_grace_ms) == (
+        1_000, 900)
+    # A proxy default outside the group bounds widens them, as for Kafka's own configs.
+    wide = share_settings(parse(["--upstream", "k:1", "--share-in-progress-staleness-threshold-ms", "500"]))
+    assert wide.coordinator_config().limits.min_in_progress_staleness_threshold_ms == 500
+
+
+@pytest.mark.parametrize("argv", [
+    ["--share-in-progress-staleness-threshold-ms", "5000", "--share-in-progress-max-lock-extension-ms", "4000"],
+    ["--share-in-progress-staleness-threshold-ms", "50"],
+    ["--share-in-progress-rebalance-grace-ms", "-1"],
+    ["--share-min-in-progress-rebalance-grace-ms", "10", "--share-max-in-progress-rebalance-grace-ms", "5"],
+    ["--share-max-in-progress-staleness-threshold-ms", "100000000"],
+])
+def test_in_progress_settings_that_make_no_sense_are_refused(argv):
+    with pytest.raises(ConfigError):
+        parse(["--upstream", "k:1", *argv])

@@ -119,3 +119,74 @@ def test_restored_overrides_outside_todays_bounds_are_dropped_one_by_one():
     assert dropped == ["share.delivery.count.limit"]
     assert coordinator.group_config_overrides("g") == {"share.record.lock.duration.ms": "20000"}
     assert not coordinator.has_group("g")
+
+
+# ----- IN_PROGRESS (docs/in-progress.md) ------------------------------------------------------
+
+
+def test_in_progress_configs_default_to_the_draft_kip_and_are_overridden_per_group():
+    config = ShareGroupConfig()
+    assert (config.in_progress_staleness_threshold_ms, config.in_progress_max_lock_extension_ms,
+            config.in_progress_rebalance_grace_ms) == (90_000, 1_800_000, 5_000)
+    changed = config.with_overrides({"share.in.progress.staleness.threshold.ms": "2000",
+                                     "share.in.progress.max.lock.extension.ms": " 8000 ",
+                                     "share.in.progress.rebalance.grace.ms": "0"}).validate()
+    assert (changed.in_progress_staleness_threshold_ms, changed.in_progress_max_lock_extension_ms,
+            changed.in_progress_rebalance_grace_ms) == (2_000, 8_000, 0)
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    ({"share.in.progress.staleness.threshold.ms": "999"},
+     "share.in.progress.staleness.threshold.ms must be greater than or equal to "
+     "group.share.min.in.progress.staleness.threshold.ms (1000), not 999"),
+    ({"share.in.progress.staleness.threshold.ms": "3600001", "share.in.progress.max.lock.extension.ms": "7200000"},
+     "share.in.progress.staleness.threshold.ms must be less than or equal to "
+     "group.share.max.in.progress.staleness.threshold.ms (3600000), not 3600001"),
+    ({"share.in.progress.max.lock.extension.ms": "86400001"},
+     "share.in.progress.max.lock.extension.ms must be less than or equal to "
+     "group.share.max.in.progress.max.lock.extension.ms (86400000), not 86400001"),
+    ({"share.in.progress.rebalance.grace.ms": "-1"},
+     "share.in.progress.rebalance.grace.ms must be greater than or equal to "
+     "group.share.min.in.progress.rebalance.grace.ms (0), not -1"),
+    ({"share.in.progress.rebalance.grace.ms": "600001"},
+     "share.in.progress.rebalance.grace.ms must be less than or equal to "
+     "group.share.max.in.progress.rebalance.grace.ms (600000), not 600001"),
+    # The max extension below the staleness threshold would release every record before it could go stale.
+    ({"share.in.progress.max.lock.extension.ms": "60000"},
+     "share.in.progress.max.lock.extension.ms must be greater than or equal to "
+     "share.in.progress.staleness.threshold.ms (60000 < 90000)"),
+    ({"share.in.progress.rebalance.grace.ms": "soon"},
+     "Invalid value soon for configuration share.in.progress.rebalance.grace.ms: Not a number of type INT"),
+])
+def test_in_progress_configs_are_bounded_like_the_others(overrides, expected):
+    with pytest.raises(GroupConfigError) as error:
+        ShareGroupConfig().with_overrides(overrides).validate()
+    assert str(error.value) == expected
+    assert error.value.code == ErrorCode.invalid_config
+
+
+def test_in_progress_configs_are_described_with_their_sources():
+    proxy_defaults = ShareGroupConfig(in_progress_rebalance_grace_ms=1_000)
+    described = {d.name: d for d in describe_group_config(
+        {"share.in.progress.staleness.threshold.ms": "2000"}, proxy_defaults)}
+    staleness = described["share.in.progress.staleness.threshold.ms"]
+    assert (staleness.value, staleness.source, staleness.config_type) == ("2000", ConfigSource.GROUP_CONFIG,
+                                                                          ConfigType.INT)
+    assert staleness.synonyms == (
+        ("share.in.progress.staleness.threshold.ms", "2000", ConfigSource.GROUP_CONFIG),
+        ("group.share.in.progress.staleness.threshold.ms", "90000", ConfigSource.DEFAULT_CONFIG))
+    grace = described["share.in.progress.rebalance.grace.ms"]
+    assert (grace.value, grace.source) == ("1000", ConfigSource.STATIC_BROKER_CONFIG)
+    extension = described["share.in.progress.max.lock.extension.ms"]
+    assert (extension.value, extension.source) == ("1800000", ConfigSource.DEFAULT_CONFIG)
+    assert extension.documentation
+
+
+def test_in_progress_overrides_are_set_through_the_coordinator_and_refused_as_a_whole():
+    coordinator = ShareGroupCoordinator()
+    coordinator.set_group_config("g", {"share.in.progress.staleness.threshold.ms": "2000",
+                                       "share.in.progress.max.lock.extension.ms": "5000"})
+    assert coordinator.group_config("g").in_progress_max_lock_extension_ms == 5_000
+    with pytest.raises(GroupConfigError, match="must be greater than or equal to share.in.progress.staleness"):
+        coordinator.set_group_config("g", {"share.in.progress.staleness.threshold.ms": "6000"})
+    assert coordinator.group_config("g").in_progress_staleness_threshold_ms == 2_000

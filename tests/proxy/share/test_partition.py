@@ -167,7 +167,7 @@ def test_kip_worked_example_step_by_step():
 
 
 def test_record_states_carry_kafka_wire_ids():
-    assert [int(s) for s in RecordState] == [0, 1, 2, 4]
+    assert [int(s) for s in RecordState] == [0, 1, 2, 4, 5]  # 5: the draft IN_PROGRESS
     assert TERMINAL_STATES == {ACKNOWLEDGED, ARCHIVED}
 
 
