@@ -10,7 +10,6 @@ from __future__ import annotations
 import collections
 import json
 import subprocess
-import threading
 import time
 
 import pytest
@@ -18,7 +17,7 @@ from confluent_kafka import Producer
 
 import client
 from client import AcknowledgeType, KafkaException
-from integration.client.conftest import set_group_configs
+from integration.client.conftest import PythonClientThread, consumer, log_ends, poll_until, set_group_configs
 from integration.java.build import driver_command, run_driver
 from integration.share.conftest import (
     ConsumerThread,
@@ -38,70 +37,6 @@ EXPLICIT = {"share.acknowledgement.mode": "explicit"}
 def proxy(module_share_proxy):
     """Kafka's default share-group settings (30 s record locks)."""
     return module_share_proxy()
-
-
-def consumer(proxy, group: str, topic: str, **config: object) -> client.ShareConsumer:
-    settings: dict[str, object] = {"bootstrap.servers": proxy.bootstrap, "group.id": group}
-    settings.update(config)
-    share = client.ShareConsumer(settings)
-    share.subscribe([topic])
-    return share
-
-
-def poll_until(share: client.ShareConsumer, wanted: int, timeout: float = 30.0) -> list[client.Message]:
-    """Poll until at least ``wanted`` records arrived; returns them (acknowledging nothing)."""
-    got: list[client.Message] = []
-    deadline = time.monotonic() + timeout
-    while len(got) < wanted:
-        assert time.monotonic() < deadline, f"got {len(got)} of {wanted} records in {timeout}s"
-        for message in share.poll(0.5):
-            assert message.error() is None, message.error()
-            got.append(message)
-    return got
-
-
-def log_ends(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
-    from confluent_kafka import Consumer, TopicPartition
-
-    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe"})
-    try:
-        return {p: probe.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)}
-    finally:
-        probe.close()
-
-
-class PythonClientThread(threading.Thread):
-    """Polls a client.ShareConsumer (implicit mode) until stopped, recording deliveries."""
-
-    def __init__(self, proxy, group: str, topic: str, processing_s: float = 0.0) -> None:
-        super().__init__(name="python-client", daemon=True)
-        self.share = consumer(proxy, group, topic)
-        self.processing_s = processing_s
-        self.deliveries: list[tuple[int, int, int, bytes]] = []
-        self.errors: list[str] = []
-        self._stop_requested = threading.Event()
-
-    def run(self) -> None:
-        try:
-            while not self._stop_requested.is_set():
-                messages = self.share.poll(0.2)
-                for message in messages:
-                    if message.error() is not None:
-                        self.errors.append(str(message.error()))
-                        continue
-                    self.deliveries.append((message.partition(), message.offset(), message.delivery_count(),
-                                            message.value()))
-                if messages and self.processing_s:
-                    time.sleep(self.processing_s)
-        except Exception as exc:  # noqa: BLE001 - reported through `errors`
-            self.errors.append(f"{type(exc).__name__}: {exc}")
-        finally:
-            self.share.close()
-
-    def finish(self) -> None:
-        self._stop_requested.set()
-        self.join(30)
-        assert not self.is_alive()
 
 
 # ----- consuming ------------------------------------------------------------------------------
