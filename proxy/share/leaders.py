@@ -11,8 +11,9 @@ I/O around it needs: commit versions (for :mod:`proxy.share.commit`), the read l
   (ListOffsets upstream) and becomes servable only once that initial state is durable. Callers
   racing for the same key wait on one initialisation.
 * **Live group configs**: :meth:`PartitionRegistry.refresh_config` is called before every
-  acquisition and hands the engine the group's *current* config (lock duration, delivery limit,
-  record-lock limit, isolation level), so an IncrementalAlterConfigs reaches engines in flight.
+  acquisition (and progress mark, sweep and member departure) and hands the engine the group's
+  *current* config (lock duration, delivery limit, record-lock limit, isolation level, IN_PROGRESS
+  staleness / max extension / grace), so an IncrementalAlterConfigs reaches engines in flight.
 * **Deadlines**: one heap of (deadline, key) for every share-partition with acquired records,
   instead of walking every leader on each timer pass. Entries are lazy: a popped entry whose
   leader has moved on is dropped, and :meth:`schedule` only pushes a deadline earlier than the
@@ -102,6 +103,9 @@ def partition_config(group: ShareGroupConfig) -> PartitionConfig:
         record_lock_duration_ms=group.record_lock_duration_ms,
         max_record_locks=group.partition_max_record_locks,
         read_committed=group.isolation_level == "read_committed",
+        in_progress_staleness_threshold_ms=group.in_progress_staleness_threshold_ms,
+        in_progress_max_lock_extension_ms=group.in_progress_max_lock_extension_ms,
+        in_progress_rebalance_grace_ms=group.in_progress_rebalance_grace_ms,
     )
 
 

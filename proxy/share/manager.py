@@ -56,7 +56,7 @@ from proxy.share.coordinator import (
 )
 from proxy.share.coordinator import TopicInfo as CoordinatorTopic
 from proxy.share.leaders import Leader, PartitionRegistry
-from proxy.share.partition import AckRange, AcquireMode, ShareStateError, acquisition_mark
+from proxy.share.partition import AckRange, AcquireMode, ReleaseReason, ShareStateError, acquisition_mark
 from proxy.share.persister import PersistError, StateLogWriter
 from proxy.share.reader import Fetched, FetchParams, MetadataRefresher, Reader, WorkSignal
 from proxy.share.sessions import ContextKind, ForgottenPartitions, ShareSessionCache, ShareSessionError
@@ -69,6 +69,13 @@ AckResults = dict[TopicIdPartition, tuple[ErrorCode, str | None]]
 
 # Fetch failures that mean our metadata may be stale trigger a refresh at most this often.
 STALE_METADATA_REFRESH_S = 0.5
+
+# Why the timer released IN_PROGRESS records -> the cause the commit pipeline records.
+RELEASE_CAUSES = {
+    ReleaseReason.STALENESS: Cause.STALE_RELEASED,
+    ReleaseReason.MAX_EXTENSION: Cause.MAX_EXTENSION_RELEASED,
+    ReleaseReason.GRACE_EXPIRY: Cause.GRACE_EXPIRED,
+}
 
 
 def wall_clock_ms() -> int:
@@ -237,10 +244,17 @@ class ShareService:
     def _expire(self, now: int) -> None:
         released = False
         for leader in self.leaders.due(now):
+            # The group's current staleness threshold and max extension govern this sweep.
+            self.leaders.refresh_config(leader)
             delta = leader.engine.expire(now)
             released = True
             if delta is not None:
                 self.commits.record(leader, delta, Cause.LOCK_EXPIRED)
+            # IN_PROGRESS records are not under the lock: the sweep (every staleness threshold / 4)
+            # and grace deadlines are part of the engine's next_deadline (docs/in-progress.md).
+            for release in leader.engine.release_in_progress(now):
+                if release.delta is not None:
+                    self.commits.record(leader, release.delta, RELEASE_CAUSES[release.reason])
             self.leaders.schedule(leader)
         self.handle_events(self.coordinator.expire(now))
         if released:
@@ -295,14 +309,23 @@ class ShareService:
                 pass  # assignments travel in heartbeat responses; nothing to do here
 
     def _release_member(self, group_id: str, member_id: str) -> None:
-        """Release everything `member_id` holds in `group_id` (no delivery counted)."""
+        """Release what `member_id` holds in `group_id`: ACQUIRED records at once (no delivery
+        counted), stale IN_PROGRESS ones at once, fresh IN_PROGRESS ones after the rebalance grace
+        (the draft KIP's "Rebalance flow"; a rejoin with the same member id keeps them)."""
         self.forgotten.drop(group_id, member_id)
         released = False
+        now = self.clock()
         for leader in self.leaders.of_group(group_id):
-            delta = leader.engine.release_member(member_id)
+            self.leaders.refresh_config(leader)  # the group's current staleness threshold and grace
+            delta = leader.engine.release_member(member_id, now=now)
             if delta is not None:
                 self.commits.record(leader, delta, Cause.MEMBER_RELEASED)
                 released = True
+            stale = leader.engine.last_member_release
+            if stale is not None and stale.delta is not None:
+                self.commits.record(leader, stale.delta, Cause.STALE_RELEASED)
+                released = True
+            self._schedule(leader)  # records held for the grace have a deadline now
         if released:
             self.work.fire()
 
