@@ -64,9 +64,10 @@ class Bystander(threading.Thread):
 
 
 def work_slowly(share: client.ShareConsumer, messages, *, mark: bool, per_record_s: float,
-                after_first=lambda: None) -> list[dict]:
+                after_first=lambda: None, commits: list | None = None) -> list[dict]:
     """Work on ``messages`` one after the other, ``per_record_s`` each; with ``mark``, signal
-    progress on every record still to finish every MARK_EVERY_S. Returns flush_progress()'s results."""
+    progress on every record still to finish every MARK_EVERY_S; with ``commits``, accept each
+    record once done (commit_sync results appended). Returns flush_progress()'s results."""
     flushed = []
     for index in range(len(messages)):
         if index == 1:
@@ -78,6 +79,9 @@ def work_slowly(share: client.ShareConsumer, messages, *, mark: bool, per_record
                     share.mark_in_progress(message)
                 flushed.append(share.flush_progress())
             time.sleep(MARK_EVERY_S)
+        if commits is not None:
+            share.acknowledge(messages[index])
+            commits.append(share.commit_sync(10))
     return flushed
 
 
@@ -89,14 +93,14 @@ def test_a_slow_worker_that_marks_progress_keeps_its_records(kafka, proxy, creat
     bystander = Bystander(proxy, group, topic)
     bystander.start()
     try:
-        seen_in_flight = []
-        flushed = work_slowly(worker, held, mark=True, per_record_s=3 * LOCK_MS / 1000, after_first=lambda: (
-            seen_in_flight.extend(client.describe_share_group_in_flight(proxy.bootstrap, group))))
+        seen_in_flight, commits = [], []
+        flushed = work_slowly(worker, held, mark=True, per_record_s=3 * LOCK_MS / 1000, commits=commits,
+                              after_first=lambda: seen_in_flight.extend(
+                                  client.describe_share_group_in_flight(proxy.bootstrap, group)))
+        # After the first record: it is accepted (the SPSO passed it), the other two are IN_PROGRESS.
         assert [(r.first_offset, r.last_offset, r.state, r.member_id, r.delivery_count, r.stale)
-                for r in seen_in_flight] == [(0, 2, "IN_PROGRESS", worker.memberid(), 1, False)]
-        for message in held:
-            worker.acknowledge(message)
-        assert set(worker.commit_sync(10).values()) == {None}
+                for r in seen_in_flight] == [(1, 2, "IN_PROGRESS", worker.memberid(), 1, False)]
+        assert commits == [{(topic, 0): None}] * 3
         time.sleep(1.0)
     finally:
         bystander.finish()
