@@ -206,3 +206,31 @@ def test_marked_records_are_accepted_implicitly_at_the_next_poll(kafka, proxy, c
         assert worker.poll(0.5) == []
     wait_until(lambda: finished_durably(kafka.bootstrap, proxy.state_topic, group, {0: 4}), 20,
                "the marked records accepted durably")
+
+
+def test_the_mark_key_is_read_from_api_versions_not_hard_coded(kafka, proxy, share_proxy, create_topic, names):
+    """A proxy serving MarkInProgress under 80 advertises it; a client left at its defaults (81) follows."""
+    assert proxy_keys(proxy) == (81, 82, True)
+    moved = share_proxy("--mark-in-progress-api-key", "80")
+    assert proxy_keys(moved) == (80, 82, True)
+    topic = create_topic(names.topic)
+    produce(kafka.bootstrap, topic, 2, batch_records=2)
+    with consumer(moved, names.group, topic, **EXPLICIT) as worker:
+        held = poll_until(worker, 2)
+        for message in held:
+            worker.mark_in_progress(message)
+        assert worker.flush_progress() == {(topic, 0): None}
+        assert [(r.first_offset, r.last_offset, r.state) for r in
+                client.describe_share_group_in_flight(moved.bootstrap, names.group)] == [(0, 1, "IN_PROGRESS")]
+        for message in held:
+            worker.acknowledge(message)
+
+
+def proxy_keys(running) -> tuple[int, int, bool]:
+    share = client.ShareConsumer({"bootstrap.servers": running.bootstrap, "group.id": "keys-probe"})
+    try:
+        keys = share.extension_keys
+        assert keys.mark_in_progress_served and keys.describe_in_flight_served
+        return keys.mark_in_progress, keys.describe_in_flight, keys.advertised
+    finally:
+        share.close()
