@@ -13,6 +13,7 @@ import pytest
 from codec.records import ControlType, encode_batch, iter_batches
 from codec.registry import DEFAULT_REGISTRY, encode
 from codec.share_state import DeliveryState, decode_record, encode_record
+from proxy.share.partition import AckRange
 
 from . import cases
 from .build import run
@@ -101,22 +102,65 @@ def test_state_records_match_kafkas_share_coordinator_serde(kind, kafka_bytes):
     assert tombstone.key == key and tombstone.is_tombstone
 
 
+def _compact_string(text: str) -> bytes:
+    data = text.encode()
+    assert len(data) + 1 < 0x80  # one-byte varint length in these cases
+    return bytes([len(data) + 1]) + data
+
+
 @pytest.mark.parametrize("kind", ["share_snapshot", "share_update"])
 def test_kafka_reads_our_in_progress_state_and_keeps_the_tags(kind):
     key, value = getattr(cases, kind)(
         last_state=DeliveryState.IN_PROGRESS,
         in_progress_start_timestamp=1_700_000_000_500,
         last_progress_timestamp=1_700_000_000_900,
+        in_progress_member_id="member-1",
     )
     key_bytes, value_bytes = encode_record(key, value)
     seen = run("parse", "share_state", key_bytes.hex(), value_bytes.hex())
     assert seen["keyType"] == (0 if kind == "share_snapshot" else 1) and seen["valueVersion"] == 0
     assert bytes.fromhex(seen["reserializedKey"]) == key_bytes
     assert bytes.fromhex(seen["reserializedValue"]) == value_bytes
+    # Kafka keeps tags 100-102 as unknown tagged fields: the two int64 times and the compact string.
     last_batch_tags = seen["batchUnknownTags"][-1]["tags"]
-    assert [(t["tag"], int(t["data"], 16)) for t in last_batch_tags] == [(100, 1_700_000_000_500), (101, 1_700_000_000_900)]
-    assert seen["value"]["stateBatches"][-1]["firstOffset"] == 13
-    assert seen["value"]["stateBatches"][-1]["deliveryState"] == DeliveryState.IN_PROGRESS
+    assert [(t["tag"], bytes.fromhex(t["data"])) for t in last_batch_tags] == [
+        (100, (1_700_000_000_500).to_bytes(8, "big")),
+        (101, (1_700_000_000_900).to_bytes(8, "big")),
+        (102, _compact_string("member-1")),
+    ]
+    # Batches in other states carry none (the tags are written only for state 5).
+    assert all(not b["tags"] for b in seen["batchUnknownTags"][:-1])
+    java_batch = seen["value"]["stateBatches"][-1]
+    ours = value.state_batches[-1]
+    assert (java_batch["firstOffset"], java_batch["lastOffset"], java_batch["deliveryState"],
+            java_batch["deliveryCount"]) == (ours.first_offset, ours.last_offset, 5, ours.delivery_count)
+
+
+def test_kafka_reads_the_in_progress_state_the_engine_and_state_store_write():
+    """The real write path: an engine with IN_PROGRESS records -> state_store -> Kafka's serde."""
+    from proxy.share import state_store
+    from proxy.share.partition import BatchHeader, PartitionConfig, SharePartition
+
+    engine = SharePartition(PartitionConfig(), 0)
+    engine.acquire("member-7", [BatchHeader(0, 9)], now=1_000, max_records=10)
+    engine.mark_in_progress("member-7", [(2, 5)], now=2_000)
+    engine.mark_in_progress("member-7", [(4, 5)], now=3_000)
+    engine.acknowledge("member-7", [AckRange(0, 1, (1,))], now=3_000)
+    key_bytes, value_bytes = state_store.snapshot_record(
+        (cases.GROUP, cases.TOPIC, 0), engine.snapshot(), snapshot_epoch=1, state_epoch=0,
+        create_timestamp=1, write_timestamp=2, clock_offset_ms=1_700_000_000_000)
+    seen = run("parse", "share_state", key_bytes.hex(), value_bytes.hex())
+    assert bytes.fromhex(seen["reserializedValue"]) == value_bytes
+    assert seen["value"]["startOffset"] == 2
+    assert [(b["firstOffset"], b["lastOffset"], b["deliveryState"], b["deliveryCount"])
+            for b in seen["value"]["stateBatches"]] == [(2, 3, 5, 1), (4, 5, 5, 1)]
+    wall = 1_700_000_000_000
+    assert [[(t["tag"], bytes.fromhex(t["data"])) for t in b["tags"]] for b in seen["batchUnknownTags"]] == [
+        [(100, (wall + 2_000).to_bytes(8, "big")), (101, (wall + 2_000).to_bytes(8, "big")),
+         (102, _compact_string("member-7"))],
+        [(100, (wall + 2_000).to_bytes(8, "big")), (101, (wall + 3_000).to_bytes(8, "big")),
+         (102, _compact_string("member-7"))],
+    ]
 
 
 def test_kafka_reads_our_tombstone():

@@ -207,7 +207,11 @@ def test_values_outside_the_proxys_bounds_are_refused_and_validate_only_changes_
     assert sorted(described) == sorted([
         "share.auto.offset.reset", "share.delivery.count.limit", "share.heartbeat.interval.ms",
         "share.isolation.level", "share.partition.max.record.locks", "share.record.lock.duration.ms",
-        "share.session.timeout.ms"])
+        "share.session.timeout.ms",
+        # The draft KIP's IN_PROGRESS configs (docs/in-progress.md).
+        "share.in.progress.staleness.threshold.ms", "share.in.progress.max.lock.extension.ms",
+        "share.in.progress.rebalance.grace.ms"])
+    assert described["share.in.progress.staleness.threshold.ms"][:2] == ("90000", DEFAULT_CONFIG)
 
 
 def test_one_request_naming_the_state_topic_a_share_group_and_a_topic_gets_all_three_right(

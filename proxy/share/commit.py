@@ -87,8 +87,12 @@ class CommitPipeline:
         retry_backoff_s: float = 0.25,
         max_retry_backoff_s: float = 5.0,
         on_settled: Callable[[Leader], None] = lambda leader: None,
+        clock: Callable[[], int] | None = None,
     ) -> None:
         self.writer = writer
+        # The engines' clock: IN_PROGRESS times are written as wall-clock ms (state_store converts
+        # with wall - engine clock); None means the service's default monotonic clock.
+        self.clock = clock
         self.state_topic = state_topic
         self.wall_clock = wall_clock
         self._retry_backoff_s = retry_backoff_s
@@ -207,6 +211,7 @@ class CommitPipeline:
             batch.append(state_store.snapshot_record(
                 leader.key, leader.engine.snapshot(), snapshot_epoch=leader.snapshot_epoch,
                 state_epoch=leader.state_epoch, create_timestamp=leader.create_timestamp, write_timestamp=now,
+                clock_offset_ms=None if self.clock is None else now - self.clock(),
             ))
             covered.append((leader, leader.version))
         started = trio.current_time()

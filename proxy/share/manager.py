@@ -147,7 +147,7 @@ class ShareService:
         self.forgotten = ForgottenPartitions()
         self.work = WorkSignal()  # fired when records may have become acquirable anywhere
         self.commits = CommitPipeline(writer, config.state_topic, wall_clock=wall_clock,
-                                      on_settled=self._settled)
+                                      on_settled=self._settled, clock=clock)
         self.leaders = PartitionRegistry(self.coordinator, cluster, clock=clock, wall_clock=wall_clock,
                                          persist_initial=self.commits.persist_initial)
         self.refresher = MetadataRefresher(cluster, self._metadata_refreshed,

@@ -23,7 +23,7 @@ from proxy.share.coordinator import CoordinatorConfig, ShareGroupConfig, ShareGr
 from proxy.share.group_configs import GroupConfigs, group_config_routes
 from proxy.share.group_admin import GroupAdmin
 from proxy.share.group_guard import CONSUMER_GROUP_HEARTBEAT, JOIN_GROUP, ConsumerGroupGuard
-from proxy.share.manager import ShareService, ShareServiceConfig
+from proxy.share.manager import ShareService, ShareServiceConfig, monotonic_ms, wall_clock_ms
 from proxy.share.persister import (
     StateLogWriter,
     StateTopicSpec,
@@ -157,7 +157,9 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
             await trio.sleep(delay)
             delay = min(delay * 2, 10.0)
     # Records that do not decode or apply are skipped (logged with partition and offset, counted).
-    recovered = state_store.recover(replayed, topic=settings.state_topic)
+    # IN_PROGRESS times are wall clock on the topic; the service's engines run on monotonic_ms.
+    recovered = state_store.recover(replayed, topic=settings.state_topic,
+                                    clock_offset_ms=wall_clock_ms() - monotonic_ms())
     await _injected_replay_delay()
     metrics.STATE_REPLAY_SECONDS.set(trio.current_time() - replay_started)
     metrics.STATE_REPLAY_RECORDS.set(len(replayed))

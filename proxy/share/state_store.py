@@ -27,10 +27,19 @@ skipped as if it were not on the topic, logged with its topic-partition and offs
 (``RecoveredState.skipped``, the ``ksp_share_state_records_skipped`` counter). Skipping keeps
 whatever an earlier record of the same key established, so a share-partition falls back to its
 previous snapshot when one is still on the topic.
+
+IN_PROGRESS batches (state 5) carry their owner and times in the state batch's extension tags
+(100 InProgressStartTimestamp, 101 LastProgressTimestamp, 102 InProgressMemberId; docs/codec.md).
+On the topic the times are wall-clock ms, so they mean the same after a restart; the engine keeps
+them on its monotonic clock. The conversion happens here, at the edge, with ``clock_offset_ms`` =
+wall clock - engine clock (:func:`engine_clock_offset_ms` for the service's default clocks):
+wall = engine + offset when writing, engine = wall - offset when replaying.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -49,11 +58,24 @@ log = structlog.get_logger(__name__)
 SharePartitionKey = tuple[str, uuid.UUID, int]  # (group id, topic id, partition)
 
 # The delivery states a share-partition can be rebuilt from. Acquired is never persisted (it is
-# written as the state before acquisition); 3 (Kafka's ARCHIVING) and 5 (the IN_PROGRESS
-# extension) are not served yet, and anything else is unknown.
+# written as the state before acquisition); 3 (Kafka's ARCHIVING) is not served, and anything else
+# is unknown.
 RESUMABLE_STATES: frozenset[int] = frozenset(
-    {RecordState.AVAILABLE, RecordState.ACKNOWLEDGED, RecordState.ARCHIVED}
+    {RecordState.AVAILABLE, RecordState.ACKNOWLEDGED, RecordState.ARCHIVED, RecordState.IN_PROGRESS}
 )
+
+
+def engine_clock_offset_ms() -> int:
+    """Wall clock - engine clock (ms) for the service's default clocks (manager.wall_clock_ms and
+    manager.monotonic_ms): what converts IN_PROGRESS times between the engine and the topic."""
+    return time.time_ns() // 1_000_000 - time.monotonic_ns() // 1_000_000
+
+
+def _to_wall(batch: PersistedBatch, offset: int) -> PersistedBatch:
+    if batch.delivery_state != RecordState.IN_PROGRESS:
+        return batch
+    return dataclasses.replace(batch, in_progress_start=batch.in_progress_start + offset,
+                               last_progress=batch.last_progress + offset)
 
 
 class InapplicableStateRecord(StateRecordError):
@@ -106,7 +128,11 @@ def snapshot_record(
     create_timestamp: int,
     write_timestamp: int,
     delivery_complete_count: int = -1,
+    clock_offset_ms: int | None = None,
 ) -> tuple[bytes, bytes]:
+    """The ShareSnapshot record of one share-partition; IN_PROGRESS times are written as wall-clock
+    ms (``clock_offset_ms`` = wall - engine clock, :func:`engine_clock_offset_ms` when None)."""
+    offset = engine_clock_offset_ms() if clock_offset_ms is None else clock_offset_ms
     group_id, topic_id, partition = key
     value_type = records.ShareSnapshotValue
     batch_type = value_type.StateBatch
@@ -118,18 +144,42 @@ def snapshot_record(
         delivery_complete_count=delivery_complete_count,
         create_timestamp=create_timestamp,
         write_timestamp=write_timestamp,
-        state_batches=tuple(
-            batch_type(
-                first_offset=b.first_offset,
-                last_offset=b.last_offset,
-                delivery_state=int(b.delivery_state),
-                delivery_count=b.delivery_count,
-            )
-            for b in snapshot.state_batches
-        ),
+        state_batches=tuple(_state_batch(batch_type, _to_wall(b, offset)) for b in snapshot.state_batches),
     )
     key_bytes, value_bytes = records.encode_record(
         records.ShareSnapshotKey(group_id=group_id, topic_id=topic_id, partition=partition), value
+    )
+    assert value_bytes is not None
+    return key_bytes, value_bytes
+
+
+def _state_batch(batch_type: type, b: PersistedBatch) -> object:
+    """A StateBatch; the extension tags only on IN_PROGRESS batches (defaults, so omitted, elsewhere)."""
+    if b.delivery_state != RecordState.IN_PROGRESS:
+        return batch_type(first_offset=b.first_offset, last_offset=b.last_offset,
+                          delivery_state=int(b.delivery_state), delivery_count=b.delivery_count)
+    return batch_type(first_offset=b.first_offset, last_offset=b.last_offset, delivery_state=int(b.delivery_state),
+                      delivery_count=b.delivery_count, in_progress_start_timestamp=b.in_progress_start,
+                      last_progress_timestamp=b.last_progress, in_progress_member_id=b.member_id)
+
+
+def update_record(
+    key: SharePartitionKey, delta: StateDelta, *, snapshot_epoch: int, clock_offset_ms: int | None = None,
+) -> tuple[bytes, bytes]:
+    """A ShareUpdate record for ``delta`` (the proxy writes snapshots; this is for tools and tests
+    that need Kafka's delta records, e.g. the golden test)."""
+    offset = engine_clock_offset_ms() if clock_offset_ms is None else clock_offset_ms
+    group_id, topic_id, partition = key
+    value_type = records.ShareUpdateValue
+    value = value_type(
+        snapshot_epoch=snapshot_epoch,
+        leader_epoch=-1,
+        start_offset=delta.start_offset,
+        delivery_complete_count=-1,
+        state_batches=tuple(_state_batch(value_type.StateBatch, _to_wall(b, offset)) for b in delta.state_batches),
+    )
+    key_bytes, value_bytes = records.encode_record(
+        records.ShareUpdateKey(group_id=group_id, topic_id=topic_id, partition=partition), value
     )
     assert value_bytes is not None
     return key_bytes, value_bytes
@@ -188,8 +238,9 @@ def group_tombstones(group_id: str) -> list[tuple[bytes, None]]:
     ]
 
 
-def _batches(state_batches: Iterable[object]) -> tuple[PersistedBatch, ...]:
-    """Persisted state batches, checked; InapplicableStateRecord if the engine cannot use one."""
+def _batches(state_batches: Iterable[object], clock_offset_ms: int) -> tuple[PersistedBatch, ...]:
+    """Persisted state batches, checked; InapplicableStateRecord if the engine cannot use one.
+    IN_PROGRESS times come back on the engine's clock (wall - ``clock_offset_ms``)."""
     batches = []
     for b in state_batches:
         first, last, state, count = int(b.first_offset), int(b.last_offset), int(b.delivery_state), int(b.delivery_count)
@@ -198,18 +249,30 @@ def _batches(state_batches: Iterable[object]) -> tuple[PersistedBatch, ...]:
                                           "which a share-partition cannot be rebuilt from")
         if not 0 <= first <= last or count < 0:
             raise InapplicableStateRecord(f"state batch {first}-{last} with delivery count {count} is impossible")
-        batches.append(PersistedBatch(first, last, RecordState(state), count))
+        if state == RecordState.IN_PROGRESS:
+            # The engine gives a state-5 batch without an owner back as Available (delivered again).
+            start, progress = int(b.in_progress_start_timestamp), int(b.last_progress_timestamp)
+            batches.append(PersistedBatch(first, last, RecordState.IN_PROGRESS, count,
+                                          start - clock_offset_ms if start != -1 else -1,
+                                          progress - clock_offset_ms if progress != -1 else -1,
+                                          b.in_progress_member_id))
+        else:
+            batches.append(PersistedBatch(first, last, RecordState(state), count))
     return tuple(batches)
 
 
 def recover(
-    replayed: Iterable[LoggedRecord] | Iterable[tuple[bytes, bytes | None]], *, topic: str | None = None
+    replayed: Iterable[LoggedRecord] | Iterable[tuple[bytes, bytes | None]], *, topic: str | None = None,
+    clock_offset_ms: int | None = None,
 ) -> RecoveredState:
     """Fold state-topic records, in log order, into what each partition and group needs.
 
     ``replayed`` holds persister.ReplayedRecord (or bare (key, value) pairs, whose position is
     then unknown); ``topic`` names the state topic in the log line of a skipped record.
+    ``clock_offset_ms`` (wall - engine clock; :func:`engine_clock_offset_ms` when None) brings
+    IN_PROGRESS times onto the clock of the engines that will serve them.
     """
+    to_engine = engine_clock_offset_ms() if clock_offset_ms is None else clock_offset_ms
     state = RecoveredState()
     for item in replayed:
         if isinstance(item, tuple):
@@ -218,7 +281,7 @@ def recover(
         else:
             key_bytes, value_bytes, partition, offset = item.key, item.value, item.partition, item.offset
         try:
-            _apply(state, records.decode_record(key_bytes, value_bytes))
+            _apply(state, records.decode_record(key_bytes, value_bytes), to_engine)
         except StateRecordError as error:
             state.skipped += 1
             STATE_RECORDS_SKIPPED.inc()
@@ -237,7 +300,7 @@ def recover(
     return state
 
 
-def _apply(state: RecoveredState, record: records.StateRecord) -> None:
+def _apply(state: RecoveredState, record: records.StateRecord, clock_offset_ms: int) -> None:
     """Apply one decoded record; raises InapplicableStateRecord, before changing anything, if it cannot be."""
     kind, key, value = record.record_type, record.key, record.value
     if kind in (records.RecordType.SHARE_SNAPSHOT, records.RecordType.SHARE_UPDATE):
@@ -246,7 +309,7 @@ def _apply(state: RecoveredState, record: records.StateRecord) -> None:
             state.partitions.pop(pkey, None)
         elif kind is records.RecordType.SHARE_SNAPSHOT:
             state.partitions[pkey] = PartitionRecovery(
-                PartitionSnapshot(int(value.start_offset), _batches(value.state_batches)),
+                PartitionSnapshot(int(value.start_offset), _batches(value.state_batches, clock_offset_ms)),
                 snapshot_epoch=int(value.snapshot_epoch),
                 state_epoch=int(value.state_epoch),
                 create_timestamp=int(value.create_timestamp),
@@ -254,7 +317,8 @@ def _apply(state: RecoveredState, record: records.StateRecord) -> None:
         else:
             current = state.partitions.get(pkey)
             if current is not None and int(value.snapshot_epoch) == current.snapshot_epoch:
-                current.updates.append(StateDelta(int(value.start_offset), _batches(value.state_batches)))
+                current.updates.append(StateDelta(int(value.start_offset),
+                                                  _batches(value.state_batches, clock_offset_ms)))
         return
     # The three group records have keys of their own, so they may sit on different partitions of
     # the state topic, and replay reads partition by partition: only each key's own history is in

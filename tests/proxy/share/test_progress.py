@@ -17,6 +17,7 @@ from codec.headers import RequestHeader, encode_request_header, parse_request_he
 from codec.registry import decode_entity, encode
 from proxy.apiversions import VersionRange
 from proxy.connection import Request
+from proxy.share import state_store
 from proxy.share.commit import Cause
 from proxy.share.coordinator import CoordinatorConfig, ShareGroupConfig, ShareGroupLimits, parse_auto_offset_reset
 from proxy.share.manager import ShareServiceConfig
@@ -31,6 +32,7 @@ from tests.proxy.share.test_manager import (
     Member,
     acquired,
     start_service,
+    virtual_ms,
 )
 
 LOCK_MS = 15_000
@@ -327,6 +329,51 @@ async def test_a_member_fenced_by_its_session_timeout_gets_the_grace_too(nursery
     assert runs(harness) == [(0, 0, IN_PROGRESS, 1, silent.member_id)]
     await trio.sleep(GRACE_MS / 1000 + 1)
     assert runs(harness) == [(0, 0, AVAILABLE, 1, None)]
+
+
+# ----- restart ---------------------------------------------------------------------------------
+
+
+async def test_a_restored_service_keeps_in_progress_records_for_their_owner_without_a_grace(nursery, autojump_clock):
+    first = await start_service(nursery, config=in_progress_config())
+    first.cluster.append([b"a", b"b"])
+    owner = first.member("owner")
+    await first.fetch(owner)
+    await mark(first, owner, [(0, 1)])
+    await trio.sleep(1)
+    await mark(first, owner, [(0, 1)])
+
+    wall_minus_engine = first.service.wall_clock() - virtual_ms()
+    recovered = state_store.recover(first.writer.replayed(), clock_offset_ms=wall_minus_engine)
+    second = await start_service(nursery, cluster=first.cluster, config=in_progress_config(), recovered=recovered)
+    engine = second.service.leaders.active((GROUP, *TP)).engine
+    [run] = engine.in_flight_locked()
+    assert (run.state, run.member_id, run.delivery_count, run.last_progress - run.in_progress_start) == (
+        IN_PROGRESS, owner.member_id, 1, 1_000)
+    assert run.grace_deadline == -1  # no grace from recovery: its owner is still working
+    newcomer = second.member("newcomer")
+    assert acquired(await second.fetch(newcomer)) == []
+    back = Member(member_id=owner.member_id, connection=999)  # the same member id, a new connection
+    second.service.watch_connection(back.connection, back.closed)
+    assert acquired(await second.fetch(back)) == []  # rejoins and opens a session
+    assert (await mark(second, back, [(0, 1)]))[1] == {TP: (ErrorCode.none, None)}
+    response = await second.acknowledge(back, [(TP, 0, 1, ACCEPT)])
+    assert [p.error_code for t in response.responses for p in t.partitions] == [ErrorCode.none]
+
+
+async def test_a_restored_record_whose_owner_never_returns_goes_stale(nursery, autojump_clock):
+    first = await start_service(nursery, config=in_progress_config())
+    first.cluster.append([b"a"])
+    owner = first.member("owner")
+    await first.fetch(owner)
+    await mark(first, owner, [(0, 0)])
+    recovered = state_store.recover(first.writer.replayed(),
+                                    clock_offset_ms=first.service.wall_clock() - virtual_ms())
+    second = await start_service(nursery, cluster=first.cluster, config=in_progress_config(), recovered=recovered)
+    newcomer = second.member("newcomer")
+    assert acquired(await second.fetch(newcomer)) == []
+    await trio.sleep(STALE_MS * 1.25 / 1000 + 0.1)
+    assert acquired(await second.fetch(newcomer)) == [(0, 0, 2)]
 
 
 # ----- the wire ------------------------------------------------------------------------------

@@ -229,11 +229,10 @@ def raw_snapshot(batches, *, key=KEY, start_offset=10, epoch=5):
     (10, 12, -1, 1),
     (10, 12, 1, 1),  # Acquired: never persisted
     (10, 12, 3, 1),  # Kafka's ARCHIVING: not served
-    (10, 12, 5, 1),  # IN_PROGRESS: not served yet
     (12, 10, 0, 1),  # last offset before first
     (-3, 10, 0, 1),
     (10, 12, 0, -1),  # negative delivery count
-], ids=["state-9", "state-minus-1", "acquired", "archiving", "in-progress", "reversed", "negative-offset",
+], ids=["state-9", "state-minus-1", "acquired", "archiving", "reversed", "negative-offset",
         "negative-count"])
 def test_a_record_that_cannot_be_applied_is_skipped_and_the_previous_state_kept(batch):
     recovered = state_store.recover([group(), snapshot(epoch=4), raw_snapshot([(15, 15, 0, 2), batch])])
@@ -297,3 +296,61 @@ def test_configs_set_before_a_group_exists_are_recovered_without_creating_it():
     ])
     assert later.groups["early"].exists and later.groups["early"].group_epoch == 2
     assert later.groups["early"].configs == {"share.auto.offset.reset": "earliest"}
+
+
+# ----- IN_PROGRESS: extension tags and the wall / engine clock conversion -----------------------------
+
+WALL_MINUS_ENGINE = 1_700_000_000_000  # wall clock - engine (monotonic) clock, ms
+IN_PROGRESS_SNAPSHOT = PartitionSnapshot(10, (
+    PersistedBatch(10, 14, RecordState.IN_PROGRESS, 1, 5_000, 6_000, "member-1"),
+    PersistedBatch(15, 15, RecordState.AVAILABLE, 3),
+))
+
+
+def test_in_progress_batches_carry_tags_100_to_102_in_wall_clock_time():
+    _, value_bytes = state_store.snapshot_record(
+        KEY, IN_PROGRESS_SNAPSHOT, snapshot_epoch=1, state_epoch=0, create_timestamp=1, write_timestamp=2,
+        clock_offset_ms=WALL_MINUS_ENGINE)
+    batches = records.decode_value(records.RecordType.SHARE_SNAPSHOT, value_bytes).state_batches
+    assert [(b.delivery_state, b.in_progress_start_timestamp, b.last_progress_timestamp, b.in_progress_member_id)
+            for b in batches] == [
+        (5, WALL_MINUS_ENGINE + 5_000, WALL_MINUS_ENGINE + 6_000, "member-1"),
+        (0, -1, -1, None),  # the tags stay at their defaults (not written) on other states
+    ]
+    # Tags 100 (0x64), 101 (0x65), 102 (0x66) are on the wire for the state-5 batch only.
+    assert value_bytes.count(bytes([0x66, 0x09])) == 1  # tag 102, size 9: compact string "member-1"
+
+
+def test_recovery_brings_in_progress_times_onto_the_engine_clock_of_the_new_process():
+    written = state_store.snapshot_record(
+        KEY, IN_PROGRESS_SNAPSHOT, snapshot_epoch=1, state_epoch=0, create_timestamp=1, write_timestamp=2,
+        clock_offset_ms=WALL_MINUS_ENGINE)
+    # The restarted process's monotonic clock started 1 000 000 ms later relative to the wall clock.
+    recovered = state_store.recover([group(), written], clock_offset_ms=WALL_MINUS_ENGINE + 1_000_000)
+    assert recovered.partitions[KEY].snapshot == PartitionSnapshot(10, (
+        PersistedBatch(10, 14, RecordState.IN_PROGRESS, 1, 5_000 - 1_000_000, 6_000 - 1_000_000, "member-1"),
+        PersistedBatch(15, 15, RecordState.AVAILABLE, 3),
+    ))
+
+
+def test_in_progress_updates_round_trip_through_update_record():
+    delta = StateDelta(-1, (PersistedBatch(15, 15, RecordState.IN_PROGRESS, 3, 7, 8, "m"),))
+    recovered = state_store.recover([
+        group(), snapshot(epoch=2),
+        state_store.update_record(KEY, delta, snapshot_epoch=2, clock_offset_ms=100),
+    ], clock_offset_ms=100)
+    assert recovered.partitions[KEY].updates == [delta]
+
+
+def test_default_clock_offset_is_wall_minus_monotonic():
+    import time
+    expected = time.time_ns() // 1_000_000 - time.monotonic_ns() // 1_000_000
+    assert abs(state_store.engine_clock_offset_ms() - expected) <= 2
+
+
+def test_an_in_progress_batch_without_owner_is_recovered_and_delivered_again():
+    from proxy.share.partition import PartitionConfig, SharePartition
+    recovered = state_store.recover([group(), raw_snapshot([(10, 12, 5, 2)])])
+    assert recovered.skipped == 0
+    engine = SharePartition.from_persisted(PartitionConfig(), recovered.partitions[KEY].snapshot)
+    assert engine.record_state(11) == (RecordState.AVAILABLE, 2, None)
