@@ -1311,8 +1311,10 @@ class SharePartition:
         ``ranges`` are (first, last) offset pairs, ascending and non-overlapping (else
         INVALID_REQUEST). Every offset at or above SPSO must be ACQUIRED or IN_PROGRESS by
         ``member_id``, and a record already IN_PROGRESS must not have been so for longer than the
-        max lock extension (else INVALID_RECORD_STATE); offsets below SPSO are skipped, as
-        acknowledge does. All or nothing. ACQUIRED records become IN_PROGRESS (start = last
+        max lock extension (else INVALID_RECORD_STATE). Unlike an acknowledgement, a mark that
+        names an offset below SPSO is refused (INVALID_RECORD_STATE): the record is finished, and a
+        worker told its mark succeeded would go on working on a record it no longer holds. All or
+        nothing. ACQUIRED records become IN_PROGRESS (start = last
         progress = now) and leave the acquisition lock; IN_PROGRESS ones get last progress = now
         and keep their start. A departed member's records held for the rebalance grace are its own
         again. The change is persisted (IN_PROGRESS is written as itself): a caller that persists
@@ -1337,7 +1339,12 @@ class SharePartition:
             if first <= previous_last:
                 raise ShareStateError(INVALID_REQUEST, "progress ranges must be ascending and non-overlapping")
             previous_last = last
-        live = [(max(first, self._start), last) for first, last in ranges if last >= self._start]
+            if first < self._start:
+                raise ShareStateError(
+                    INVALID_RECORD_STATE,
+                    f"offset {first} is finished (below the share-partition start offset {self._start})",
+                )
+        live = list(ranges)
         for first, last in live:
             if last >= self._end:
                 raise ShareStateError(INVALID_RECORD_STATE, f"offset {max(first, self._end)} was not acquired")

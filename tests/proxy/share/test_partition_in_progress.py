@@ -147,8 +147,12 @@ def test_mark_validates_owner_state_and_range_all_or_nothing():
     with pytest.raises(ShareStateError) as err:
         p.mark_in_progress("m1", [(15, 25)], now=1)  # beyond SPEO
     assert err.value.error_code == INVALID_RECORD_STATE
-    ack(p, "m1", 0, 0, ACCEPT, now=1)  # SPSO 1: offsets below it are skipped
-    assert p.mark_in_progress("m1", [(0, 1)], now=2) == StateDelta(-1, (ip(1, 1, 1, 2, 2),))
+    ack(p, "m1", 0, 0, ACCEPT, now=1)  # SPSO 1: offset 0 is finished
+    with pytest.raises(ShareStateError) as err:
+        p.mark_in_progress("m1", [(0, 1)], now=2)  # a worker must learn it no longer holds 0
+    assert err.value.error_code == INVALID_RECORD_STATE
+    assert p.record_state(1) == (ACQUIRED, 1, "m1")  # nothing applied
+    assert p.mark_in_progress("m1", [(1, 1)], now=2) == StateDelta(-1, (ip(1, 1, 1, 2, 2),))
 
 
 def test_mark_of_an_available_record_is_refused():
