@@ -19,6 +19,7 @@ grace_expiry).
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -30,6 +31,7 @@ from pathlib import Path
 import pytest
 import trio
 
+import client
 from codec import extensions
 from integration.share.conftest import (
     ACK_ACCEPT,
@@ -187,6 +189,18 @@ def test_cli_and_metrics_show_the_stuck_records_of_a_scripted_scenario(kafka, sh
             assert (described["first_offset"], described["last_offset"], described["member_id"],
                     described["stale"]) == (2, 3, stuck.member_id, False)
             assert described["lock_deadline_timestamp"] == described["last_progress_timestamp"] + STALENESS_MS
+            # The Python client's admin call lists the same stuck range, with the same times.
+            [listed] = await trio.to_thread.run_sync(functools.partial(
+                client.describe_share_group_in_flight, proxy.bootstrap, names.group,
+                progress_staleness_ms=QUIET_MS, only_state="IN_PROGRESS"))
+            assert (listed.topic, listed.partition, listed.first_offset, listed.last_offset, listed.state,
+                    listed.member_id, listed.delivery_count, listed.stale) == (
+                names.topic, 0, 2, 3, "IN_PROGRESS", stuck.member_id, 1, False)
+            # Same times; each answer converts the engine's monotonic clock to wall time anew (+-1 ms).
+            assert abs(listed.in_progress_start_ms - described["in_progress_start_timestamp"]) <= 2
+            assert abs(listed.last_progress_ms - described["last_progress_timestamp"]) <= 2
+            assert abs(listed.acquired_at_ms - described["acquired_timestamp"]) <= 2
+            assert listed.in_progress_start_ms == listed.last_progress_ms  # marked once
 
             # Past the threshold: STALE until the next sweep (the RPC is polled to catch it).
             with trio.fail_after(STALENESS_MS / 1000 + 5):
@@ -198,6 +212,12 @@ def test_cli_and_metrics_show_the_stuck_records_of_a_scripted_scenario(kafka, sh
                         break
                     await trio.sleep(0.05)
             assert stale == [(2, 3)]
+            listed_stale = await trio.to_thread.run_sync(functools.partial(
+                client.describe_share_group_in_flight, proxy.bootstrap, names.group,
+                progress_staleness_ms=QUIET_MS, only_state="IN_PROGRESS"))
+            # The sweep may have run meanwhile (the stale window is ~1.25 s): then nothing is listed.
+            assert [(r.first_offset, r.last_offset, r.member_id, r.stale) for r in listed_stale] in (
+                [(2, 3, stuck.member_id, True)], [])
             code, out, err = await trio.to_thread.run_sync(
                 cli_in_process, *describe, "--state", "IN_PROGRESS", "--progress-stale-longer-than-ms",
                 str(QUIET_MS))
