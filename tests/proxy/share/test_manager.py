@@ -145,6 +145,7 @@ class Member:
     epoch: int = 0
     closed: trio.Event = field(default_factory=trio.Event)
     joined: bool = False
+    node: int = 1  # the broker id of the proxy listener the member's connection is on
 
 
 @dataclass
@@ -201,7 +202,7 @@ class Harness:
             forgotten_topics_data=tuple(module.ForgottenTopic(topic_id=tp[0], partitions=(tp[1],)) for tp in forget),
             **extra,
         )
-        outcome = await self.service.share_fetch(request, version, member.connection)
+        outcome = await self.service.share_fetch(request, version, member.connection, node_id=member.node)
         response = share_fetch_response(outcome, version, self.cluster, self.service.advertised_endpoint)
         if response.error_code == ErrorCode.none and epoch is None:
             member.epoch += 1
@@ -241,7 +242,7 @@ class Harness:
             topics=tuple(module.AcknowledgeTopic(topic_id=t, partitions=tuple(ps)) for t, ps in topics.items()),
         )
         response = share_acknowledge_response(
-            await self.service.share_acknowledge(request, version, member.connection), version)
+            await self.service.share_acknowledge(request, version, member.connection, node_id=member.node), version)
         if response.error_code == ErrorCode.none and epoch is None:
             member.epoch += 1
         return response
@@ -651,7 +652,7 @@ async def test_share_fetch_from_a_made_up_group_or_member_is_refused_and_creates
     await harness.join(member)
     result = await harness.fetch(stranger, join=False)
     assert result["error"] == ErrorCode.unknown_member_id
-    assert harness.service.sessions.get(GROUP, stranger.member_id) is None
+    assert harness.service.sessions.get(stranger.node, GROUP, stranger.member_id) is None
     assert len(harness.service.leaders) <= 1  # only the member's own assignment initialised
     assert all(leader.group_id == GROUP for leader in harness.service.leaders.values())
     assert not any(m == stranger.member_id for lead in harness.service.leaders.values()

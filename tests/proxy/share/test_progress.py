@@ -64,6 +64,7 @@ async def harness(nursery) -> Harness:
 class Connection:
     id: int
     closed: trio.Event
+    node_id: int = 1
     peer: str = "127.0.0.1:5555"
 
 
@@ -83,7 +84,7 @@ async def mark(harness: Harness, member: Member, ranges, *, tp=TP, epoch: int | 
     header, offset = parse_request_header(frame)
     route = progress_routes(harness.service, api_key)[api_key]
     payload = await route.handler(Request(header=header, frame=frame, body_offset=offset),
-                                  Connection(member.connection, member.closed))
+                                  Connection(member.connection, member.closed, member.node))
     response_header, body = parse_response_header(payload, 1)
     assert response_header.correlation_id == 7
     response = decode_entity(extensions.mark_in_progress(api_key).responses[0], memoryview(payload)[body:])
