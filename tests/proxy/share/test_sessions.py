@@ -9,7 +9,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from kio.schema.errors import ErrorCode
 
+from proxy import connection
 from proxy.share.sessions import (
+    BOOTSTRAP_NODE_ID,
     DEFAULT_MAX_SHARE_SESSIONS,
     ContextKind,
     ForgottenPartitions,
@@ -96,11 +98,53 @@ def test_replacing_a_session_works_even_when_full(cache):
     assert len(cache) == 3
 
 
-def test_sessions_are_keyed_by_group_and_member(cache):
+def test_sessions_are_keyed_by_group_and_member_on_a_node(cache):
     cache.share_fetch(N, "g1", "m", 0, "c")
     cache.share_fetch(N, "g2", "m", 0, "c")
     assert len(cache) == 2
     assert [s.key.group_id for s in cache.sessions_of_group("g1")] == ["g1"]
+
+
+def test_a_member_keeps_one_session_per_node_with_independent_epochs(cache):
+    cache.share_fetch(1, "g", "m", 0, "c1", fetch_partitions=[P0])
+    second = cache.share_fetch(2, "g", "m", 0, "c2", fetch_partitions=[P1])
+    assert second.kind is ContextKind.NEW and second.replaced is None  # node 1's session stays
+    assert cache.share_fetch(1, "g", "m", 1, "c1").session.epoch == 2
+    assert cache.share_fetch(1, "g", "m", 2, "c1").session.epoch == 3
+    assert cache.share_acknowledge(2, "g", "m", 1, "c2").session.epoch == 2
+    # Each node checks its own epoch: node 1's next epoch is no use on node 2.
+    assert error_of(lambda: cache.share_acknowledge(2, "g", "m", 3, "c2")) is ErrorCode.invalid_share_session_epoch
+    assert error_of(lambda: cache.share_fetch(3, "g", "m", 1, "c3")) is ErrorCode.share_session_not_found
+    assert [(s.key, s.epoch, s.partitions) for s in cache.sessions_of_member("g", "m")] == [
+        (SessionKey(1, "g", "m"), 3, {P0}), (SessionKey(2, "g", "m"), 2, {P1})]
+
+
+def test_closing_one_nodes_session_leaves_the_other(cache):
+    cache.share_fetch(1, "g", "m", 0, "c1", fetch_partitions=[P0])
+    cache.share_fetch(2, "g", "m", 0, "c2", fetch_partitions=[P1, P2])
+    closed = cache.share_fetch(1, "g", "m", -1, "c1")
+    assert closed.kind is ContextKind.FINAL and closed.session.key.node_id == 1 and closed.session.partitions == {P0}
+    assert cache.get(1, "g", "m") is None
+    assert cache.share_fetch(2, "g", "m", 1, "c2").session.partitions == {P1, P2}
+    # A connection belongs to one listener: closing it evicts that node's session only.
+    cache.share_fetch(1, "g", "m", 0, "c1", fetch_partitions=[P0])
+    evicted = cache.connection_closed("c2")
+    assert [(s.key.node_id, s.partitions) for s in evicted] == [(2, {P1, P2})]
+    assert cache.get(1, "g", "m") is not None and cache.total_partitions() == 1
+
+
+def test_the_bounds_are_proxy_wide_over_all_nodes():
+    cache = ShareSessionCache(max_sessions=2, max_partitions_per_session=2, max_partitions=3)
+    cache.share_fetch(1, "g", "m", 0, "c1", fetch_partitions=[P0, P1])
+    cache.share_fetch(2, "g", "m", 0, "c2", fetch_partitions=[P2])
+    assert cache.total_partitions() == 3 and len(cache) == 2
+    assert error_of(lambda: cache.share_fetch(3, "g", "m", 0, "c3")) is ErrorCode.share_session_limit_reached
+    code = error_of(lambda: cache.share_fetch(2, "g", "m", 1, "c2", fetch_partitions=[(T, 3)]))
+    assert code is ErrorCode.share_session_limit_reached
+
+
+def test_the_bootstrap_listeners_node_id_is_the_connections():
+    assert BOOTSTRAP_NODE_ID == connection.BOOTSTRAP_NODE_ID == -1
 
 
 def test_subsequent_fetch_updates_partitions_and_epoch(cache):
@@ -297,7 +341,7 @@ def test_a_flood_of_partitions_keeps_the_cache_within_its_bounds():
 
 # -- stateful model ------------------------------------------------------------------------
 
-MEMBERS = st.sampled_from(["m1", "m2", "m3", "m4"])
+MEMBERS = st.sampled_from([(1, "m1"), (2, "m1"), (1, "m2"), (2, "m3")])  # (node, member): one member on two nodes
 CONNS = st.sampled_from(["c1", "c2"])
 PARTS = st.frozensets(st.sampled_from([P0, P1, P2]), max_size=3)
 
@@ -306,14 +350,14 @@ PER_SESSION, TOTAL = 2, 4
 
 
 class SessionCacheMachine(RuleBasedStateMachine):
-    """The cache against a dict model: epochs, bounds and connection binding."""
+    """The cache against a dict model: epochs, bounds and connection binding, per (node, member)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.cache = ShareSessionCache(max_sessions=3, max_partitions_per_session=PER_SESSION, max_partitions=TOTAL)
-        self.model: dict[str, tuple[int, str, frozenset]] = {}  # member -> (epoch, conn, parts)
+        self.model: dict[tuple[int, str], tuple[int, str, frozenset]] = {}  # (node, member) -> (epoch, conn, parts)
 
-    def refused_for_partitions(self, member: str, wanted: frozenset) -> bool:
+    def refused_for_partitions(self, member: tuple[int, str], wanted: frozenset) -> bool:
         held_now = len(self.model[member][2]) if member in self.model else 0
         total = sum(len(parts) for _, _, parts in self.model.values())
         return len(wanted) > PER_SESSION or total - held_now + len(wanted) > TOTAL
@@ -321,54 +365,57 @@ class SessionCacheMachine(RuleBasedStateMachine):
     @rule(member=MEMBERS, conn=CONNS, parts=PARTS)
     def open(self, member, conn, parts):
         if self.refused_for_partitions(member, parts) or (member not in self.model and len(self.model) >= 3):
-            code = error_of(lambda: self.cache.share_fetch(N, "g", member, 0, conn, fetch_partitions=parts))
+            code = error_of(lambda: self.cache.share_fetch(member[0], "g", member[1], 0, conn, fetch_partitions=parts))
             assert code is ErrorCode.share_session_limit_reached
             return
-        self.cache.share_fetch(N, "g", member, 0, conn, fetch_partitions=parts)
+        self.cache.share_fetch(member[0], "g", member[1], 0, conn, fetch_partitions=parts)
         self.model[member] = (1, conn, parts)
 
     @rule(member=MEMBERS, conn=CONNS, add=PARTS, forget=PARTS, skew=st.sampled_from([0, 0, 0, 1, -1]))
     def fetch(self, member, conn, add, forget, skew):
         if member not in self.model:
-            code = error_of(lambda: self.cache.share_fetch(N, "g", member, 1 + abs(skew), conn))
+            code = error_of(lambda: self.cache.share_fetch(member[0], "g", member[1], 1 + abs(skew), conn))
             assert code is ErrorCode.share_session_not_found
             return
         epoch, _, parts = self.model[member]
         if skew:
             wrong = epoch + skew if epoch + skew > 0 else epoch + 1  # 0 and -1 mean open/close
-            code = error_of(lambda: self.cache.share_fetch(N, "g", member, wrong, conn, fetch_partitions=add))
+            code = error_of(lambda: self.cache.share_fetch(member[0], "g", member[1], wrong, conn,
+                                                           fetch_partitions=add))
             assert code is ErrorCode.invalid_share_session_epoch
             return
         if self.refused_for_partitions(member, (parts | add) - forget):
-            code = error_of(lambda: self.cache.share_fetch(N, "g", member, epoch, conn, fetch_partitions=add,
-                                                           forgotten_partitions=forget))
+            code = error_of(lambda: self.cache.share_fetch(member[0], "g", member[1], epoch, conn,
+                                                           fetch_partitions=add, forgotten_partitions=forget))
             assert code is ErrorCode.share_session_limit_reached  # and the session is unchanged
             return
-        ctx = self.cache.share_fetch(N, "g", member, epoch, conn, fetch_partitions=add, forgotten_partitions=forget)
+        ctx = self.cache.share_fetch(member[0], "g", member[1], epoch, conn, fetch_partitions=add,
+                                     forgotten_partitions=forget)
         self.model[member] = (epoch + 1, conn, (parts | add) - forget)
         assert ctx.session.partitions == self.model[member][2]
 
     @rule(member=MEMBERS, conn=CONNS)
     def acknowledge(self, member, conn):
         if member not in self.model:
-            assert error_of(lambda: self.cache.share_acknowledge(N, "g", member, 1, conn)) is ErrorCode.share_session_not_found
+            code = error_of(lambda: self.cache.share_acknowledge(member[0], "g", member[1], 1, conn))
+            assert code is ErrorCode.share_session_not_found
             return
         epoch, _, parts = self.model[member]
-        self.cache.share_acknowledge(N, "g", member, epoch, conn)
+        self.cache.share_acknowledge(member[0], "g", member[1], epoch, conn)
         self.model[member] = (epoch + 1, conn, parts)
 
     @rule(member=MEMBERS, conn=CONNS, via_ack=st.booleans())
     def close(self, member, conn, via_ack):
         call = self.cache.share_acknowledge if via_ack else self.cache.share_fetch
         if member not in self.model:
-            assert error_of(lambda: call(N, "g", member, -1, conn)) is ErrorCode.share_session_not_found
+            assert error_of(lambda: call(member[0], "g", member[1], -1, conn)) is ErrorCode.share_session_not_found
             return
-        ctx = call(N, "g", member, -1, conn)
+        ctx = call(member[0], "g", member[1], -1, conn)
         assert ctx.session.partitions == self.model.pop(member)[2]
 
     @rule(conn=CONNS)
     def disconnect(self, conn):
-        evicted = {s.key.member_id: s.partitions for s in self.cache.connection_closed(conn)}
+        evicted = {(s.key.node_id, s.key.member_id): s.partitions for s in self.cache.connection_closed(conn)}
         expected = {m: parts for m, (_, c, parts) in self.model.items() if c == conn}
         assert evicted == expected
         for member in expected:
@@ -379,7 +426,7 @@ class SessionCacheMachine(RuleBasedStateMachine):
         assert len(self.cache) == len(self.model) <= 3
         assert self.cache.total_partitions() == sum(len(p) for _, _, p in self.model.values()) <= TOTAL
         for member, (epoch, conn, parts) in self.model.items():
-            view = self.cache.get(N, "g", member)
+            view = self.cache.get(member[0], "g", member[1])
             assert view is not None
             assert (view.epoch, view.connection_id, view.partitions) == (epoch, conn, parts)
 
@@ -441,3 +488,19 @@ def test_only_the_latest_fetch_marks_are_kept():
         watch.fetch_started(KEY, mark)
     assert watch.abandoned(KEY, [(P1, 15)], now_mark=10**6) == []  # that ShareFetch is forgotten
     assert watch.abandoned(KEY, [(P1, marks[-1] + 1)], now_mark=10**6) == [(P2, marks[-1])]
+
+
+def test_forgotten_partitions_are_watched_per_session():
+    watch = ForgottenPartitions()
+    on_two = SessionKey(2, "g", "m")
+    watch.forgot(KEY, [P2])
+    watch.forgot(on_two, [P0])
+    assert watch.watching(KEY) and watch.watching(on_two) and len(watch) == 2
+    watch.fetch_started(KEY, 10)
+    watch.fetch_started(on_two, 15)  # node 2's ShareFetch overlaps node 1's: its mark is not node 1's
+    assert watch.abandoned(KEY, [(P1, 20)], now_mark=30) == [(P2, 10)]
+    assert watch.drop(KEY) == {P2} and watch.drop(KEY) == set()
+    assert watch.watching(on_two)
+    watch.forgot(KEY, [P1])
+    watch.drop_member("g", "m")  # the member left: every node's watch ends
+    assert len(watch) == 0
