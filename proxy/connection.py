@@ -70,6 +70,11 @@ from proxy.upstream import FramedStream
 
 _connection_ids = itertools.count(1)
 
+#: The node id of a bootstrap-listener connection: it forwards to whichever ``--upstream`` address
+#: answers first, so it stands for no fixed broker (Kafka's clients call their first bootstrap
+#: server node -1 as well).
+BOOTSTRAP_NODE_ID = -1
+
 
 @dataclass(frozen=True, slots=True)
 class Request:
@@ -190,12 +195,15 @@ class ClientConnection:
         max_in_flight: int,
         max_bytes: int = 16 * 1024 * 1024,
         listener: str = "",
+        node_id: int = BOOTSTRAP_NODE_ID,
         peer: str = "",
     ) -> None:
         self.client = client
         self.id = next(_connection_ids)
         self.peer = peer  # "host:port" of the client, reported by ShareGroupDescribe
         self.listener = listener  # "bootstrap" or "broker-<id>": ListGroups adds share groups on one only
+        # The broker id the listener stands for: share sessions are per node, as in Kafka.
+        self.node_id = node_id
         self.log = structlog.get_logger("proxy.connection").bind(conn=self.id, listener=listener, peer=peer)
         self._open_upstream = open_upstream
         self._routes = routes

@@ -29,7 +29,7 @@ from proxy.apiversions import (
     unsupported_version_response,
 )
 from proxy.config import HostPort, ProxyConfig
-from proxy.connection import ClientConnection, Forward, Request, Route
+from proxy.connection import BOOTSTRAP_NODE_ID, ClientConnection, Forward, Request, Route
 from proxy.errors import ProxyError, UpstreamError
 from proxy.rewrite import (
     DESCRIBE_CLUSTER,
@@ -168,7 +168,8 @@ class Proxy:
                 listener = await self._bind(config.listen.host, config.listen.port)
                 bound_port = listener.socket.getsockname()[1]
                 self.bootstrap = HostPort(config.effective_advertised_host, bound_port)
-                listener_nursery.start_soon(self._accept_loop, listener, BOOTSTRAP, self._open_bootstrap_upstream)
+                listener_nursery.start_soon(self._accept_loop, listener, BOOTSTRAP, self._open_bootstrap_upstream,
+                                            BOOTSTRAP_NODE_ID)
                 await self._discover_brokers()
                 log.info("listening", bootstrap=str(self.bootstrap), brokers=dict(self.directory.ports))
                 task_status.started(self.bootstrap)
@@ -210,11 +211,11 @@ class Proxy:
                 address, timeout=self.config.connect_timeout, max_frame_size=self.config.max_upstream_frame_size
             )
 
-        self._listener_nursery.start_soon(self._accept_loop, listener, f"broker-{node_id}", open_broker)
+        self._listener_nursery.start_soon(self._accept_loop, listener, f"broker-{node_id}", open_broker, node_id)
         log.info("broker listener", node_id=node_id, port=bound)
         return bound
 
-    async def _accept_loop(self, listener: trio.SocketListener, name: str, open_upstream) -> None:
+    async def _accept_loop(self, listener: trio.SocketListener, name: str, open_upstream, node_id: int) -> None:
         async with listener:
             while True:
                 try:
@@ -229,7 +230,7 @@ class Proxy:
                     continue
                 self.open_connections += 1
                 assert self._connection_nursery is not None
-                self._connection_nursery.start_soon(self._serve_connection, stream, name, open_upstream)
+                self._connection_nursery.start_soon(self._serve_connection, stream, name, open_upstream, node_id)
 
     async def _refuse(self, stream: trio.SocketStream, name: str) -> None:
         """Close a connection beyond --max-connections at once: it costs nothing more."""
@@ -249,13 +250,13 @@ class Proxy:
             self._refusal_logged_at = now
             self._refusals_unlogged = 0
 
-    async def _serve_connection(self, stream: trio.SocketStream, name: str, open_upstream) -> None:
+    async def _serve_connection(self, stream: trio.SocketStream, name: str, open_upstream, node_id: int) -> None:
         try:
-            await self._serve_client(stream, name, open_upstream)
+            await self._serve_client(stream, name, open_upstream, node_id)
         finally:
             self.open_connections -= 1  # counted by the accept loop
 
-    async def _serve_client(self, stream: trio.SocketStream, name: str, open_upstream) -> None:
+    async def _serve_client(self, stream: trio.SocketStream, name: str, open_upstream, node_id: int) -> None:
         metrics.CONNECTIONS_ACCEPTED.labels(listener=name).inc()
         try:
             peer = "%s:%s" % stream.socket.getpeername()[:2]
@@ -269,6 +270,7 @@ class Proxy:
             max_in_flight=self.config.max_in_flight,
             max_bytes=self.config.max_connection_bytes,
             listener=name,
+            node_id=node_id,
             peer=peer,
         )
         self._connections.add(connection)

@@ -7,6 +7,10 @@ polls the port with raw ApiVersions + Metadata requests until the broker lists i
 Formatting runs a JVM of its own, so each (version, share.version) combination is formatted
 once into a template in the cache and copied for every start after that.
 
+A second, broker-only node can join a started one (``LocalKafka(node_id=2, join=first)``): it
+uses the first node's controller and is formatted (each start, no template) with the first
+node's cluster id. Two brokers let partitions be led by different nodes.
+
 `stop()` sends SIGTERM to the broker's process group, waits, and falls back to SIGKILL.
 Every started broker is also stopped at interpreter exit, and (when started from the main
 thread) the JVM gets SIGKILL from the kernel if this Python process dies first.
@@ -106,12 +110,18 @@ class LocalKafka:
         jvm_options: tuple[str, ...] = (),
         startup_timeout: float = 90.0,
         stop_timeout: float = 30.0,
+        node_id: int = NODE_ID,
+        join: LocalKafka | None = None,
     ) -> None:
         if share_groups and not supports_share_groups(version):
             raise LocalKafkaError(f"Apache Kafka {version} has no share groups (KIP-932 needs 4.x)")
         self.version = version
         self.share_groups = share_groups
-        self.broker_id = NODE_ID
+        self.broker_id = node_id
+        # The started combined node whose controller (and cluster) this broker-only node joins.
+        self.join = join
+        if join is not None and (not join.running or join.join is not None or join.broker_id == node_id):
+            raise LocalKafkaError("a joining node needs a started controller node with another node id")
         self._requested_dir = Path(data_dir) if data_dir is not None else None
         self._requested_port = port
         self._requested_controller_port = controller_port
@@ -218,7 +228,7 @@ class LocalKafka:
             self.data_dir = self._requested_dir.resolve()
             self.data_dir.mkdir(parents=True, exist_ok=True)
         self.port = self._requested_port or free_port()
-        self.controller_port = self._requested_controller_port or free_port()
+        self.controller_port = 0 if self.join is not None else self._requested_controller_port or free_port()
         while self.controller_port == self.port:
             self.controller_port = free_port()
         log_dir = self.data_dir / "kraft"
@@ -226,7 +236,10 @@ class LocalKafka:
         config = self.data_dir / "server.properties"
         config.write_text(render_properties(broker_properties(settings)))
         self.log_path = self.data_dir / "server.log"
-        if not (log_dir / "meta.properties").exists():
+        if self.join is not None:
+            if not (log_dir / "meta.properties").exists():
+                self._format(settings, config, self.join.cluster_id(), log_dir)
+        elif not (log_dir / "meta.properties").exists():
             template = self._formatted_template()
             shutil.copytree(template, log_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns(FORMATTED_MARKER))
 
@@ -238,12 +251,28 @@ class LocalKafka:
             log_dir=log_dir,
             share_groups=self.share_groups,
             auto_create_topics=self._auto_create_topics,
+            node_id=self.broker_id,
+            controller_voter=f"{self.join.broker_id}@{HOST}:{self.join.controller_port}" if self.join else None,
         )
+
+    def cluster_id(self) -> str:
+        """The cluster id this node's storage was formatted with."""
+        assert self.data_dir is not None
+        meta = (self.data_dir / "kraft" / "meta.properties").read_text()
+        return next(line.split("=", 1)[1].strip() for line in meta.splitlines() if line.startswith("cluster.id="))
+
+    def _format(self, settings: BrokerSettings, config: Path, cluster_id: str, log_dir: Path) -> None:
+        assert self.lib_dir is not None
+        command = format_command(find_java(), classpath(self.lib_dir), settings, cluster_id, config)
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        if result.returncode != 0 or not (log_dir / "meta.properties").exists():
+            output = (result.stdout + result.stderr).strip()
+            raise LocalKafkaError(f"formatting KRaft storage failed (exit {result.returncode}):\n{output[-4000:]}")
 
     def _formatted_template(self) -> Path:
         """KRaft storage formatted once per (version, share.version), shared by every start."""
         share_level = 1 if self.share_groups else 0
-        template = version_dir(self.version) / f"formatted-node{NODE_ID}-share{share_level}"
+        template = version_dir(self.version) / f"formatted-node{self.broker_id}-share{share_level}"
         if (template / FORMATTED_MARKER).exists():
             return template
         with _exclusive(template.parent / f".{template.name}.lock"):

@@ -1,4 +1,5 @@
-"""server.properties and storage-format arguments for a single-node KRaft broker (pure)."""
+"""server.properties and storage-format arguments for a local KRaft node (pure): a combined
+broker+controller, or a broker-only node joining another node's controller."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ class BrokerSettings:
     share_groups: bool = False
     auto_create_topics: bool = True
     node_id: int = NODE_ID
+    # "id@host:port" of the controller a broker-only node joins; None: this node is its own controller.
+    controller_voter: str | None = None
 
 
 def supports_share_groups(version: str) -> bool:
@@ -37,17 +40,19 @@ def supports_share_groups(version: str) -> bool:
 def broker_properties(settings: BrokerSettings) -> dict[str, str]:
     """The broker's server.properties as an ordered mapping."""
     node = settings.node_id
+    broker_only = settings.controller_voter is not None
     props = {
         "node.id": str(node),
-        "process.roles": "broker,controller",
-        "listeners": f"PLAINTEXT://{HOST}:{settings.port},CONTROLLER://{HOST}:{settings.controller_port}",
+        "process.roles": "broker" if broker_only else "broker,controller",
+        "listeners": f"PLAINTEXT://{HOST}:{settings.port}" if broker_only
+        else f"PLAINTEXT://{HOST}:{settings.port},CONTROLLER://{HOST}:{settings.controller_port}",
         "advertised.listeners": f"PLAINTEXT://{HOST}:{settings.port}",
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
         "inter.broker.listener.name": "PLAINTEXT",
         "controller.listener.names": "CONTROLLER",
         # A static voter set instead of a formatted dynamic quorum: the voter endpoint then lives
         # only in this file, so a kept --data-dir restarts fine on different (free) ports.
-        "controller.quorum.voters": f"{node}@{HOST}:{settings.controller_port}",
+        "controller.quorum.voters": settings.controller_voter or f"{node}@{HOST}:{settings.controller_port}",
         "log.dirs": str(settings.log_dir),
         "num.partitions": "1",
         "default.replication.factor": "1",

@@ -21,8 +21,11 @@ persisted or shown (snapshot timestamps, by_duration offset resets).
 GROUP_ID_NOT_FOUND / UNKNOWN_MEMBER_ID, and nothing is created); piggybacked acknowledgements are
 staged and made durable while the reader acquires new records; the response goes out when both
 are done. **ShareAcknowledge**: staged, written, then committed -- or rolled back with a
-retriable error when the write fails. **Connections**: a closed connection evicts its sessions and
-releases their members' records (no delivery counted).
+retriable error when the write fails. **Sessions are per node** (the broker id of the listener a
+request came in on; see :mod:`proxy.share.sessions`): a session that ends -- final epoch, replaced
+by an epoch-0 ShareFetch, or its connection closed -- releases the member's records on that
+session's share-partitions only (no delivery counted), as Kafka's ``releaseSession`` does; a
+member leaving the group releases everything it holds in the group.
 
 Background tasks (state writer, timers, metadata refresh, partition initialisation) are
 supervised: a crash is logged, counted and the task restarted; pass-through traffic never
@@ -59,7 +62,14 @@ from proxy.share.leaders import Leader, PartitionRegistry
 from proxy.share.partition import AckRange, AcquireMode, ReleaseReason, ShareStateError, acquisition_mark
 from proxy.share.persister import PersistError, StateLogWriter
 from proxy.share.reader import Fetched, FetchParams, MetadataRefresher, Reader, WorkSignal
-from proxy.share.sessions import ContextKind, ForgottenPartitions, ShareSessionCache, ShareSessionError
+from proxy.share.sessions import (
+    ContextKind,
+    ForgottenPartitions,
+    SessionKey,
+    SessionView,
+    ShareSessionCache,
+    ShareSessionError,
+)
 from proxy.share.supervise import guarded, supervised
 
 log = structlog.get_logger(__name__)
@@ -309,13 +319,37 @@ class ShareService:
                 pass  # assignments travel in heartbeat responses; nothing to do here
 
     def _release_member(self, group_id: str, member_id: str) -> None:
-        """Release what `member_id` holds in `group_id`: ACQUIRED records at once (no delivery
+        """The member left the group: release what it holds anywhere in `group_id` (see
+        :meth:`_release_on`)."""
+        self.forgotten.drop_member(group_id, member_id)
+        self._release_on(self.leaders.of_group(group_id), member_id)
+
+    def _end_session(self, session: SessionView) -> None:
+        """A share session ended (final epoch, replaced by epoch 0, connection closed): release the
+        member's records on that session's share-partitions only (Kafka's
+        ``SharePartitionManager.releaseSession`` releases the session's cached partitions).
+
+        Partitions the session forgot while the member held records there count as the session's
+        (nothing else would release them before their locks expire). A partition that the member's
+        session on another node also fetches is left alone: the engine knows records by member,
+        not by session, and those may have been acquired through the live session.
+        """
+        key = session.key
+        partitions = set(session.partitions) | self.forgotten.drop(key)
+        for other in self.sessions.sessions_of_member(key.group_id, key.member_id):
+            if other.key.node_id != key.node_id:
+                partitions -= other.partitions
+        leaders = [leader for leader in (self.leaders.active((key.group_id, *tp)) for tp in partitions)
+                   if leader is not None]  # a parked share-partition holds nothing acquired
+        self._release_on(leaders, key.member_id)
+
+    def _release_on(self, leaders: Iterable[Leader], member_id: str) -> None:
+        """Release what `member_id` holds on `leaders`: ACQUIRED records at once (no delivery
         counted), stale IN_PROGRESS ones at once, fresh IN_PROGRESS ones after the rebalance grace
         (the draft KIP's "Rebalance flow"; a rejoin with the same member id keeps them)."""
-        self.forgotten.drop(group_id, member_id)
         released = False
         now = self.clock()
-        for leader in self.leaders.of_group(group_id):
+        for leader in leaders:
             self.leaders.refresh_config(leader)  # the group's current staleness threshold and grace
             delta = leader.engine.release_member(member_id, now=now)
             if delta is not None:
@@ -366,8 +400,8 @@ class ShareService:
             self._watched_connections.discard(connection_id)
             for session in self.sessions.connection_closed(connection_id):
                 log.debug("share session evicted with its connection", group=session.key.group_id,
-                          member=session.key.member_id)
-                self._release_member(session.key.group_id, session.key.member_id)
+                          member=session.key.member_id, node=session.key.node_id)
+                self._end_session(session)
 
         self._nursery.start_soon(watch)
 
@@ -424,9 +458,10 @@ class ShareService:
     # ----- acknowledgements -------------------------------------------------------------
 
     def _apply_acknowledgements(
-        self, group_id: str, member_id: str, topics: Iterable[object]
+        self, session: SessionKey, topics: Iterable[object]
     ) -> tuple[AckResults, list[tuple[TopicIdPartition, Leader, int]]]:
-        """Stage acknowledgement batches in the engines (atomic per partition, in memory).
+        """Stage acknowledgement batches sent to `session`'s node in the engines (atomic per
+        partition, in memory).
 
         Returns the per-partition results and the state versions that must be durable before
         any of those results may be reported as a success.
@@ -435,7 +470,8 @@ class ShareService:
         waits: list[tuple[TopicIdPartition, Leader, int]] = []
         now = self.clock()
         released = False
-        watching = self.forgotten.watching(group_id, member_id)
+        group_id, member_id = session.group_id, session.member_id
+        watching = self.forgotten.watching(session)
         acknowledged: list[tuple[TopicIdPartition, int]] = []  # (partition, newest lock acknowledged there)
         for topic in topics:
             for partition in topic.partitions:
@@ -477,19 +513,20 @@ class ShareService:
                     # Nothing changed now but an earlier change of this partition is not durable
                     # yet: answer only once it is.
                     waits.append((tp, leader, self.commits.touch(leader)))
-        if acknowledged and self._release_abandoned(group_id, member_id, acknowledged):
+        if acknowledged and self._release_abandoned(session, acknowledged):
             released = True
         if released:
             self.work.fire()
         return results, waits
 
-    def _release_abandoned(self, group_id: str, member_id: str, acknowledged) -> bool:
+    def _release_abandoned(self, session: SessionKey, acknowledged) -> bool:
         """Release what `member_id` still holds on partitions it forgot and was handed before the
         records it has just acknowledged: those will never be acknowledged (Kafka's Java client
         before 4.4 drops them; see sessions.ForgottenPartitions). Counted as a delivery, like a lock
         expiry, and not staged: no client waits on it."""
         released = False
-        for tp, mark in self.forgotten.abandoned(group_id, member_id, acknowledged, acquisition_mark()):
+        group_id, member_id = session.group_id, session.member_id
+        for tp, mark in self.forgotten.abandoned(session, acknowledged, acquisition_mark()):
             leader = self.leaders.active((group_id, *tp))
             if leader is None:
                 continue
@@ -514,8 +551,9 @@ class ShareService:
 
     # ----- ShareFetch / ShareAcknowledge ------------------------------------------------
 
-    async def share_fetch(self, request, version: int, connection_id: int, *,
+    async def share_fetch(self, request, version: int, connection_id: int, *, node_id: int,
                           max_bytes_cap: int | None = None) -> FetchOutcome:
+        """Serve a ShareFetch that came in on the listener of broker `node_id` (its session's node)."""
         group_id, member_id = request.group_id, request.member_id
         if not group_id or not member_id:
             return FetchOutcome(ErrorCode.invalid_request, "GroupId and MemberId are required.")
@@ -533,28 +571,29 @@ class ShareService:
         has_acks = any(p.acknowledgement_batches for t in request.topics for p in t.partitions)
         try:
             context = self.sessions.share_fetch(
-                group_id, member_id, epoch, connection_id,
+                node_id, group_id, member_id, epoch, connection_id,
                 fetch_partitions=fetch_partitions, forgotten_partitions=forgotten, has_acknowledgements=has_acks,
             )
         except ShareSessionError as exc:
             return FetchOutcome(exc.code, str(exc))
 
-        ack_results, ack_waits = (self._apply_acknowledgements(group_id, member_id, request.topics)
+        key = SessionKey(node_id, group_id, member_id)
+        ack_results, ack_waits = (self._apply_acknowledgements(key, request.topics)
                                   if has_acks else ({}, []))
         outcome = FetchOutcome(acknowledgements=ack_results,
                                lock_ms=self.coordinator.group_config(group_id).record_lock_duration_ms)
         if context.kind is ContextKind.FINAL:
             await self._await_durable(ack_results, ack_waits)
-            self._release_member(group_id, member_id)
+            self._end_session(context.session)
             return outcome
         if context.replaced is not None:
-            self._release_member(group_id, member_id)
+            self._end_session(context.replaced)
         if context.removed:
             # Records the member holds or gets there may never be acknowledged: watch them (see
             # sessions.ForgottenPartitions).
-            self.forgotten.forgot(group_id, member_id, context.removed)
-        if self.forgotten.watching(group_id, member_id):
-            self.forgotten.fetch_started(group_id, member_id, acquisition_mark())
+            self.forgotten.forgot(key, context.removed)
+        if self.forgotten.watching(key):
+            self.forgotten.fetch_started(key, acquisition_mark())
 
         # The state write of the acknowledgements and the read of new records overlap: the
         # response goes out when both are done, so an acknowledgement is still reported only
@@ -568,19 +607,21 @@ class ShareService:
                     context.session.partitions, group_id, member_id, _fetch_params(request, max_bytes_cap))
         return outcome
 
-    async def share_acknowledge(self, request, version: int, connection_id: int) -> AcknowledgeOutcome:
+    async def share_acknowledge(self, request, version: int, connection_id: int, *,
+                                node_id: int) -> AcknowledgeOutcome:
+        """Serve a ShareAcknowledge that came in on the listener of broker `node_id`."""
         group_id, member_id = request.group_id, request.member_id
         if not group_id or not member_id:
             return AcknowledgeOutcome(ErrorCode.invalid_request, "GroupId and MemberId are required.")
         try:
-            context = self.sessions.share_acknowledge(group_id, member_id, int(request.share_session_epoch),
-                                                      connection_id)
+            context = self.sessions.share_acknowledge(node_id, group_id, member_id,
+                                                      int(request.share_session_epoch), connection_id)
         except ShareSessionError as exc:
             return AcknowledgeOutcome(exc.code, str(exc))
-        results, waits = self._apply_acknowledgements(group_id, member_id, request.topics)
+        results, waits = self._apply_acknowledgements(SessionKey(node_id, group_id, member_id), request.topics)
         await self._await_durable(results, waits)
         if context.kind is ContextKind.FINAL:
-            self._release_member(group_id, member_id)
+            self._end_session(context.session)
         lock_ms = self.coordinator.group_config(group_id).record_lock_duration_ms
         return AcknowledgeOutcome(acknowledgements=results, lock_ms=lock_ms)
 

@@ -5,7 +5,8 @@ their progress time (KIP draft 3.2 "markInProgress handler"; docs/in-progress.md
 Checked as ShareAcknowledge is, and it counts as one for the share session:
 
 * GroupId and MemberId are required (INVALID_REQUEST);
-* the share session must exist with the request's epoch (SHARE_SESSION_NOT_FOUND /
+* the share session on the node the request came in on (sessions are per node) must exist with
+  the request's epoch (SHARE_SESSION_NOT_FOUND /
   INVALID_SHARE_SESSION_EPOCH), and the epoch advances; a mark neither opens a session (epoch 0)
   nor closes one (epoch -1), both INVALID_SHARE_SESSION_EPOCH;
 * the member must be in the group (GROUP_ID_NOT_FOUND / UNKNOWN_MEMBER_ID): a member that left
@@ -68,8 +69,9 @@ def requested_ranges(request) -> list[tuple[TopicIdPartition, list[tuple[int, in
     return list(merged.items())
 
 
-async def mark_in_progress(service, request, connection_id: int) -> MarkOutcome:
-    """Validate, stage, write and answer one MarkInProgress request of ``service`` (a ShareService)."""
+async def mark_in_progress(service, request, connection_id: int, node_id: int) -> MarkOutcome:
+    """Validate, stage, write and answer one MarkInProgress request of ``service`` (a ShareService)
+    that came in on the listener of broker ``node_id``."""
     group_id, member_id = request.group_id, request.member_id
     if not group_id or not member_id:
         return MarkOutcome(ErrorCode.invalid_request, "GroupId and MemberId are required.")
@@ -82,7 +84,7 @@ async def mark_in_progress(service, request, connection_id: int) -> MarkOutcome:
         return MarkOutcome(*refused)
     try:
         # Counts as a ShareAcknowledge for the session: same checks, and the epoch advances.
-        service.sessions.share_acknowledge(group_id, member_id, epoch, connection_id)
+        service.sessions.share_acknowledge(node_id, group_id, member_id, epoch, connection_id)
     except ShareSessionError as exc:
         return MarkOutcome(exc.code, str(exc))
     group_config = service.coordinator.group_config(group_id)
@@ -169,7 +171,7 @@ def progress_routes(service, api_key: int = extensions.DEFAULT_MARK_IN_PROGRESS_
         body = memoryview(request.frame)[request.body_offset:]
         entity = decode_entity(api.requests[header.api_version], body)  # MessageDecodeError closes the connection
         service.watch_connection(connection.id, connection.closed)
-        outcome = await mark_in_progress(service, entity, connection.id)
+        outcome = await mark_in_progress(service, entity, connection.id, connection.node_id)
         if outcome.error is not ErrorCode.none:
             log.info("progress mark refused", group=entity.group_id, member=entity.member_id,
                      error=outcome.error.name, message=outcome.message)

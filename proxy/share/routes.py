@@ -67,13 +67,15 @@ def share_routes(service: ShareService) -> dict[int, ServeLocally]:
         service.watch_connection(connection.id, connection.closed)
         version = request.header.api_version
         with reserved_fetch_bytes(getattr(connection, "budget", None)) as cap:
-            outcome = await service.share_fetch(entity, version, connection.id, max_bytes_cap=cap)
+            outcome = await service.share_fetch(entity, version, connection.id, node_id=connection.node_id,
+                                                max_bytes_cap=cap)
         return share_fetch_response(outcome, version, service.cluster, service.advertised_endpoint)
 
     async def share_acknowledge(entity, request: Request, connection: ClientConnection):
         service.watch_connection(connection.id, connection.closed)
         version = request.header.api_version
-        return share_acknowledge_response(await service.share_acknowledge(entity, version, connection.id), version)
+        outcome = await service.share_acknowledge(entity, version, connection.id, node_id=connection.node_id)
+        return share_acknowledge_response(outcome, version)
 
     return {
         SHARE_GROUP_HEARTBEAT: ServeLocally(_serve(heartbeat)),

@@ -3,10 +3,18 @@
 Theory of operation
 -------------------
 ShareFetch and ShareAcknowledge are incremental, like the Fetch API's fetch sessions
-(KIP-932, "Share sessions"). A session is keyed by (group id, member id) and carries the
-set of share-partitions the member fetches and the epoch its next request must carry.
-This module mirrors Kafka's ``SharePartitionManager.newContext`` /
-``acknowledgeSessionUpdate`` and ``ShareSessionCache``:
+(KIP-932, "Share sessions"). A session carries the set of share-partitions the member fetches
+and the epoch its next request must carry. This module mirrors Kafka's
+``SharePartitionManager.newContext`` / ``acknowledgeSessionUpdate`` and ``ShareSessionCache``.
+
+Sessions are per node. In Kafka every broker has its own ``ShareSessionCache`` keyed by
+(group id, member id): a consumer whose partitions are led by two brokers keeps one session on
+each, opened and advanced independently (the Java client's ``ShareSessionHandler`` is per node).
+The proxy stands for every broker at once, one listener per broker id, so its one cache is keyed
+by (node id, group id, member id): the node id is the broker id of the listener the request came
+in on (``BOOTSTRAP_NODE_ID`` for the bootstrap listener). Ending one node's session leaves the
+member's sessions on other nodes alone. The bounds below stay proxy-wide (sessions and
+partitions over all nodes together), as ``group.share.max.share.sessions`` bounds one broker.
 
 ShareFetch
   * epoch 0 (initial) opens a session, replacing any session of the same key; it must not
@@ -36,7 +44,8 @@ ShareAcknowledge
 
 A session is bound to the connection it was last used on; when that connection closes
 the session is evicted and returned so the caller can release the member's acquired
-records without counting a delivery attempt.
+records on the session's partitions without counting a delivery attempt (Kafka's
+``SharePartitionManager.releaseSession`` releases only the session's cached partitions).
 
 Pure: no I/O, no clock needed (Kafka 4.1+ no longer evicts sessions by age).
 """
@@ -55,6 +64,7 @@ __all__ = [
     "DEFAULT_MAX_SHARE_SESSIONS",
     "DEFAULT_MAX_PARTITIONS_PER_SESSION",
     "DEFAULT_MAX_SESSION_PARTITIONS",
+    "BOOTSTRAP_NODE_ID",
     "INITIAL_EPOCH",
     "FINAL_EPOCH",
     "ContextKind",
@@ -77,6 +87,10 @@ DEFAULT_MAX_PARTITIONS_PER_SESSION = 10_000
 DEFAULT_MAX_SESSION_PARTITIONS = 200_000
 INITIAL_EPOCH = 0
 FINAL_EPOCH = -1
+#: The node id of sessions opened through the bootstrap listener. It forwards to whichever
+#: ``--upstream`` address answers first, so it stands for no fixed broker; Kafka's clients call
+#: their first bootstrap server node -1 and keep its connection apart from the brokers' too.
+BOOTSTRAP_NODE_ID = -1
 _MAX_EPOCH = 2**31 - 1
 
 TopicIdPartition = tuple[uuid.UUID, int]
@@ -103,6 +117,8 @@ class ShareSessionError(Exception):
 
 @dataclass(frozen=True, slots=True, order=True)
 class SessionKey:
+    node_id: int
+    """The broker id of the proxy listener the session lives on (``BOOTSTRAP_NODE_ID``: bootstrap)."""
     group_id: str
     member_id: str
 
@@ -190,9 +206,14 @@ class ShareSessionCache:
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def get(self, group_id: str, member_id: str) -> SessionView | None:
-        session = self._sessions.get(SessionKey(group_id, member_id))
+    def get(self, node_id: int, group_id: str, member_id: str) -> SessionView | None:
+        session = self._sessions.get(SessionKey(node_id, group_id, member_id))
         return session.view() if session else None
+
+    def sessions_of_member(self, group_id: str, member_id: str) -> list[SessionView]:
+        """The member's sessions on every node, by node id."""
+        return [s.view() for k, s in sorted(self._sessions.items())
+                if k.group_id == group_id and k.member_id == member_id]
 
     def sessions_of_connection(self, connection_id: ConnectionId) -> list[SessionView]:
         keys = sorted(self._by_connection.get(connection_id, ()))
@@ -209,6 +230,7 @@ class ShareSessionCache:
 
     def share_fetch(
         self,
+        node_id: int,
         group_id: str,
         member_id: str,
         epoch: int,
@@ -218,8 +240,8 @@ class ShareSessionCache:
         forgotten_partitions: Iterable[TopicIdPartition] = (),
         has_acknowledgements: bool = False,
     ) -> FetchContext:
-        """Apply a ShareFetch request's session metadata; raise :class:`ShareSessionError`."""
-        key = SessionKey(group_id, member_id)
+        """Apply a ShareFetch request's session metadata (sent to ``node_id``); raise :class:`ShareSessionError`."""
+        key = SessionKey(node_id, group_id, member_id)
         fetch = frozenset(fetch_partitions)
         if epoch == INITIAL_EPOCH:
             if has_acknowledgements:
@@ -274,6 +296,7 @@ class ShareSessionCache:
 
     def share_acknowledge(
         self,
+        node_id: int,
         group_id: str,
         member_id: str,
         epoch: int,
@@ -284,7 +307,7 @@ class ShareSessionCache:
         For FINAL the session is already closed when this returns: the caller applies the
         acknowledgements and then releases the member's remaining acquired records.
         """
-        key = SessionKey(group_id, member_id)
+        key = SessionKey(node_id, group_id, member_id)
         if epoch == INITIAL_EPOCH:
             raise ShareSessionError(
                 ErrorCode.invalid_share_session_epoch,
@@ -306,7 +329,8 @@ class ShareSessionCache:
         """Evict and return the sessions bound to a closed connection.
 
         The caller releases each member's acquired records on ``partitions`` without
-        counting a delivery attempt.
+        counting a delivery attempt. A connection belongs to one listener, so all its sessions
+        are on one node.
         """
         keys = sorted(self._by_connection.pop(connection_id, ()))
         evicted = []
@@ -316,9 +340,9 @@ class ShareSessionCache:
             evicted.append(session.view())
         return evicted
 
-    def remove(self, group_id: str, member_id: str) -> SessionView | None:
+    def remove(self, node_id: int, group_id: str, member_id: str) -> SessionView | None:
         """Drop one session (e.g. the group was deleted); returns it if it existed."""
-        session = self._remove(SessionKey(group_id, member_id))
+        session = self._remove(SessionKey(node_id, group_id, member_id))
         return session.view() if session else None
 
     # -- internals -----------------------------------------------------------------------
@@ -338,7 +362,7 @@ class ShareSessionCache:
     def _not_found(key: SessionKey) -> ShareSessionError:
         return ShareSessionError(
             ErrorCode.share_session_not_found,
-            f"No share session for member {key.member_id} of group {key.group_id}.",
+            f"No share session for member {key.member_id} of group {key.group_id} on node {key.node_id}.",
         )
 
     def _check_partitions(self, wanted: int, held_now: int) -> None:
@@ -408,9 +432,14 @@ class ForgottenPartitions:
     leaves the group).
 
     Marks are ``partition.acquisition_mark()`` values: ``fetch_started`` notes the mark at the
-    start of each ShareFetch of a watched member, which places an acknowledged record (by its lock
-    id) in the ShareFetch that handed it out. Pure: marks are plain integers. It assumes one
-    ShareFetch in flight per member, as a client with one share session does.
+    start of each ShareFetch of a watched session, which places an acknowledged record (by its lock
+    id) in the ShareFetch that handed it out. Pure: marks are plain integers.
+
+    Watches are per share session (node, group, member): a client keeps one ShareFetch in flight
+    per node, so one node's ShareFetches follow each other and their marks order them; the
+    ShareFetches of a member's sessions on two nodes overlap, and their marks in one list would
+    place a record in the wrong ShareFetch. Records a session handed out are acknowledged to the
+    same node (the partition's leader), so a watch only looks at acknowledgements sent there.
     """
 
     MAX_FETCH_MARKS = 64
@@ -418,31 +447,30 @@ class ForgottenPartitions:
     def __init__(self) -> None:
         self._watches: dict[SessionKey, _ForgottenWatch] = {}
 
-    def forgot(self, group_id: str, member_id: str, partitions: Iterable[TopicIdPartition]) -> None:
-        """``member_id`` dropped ``partitions`` from its session (call before its ShareFetch starts)."""
+    def forgot(self, key: SessionKey, partitions: Iterable[TopicIdPartition]) -> None:
+        """Session ``key`` dropped ``partitions`` (call before its ShareFetch starts)."""
         partitions = set(partitions)
         if partitions:
-            key = SessionKey(group_id, member_id)
             self._watches.setdefault(key, _ForgottenWatch()).partitions |= partitions
 
-    def watching(self, group_id: str, member_id: str) -> bool:
-        return SessionKey(group_id, member_id) in self._watches
+    def watching(self, key: SessionKey) -> bool:
+        return key in self._watches
 
-    def fetch_started(self, group_id: str, member_id: str, mark: int) -> None:
-        """A ShareFetch of a watched member starts acquiring; ``mark`` precedes all it acquires."""
-        watch = self._watches.get(SessionKey(group_id, member_id))
+    def fetch_started(self, key: SessionKey, mark: int) -> None:
+        """A ShareFetch of a watched session starts acquiring; ``mark`` precedes all it acquires."""
+        watch = self._watches.get(key)
         if watch is not None:
             watch.fetch_marks.append(mark)
             del watch.fetch_marks[:-self.MAX_FETCH_MARKS]
 
-    def abandoned(self, group_id: str, member_id: str, acknowledged: Iterable[tuple[TopicIdPartition, int]],
+    def abandoned(self, key: SessionKey, acknowledged: Iterable[tuple[TopicIdPartition, int]],
                   now_mark: int) -> list[tuple[TopicIdPartition, int]]:
         """(forgotten partition, mark): release what the member holds there acquired before the mark.
 
         ``acknowledged`` has, per partition a request acknowledged records of, the newest lock id
         among them; ``now_mark`` is a mark taken now (after everything handed out so far).
         """
-        watch = self._watches.get(SessionKey(group_id, member_id))
+        watch = self._watches.get(key)
         if watch is None:
             return []
         marks = watch.fetch_marks
@@ -460,9 +488,16 @@ class ForgottenPartitions:
         return [(tp, fetch_end if response_order(tp) < order else marks[0])
                 for tp in sorted(watch.partitions, key=response_order)]
 
-    def drop(self, group_id: str, member_id: str) -> None:
-        """Stop watching a member (its records were all released: session closed, member left)."""
-        self._watches.pop(SessionKey(group_id, member_id), None)
+    def drop(self, key: SessionKey) -> frozenset[TopicIdPartition]:
+        """Stop watching a session (it ended and its records were released); returns the partitions
+        it was watching, whose records the caller releases with the session's own."""
+        watch = self._watches.pop(key, None)
+        return frozenset(watch.partitions) if watch else frozenset()
+
+    def drop_member(self, group_id: str, member_id: str) -> None:
+        """Stop watching the member's sessions on every node (it left the group: all released)."""
+        for key in [k for k in self._watches if k.group_id == group_id and k.member_id == member_id]:
+            del self._watches[key]
 
     def __len__(self) -> int:
         return len(self._watches)

@@ -187,6 +187,15 @@ def test_properties_describe_a_combined_single_node_on_loopback() -> None:
     assert props["group.initial.rebalance.delay.ms"] == "0"
 
 
+def test_a_broker_only_node_joins_the_first_nodes_controller() -> None:
+    props = broker_properties(settings(port=19094, controller_port=0, node_id=2, controller_voter="1@127.0.0.1:19093"))
+    assert props["process.roles"] == "broker"
+    assert props["node.id"] == "2"
+    assert props["listeners"] == "PLAINTEXT://127.0.0.1:19094"
+    assert props["controller.listener.names"] == "CONTROLLER"
+    assert props["controller.quorum.voters"] == "1@127.0.0.1:19093"
+
+
 def test_internal_topics_fit_a_single_broker() -> None:
     props = broker_properties(settings())
     for key in ("offsets.topic.replication.factor", "transaction.state.log.replication.factor", "min.insync.replicas"):

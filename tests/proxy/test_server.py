@@ -121,6 +121,24 @@ async def test_brokers_are_served_on_their_own_proxy_ports():
         running.proxy.shutdown()
 
 
+async def test_a_connection_knows_the_broker_id_its_listener_stands_for():
+    """Share sessions are per node: a connection carries its listener's broker id (-1: bootstrap)."""
+    async with proxy_in_front_of(1, 5) as running:
+        ports = await metadata_brokers(running.bootstrap)
+        with trio.fail_after(5):  # the Metadata call's connection is gone
+            while running.proxy.open_connections:
+                await trio.sleep(0.01)
+        streams = []
+        for port in (ports[5], running.bootstrap.port, ports[1]):
+            streams.append(FramedStream(await trio.open_tcp_stream("127.0.0.1", port), 1 << 20))
+            assert await echo_on(streams[-1], 1) is not None  # accepted and served
+        seen = sorted((c.listener, c.node_id) for c in running.proxy._connections)
+        assert seen == [("bootstrap", -1), ("broker-1", 1), ("broker-5", 5)]
+        for stream in streams:
+            await stream.aclose()
+        running.proxy.shutdown()
+
+
 async def test_a_broker_appearing_later_gets_a_listener_before_clients_hear_of_it():
     async with proxy_in_front_of(1) as running:
         assert set(await metadata_brokers(running.bootstrap)) == {1}

@@ -145,6 +145,7 @@ class Member:
     epoch: int = 0
     closed: trio.Event = field(default_factory=trio.Event)
     joined: bool = False
+    node: int = 1  # the broker id of the proxy listener the member's connection is on
 
 
 @dataclass
@@ -166,6 +167,13 @@ class Harness:
         member = Member(member_id=f"{name}-{uuid.uuid4().hex[:8]}", connection=next(self._connections))
         self.service.watch_connection(member.connection, member.closed)
         return member
+
+    def on_node(self, member: Member, node: int) -> Member:
+        """The same member on its own connection to another proxy listener (broker `node`)."""
+        elsewhere = Member(member_id=member.member_id, connection=next(self._connections), node=node,
+                           joined=member.joined)
+        self.service.watch_connection(elsewhere.connection, elsewhere.closed)
+        return elsewhere
 
     async def join(self, member: Member, topics=("orders",)):
         request = load_request_schema(76, 1)(
@@ -201,7 +209,7 @@ class Harness:
             forgotten_topics_data=tuple(module.ForgottenTopic(topic_id=tp[0], partitions=(tp[1],)) for tp in forget),
             **extra,
         )
-        outcome = await self.service.share_fetch(request, version, member.connection)
+        outcome = await self.service.share_fetch(request, version, member.connection, node_id=member.node)
         response = share_fetch_response(outcome, version, self.cluster, self.service.advertised_endpoint)
         if response.error_code == ErrorCode.none and epoch is None:
             member.epoch += 1
@@ -241,7 +249,7 @@ class Harness:
             topics=tuple(module.AcknowledgeTopic(topic_id=t, partitions=tuple(ps)) for t, ps in topics.items()),
         )
         response = share_acknowledge_response(
-            await self.service.share_acknowledge(request, version, member.connection), version)
+            await self.service.share_acknowledge(request, version, member.connection, node_id=member.node), version)
         if response.error_code == ErrorCode.none and epoch is None:
             member.epoch += 1
         return response
@@ -651,7 +659,7 @@ async def test_share_fetch_from_a_made_up_group_or_member_is_refused_and_creates
     await harness.join(member)
     result = await harness.fetch(stranger, join=False)
     assert result["error"] == ErrorCode.unknown_member_id
-    assert harness.service.sessions.get(GROUP, stranger.member_id) is None
+    assert harness.service.sessions.get(stranger.node, GROUP, stranger.member_id) is None
     assert len(harness.service.leaders) <= 1  # only the member's own assignment initialised
     assert all(leader.group_id == GROUP for leader in harness.service.leaders.values())
     assert not any(m == stranger.member_id for lead in harness.service.leaders.values()
@@ -806,3 +814,88 @@ async def test_forgotten_partition_records_listed_before_acknowledged_ones_in_a_
     assert acquired(result) == [(2, 3, 1)] and acquired(result, TP1) == [(2, 3, 1)]
     await harness.acknowledge(holder, [(TP1, 2, 3, ACCEPT)])  # P0 2-3's acknowledgement never comes
     assert acquired(await harness.fetch(other, max_records=2)) == [(2, 3, 2)]
+
+
+# ----- one share session per node ----------------------------------------------------------------
+# A consumer whose partitions are led by two brokers keeps a share session on each (Kafka: one
+# ShareSessionCache per broker). Here the member fetches P0 through the listener of broker 1 and
+# P1 through that of broker 2.
+
+
+async def two_node_worker(nursery) -> tuple[Harness, Member, Member]:
+    harness = await start_service(nursery, cluster=FakeCluster(partitions=2))
+    harness.cluster.append([b"a", b"b"], partition=0)
+    harness.cluster.append([b"c", b"d"], partition=1)
+    on_one = harness.member("worker")
+    on_two = harness.on_node(on_one, 2)
+    assert acquired(await harness.fetch(on_one, partitions=(TP,))) == [(0, 1, 1)]
+    on_two.joined = True
+    assert acquired(await harness.fetch(on_two, partitions=(TP1,)), TP1) == [(0, 1, 1)]
+    return harness, on_one, on_two
+
+
+def holders(harness: Harness, tp) -> list[tuple[int, int, RecordState, int, str | None]]:
+    engine = harness.service.leaders.active((GROUP, *tp)).engine
+    return [(r.first_offset, r.last_offset, r.state, r.delivery_count, r.member_id) for r in engine.in_flight_locked()]
+
+
+async def test_a_second_nodes_initial_share_fetch_leaves_the_first_nodes_session_alone(nursery, autojump_clock):
+    harness, on_one, on_two = await two_node_worker(nursery)
+    sessions = harness.service.sessions
+    assert [(s.key.node_id, s.epoch, s.partitions) for s in sessions.sessions_of_member(GROUP, on_one.member_id)] == [
+        (1, 1, {TP}), (2, 1, {TP1})]
+    # Node 1's session continues at its own epoch; its acknowledgement and node 2's both succeed.
+    result = await harness.fetch(on_one, acks=[(TP, 0, 1, ACCEPT)])
+    assert (result["error"], result[TP].ack_error) == (ErrorCode.none, ErrorCode.none)
+    response = await harness.acknowledge(on_two, [(TP1, 0, 1, ACCEPT)])
+    assert response.error_code == ErrorCode.none
+    assert [p.error_code for t in response.responses for p in t.partitions] == [ErrorCode.none]
+    assert (sessions.get(1, GROUP, on_one.member_id).epoch, sessions.get(2, GROUP, on_one.member_id).epoch) == (2, 2)
+    assert [leader.engine.start_offset for leader in harness.service.leaders.of_group(GROUP)] == [2, 2]
+
+
+async def test_closing_one_nodes_connection_releases_only_that_sessions_partitions(nursery, autojump_clock):
+    harness, on_one, on_two = await two_node_worker(nursery)
+    on_one.closed.set()
+    await trio.sleep(0.1)
+    assert harness.service.sessions.get(1, GROUP, on_one.member_id) is None
+    assert holders(harness, TP) == [(0, 1, RecordState.AVAILABLE, 0, None)]  # released, no delivery counted
+    assert holders(harness, TP1) == [(0, 1, RecordState.ACQUIRED, 1, on_one.member_id)]
+    other = harness.member("other")
+    result = await harness.fetch(other, partitions=(TP, TP1))
+    assert (acquired(result), acquired(result, TP1)) == ([(0, 1, 1)], [])
+    # Node 2's session lives on: its records are still the worker's to acknowledge.
+    response = await harness.acknowledge(on_two, [(TP1, 0, 1, ACCEPT)])
+    assert [p.error_code for t in response.responses for p in t.partitions] == [ErrorCode.none]
+    assert harness.service.leaders.active((GROUP, *TP1)).engine.start_offset == 2
+
+
+async def test_final_and_replaced_sessions_release_only_their_own_partitions(nursery, autojump_clock):
+    harness, on_one, on_two = await two_node_worker(nursery)
+    # Node 1's session starts over (epoch 0): P0's records come back to it, P1's stay held.
+    on_one.epoch = 0
+    assert acquired(await harness.fetch(on_one, partitions=(TP,))) == [(0, 1, 1)]
+    assert holders(harness, TP1) == [(0, 1, RecordState.ACQUIRED, 1, on_one.member_id)]
+    # Node 2's final ShareFetch releases P1 only.
+    assert (await harness.fetch(on_two, epoch=-1, partitions=()))["error"] == ErrorCode.none
+    assert holders(harness, TP1) == [(0, 1, RecordState.AVAILABLE, 0, None)]
+    assert holders(harness, TP) == [(0, 1, RecordState.ACQUIRED, 1, on_one.member_id)]
+    assert [s.key.node_id for s in harness.service.sessions.sessions_of_member(GROUP, on_one.member_id)] == [1]
+
+
+async def test_a_partition_both_sessions_fetch_is_not_released_with_one_of_them(nursery, autojump_clock):
+    """The engine knows records by member, not by session: a partition the other node's session
+    fetches too keeps the member's records when one session ends (its lock still bounds them)."""
+    harness, on_one, on_two = await two_node_worker(nursery)
+    await harness.fetch(on_two, add=[TP])  # node 2 now fetches P0 as well (nothing left to acquire)
+    on_one.closed.set()
+    await trio.sleep(0.1)
+    assert holders(harness, TP) == [(0, 1, RecordState.ACQUIRED, 1, on_one.member_id)]
+
+
+async def test_a_member_leaving_the_group_releases_what_it_holds_through_every_node(nursery, autojump_clock):
+    harness, on_one, _ = await two_node_worker(nursery)
+    leave = load_request_schema(76, 1)(group_id=GROUP, member_id=on_one.member_id, member_epoch=-1, rack_id=None,
+                                       subscribed_topic_names=None)
+    await harness.service.heartbeat(leave, client_id="test", client_host="/127.0.0.1")
+    assert holders(harness, TP) == holders(harness, TP1) == [(0, 1, RecordState.AVAILABLE, 0, None)]

@@ -28,9 +28,12 @@ from tests.proxy.share.test_manager import (
     GROUP,
     TOPIC_ID,
     TP,
+    TP1,
+    FakeCluster,
     Harness,
     Member,
     acquired,
+    holders,
     start_service,
     virtual_ms,
 )
@@ -64,6 +67,7 @@ async def harness(nursery) -> Harness:
 class Connection:
     id: int
     closed: trio.Event
+    node_id: int = 1
     peer: str = "127.0.0.1:5555"
 
 
@@ -83,7 +87,7 @@ async def mark(harness: Harness, member: Member, ranges, *, tp=TP, epoch: int | 
     header, offset = parse_request_header(frame)
     route = progress_routes(harness.service, api_key)[api_key]
     payload = await route.handler(Request(header=header, frame=frame, body_offset=offset),
-                                  Connection(member.connection, member.closed))
+                                  Connection(member.connection, member.closed, member.node))
     response_header, body = parse_response_header(payload, 1)
     assert response_header.correlation_id == 7
     response = decode_entity(extensions.mark_in_progress(api_key).responses[0], memoryview(payload)[body:])
@@ -394,3 +398,38 @@ def test_the_extension_keys_are_advertised_as_features():
         "kafka-share-proxy.mark-in-progress.api-key": VersionRange(81, 81),
         "kafka-share-proxy.describe-in-flight.api-key": VersionRange(82, 82),
     }
+
+
+# ----- one share session per node ------------------------------------------------------------
+
+
+async def test_marks_use_the_nodes_own_session_and_a_closed_session_holds_only_its_partitions_for_the_grace(
+        nursery, autojump_clock):
+    """A worker marks P0 through broker 1's listener and P1 through broker 2's, each in that node's
+    session; when node 1's connection closes only P0's fresh IN_PROGRESS records get the grace."""
+    harness = await start_service(nursery, cluster=FakeCluster(partitions=2), config=in_progress_config())
+    harness.cluster.append([b"a", b"b"], partition=0)
+    harness.cluster.append([b"c", b"d"], partition=1)
+    on_one = harness.member("worker")
+    on_two = harness.on_node(on_one, 2)
+    assert acquired(await harness.fetch(on_one, partitions=(TP,))) == [(0, 1, 1)]
+    on_two.joined = True
+    assert acquired(await harness.fetch(on_two, partitions=(TP1,)), TP1) == [(0, 1, 1)]
+    assert (await mark(harness, on_one, [(0, 1)]))[:2] == (ErrorCode.none, {TP: (ErrorCode.none, None)})
+    assert (await mark(harness, on_two, [(0, 1)], tp=TP1))[:2] == (ErrorCode.none, {TP1: (ErrorCode.none, None)})
+    sessions = harness.service.sessions
+    assert (sessions.get(1, GROUP, on_one.member_id).epoch, sessions.get(2, GROUP, on_one.member_id).epoch) == (2, 2)
+    # A mark with node 1's epoch sent to node 2 is refused by node 2's session.
+    stale_epoch = Member(member_id=on_one.member_id, connection=on_two.connection, node=2, epoch=1)
+    assert (await mark(harness, stale_epoch, [(0, 1)], tp=TP1))[0] == ErrorCode.invalid_share_session_epoch
+
+    on_one.closed.set()
+    await trio.sleep(0.1)
+    grace = {tp: [r.grace_deadline >= 0 for r in harness.service.leaders.active((GROUP, *tp)).engine.in_flight_locked()]
+             for tp in (TP, TP1)}
+    assert grace == {TP: [True], TP1: [False]}
+    await trio.sleep(GRACE_MS / 1000 + 0.5)
+    assert holders(harness, TP) == [(0, 1, AVAILABLE, 1, None)]  # the grace ran out: released
+    assert holders(harness, TP1) == [(0, 1, IN_PROGRESS, 1, on_one.member_id)]
+    response = await harness.acknowledge(on_two, [(TP1, 0, 1, ACCEPT)])
+    assert [p.error_code for t in response.responses for p in t.partitions] == [ErrorCode.none]

@@ -16,7 +16,7 @@ async def test_share_fetch_beyond_the_session_partition_bound_gets_share_session
     greedy = harness.member("greedy")
     result = await harness.fetch(greedy, partitions=(TP, TP1, TP2))
     assert result["error"] == ErrorCode.share_session_limit_reached
-    assert harness.service.sessions.get("queue", greedy.member_id) is None
+    assert harness.service.sessions.get(greedy.node, "queue", greedy.member_id) is None
 
     # Within the bound the same member is served; a second member then finds the total full.
     result = await harness.fetch(greedy, partitions=(TP, TP1))
