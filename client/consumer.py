@@ -57,7 +57,7 @@ from .errors import KafkaError, KafkaException, broker_error
 from .membership import Membership
 from .message import AcknowledgeType, Message, TopicPartition
 from .ranges import ProgressQueue, acknowledgement_batches
-from .records import acquired_records
+from .records import CONFLUENT_TIMESTAMP_TYPE, acquired_records
 from .wire import Connection
 
 log = logging.getLogger("client.consumer")
@@ -376,7 +376,7 @@ class ShareConsumer:
                 for record, delivery_count in records:
                     result.messages.append(Message(
                         name or str(tp[0]), tp[1], record.offset, record.key, record.value, record.headers,
-                        (record.timestamp_type, record.timestamp), delivery_count, topic_id=tp[0], node=node))
+                        (CONFLUENT_TIMESTAMP_TYPE[record.timestamp_type], record.timestamp), delivery_count, topic_id=tp[0], node=node))
         return result
 
     # -- acknowledgements -------------------------------------------------------------------------

@@ -1,182 +1,26 @@
-"""Records out of ShareFetch ``records`` bytes: batches decompressed (every Kafka codec) and parsed.
+"""The records a ShareFetch acquired for this consumer, out of the partition's ``records`` bytes.
 
-:mod:`codec.records` finds the v2 batch headers (offsets, attributes, CRC); this module reads what
-is inside a batch: the records section, decompressed with the batch's codec, each record's offset,
-timestamp, key, value and headers. Control batches (transaction markers) hold no application
-records and are skipped. A share consumer must return only the records its ShareFetch acquired:
-:func:`acquired_records` keeps those inside the AcquiredRecords ranges, each with the range's
-delivery count (aborted transactional records are never acquired: the share-partition leader
-archives them under read_committed).
-
-Codecs (attributes bits 0-2): none; gzip (zlib); snappy, raw or in the xerial framing Kafka's Java
-producer writes; lz4 frame; zstd. The three non-zlib ones come from cramjam's wheels.
-
-Pure: bytes in, records out.
+:mod:`codec.batch_records` decompresses and parses the batches; a share consumer must return only
+the records its ShareFetch acquired: :func:`acquired_records` keeps those inside the AcquiredRecords
+ranges, each with the range's delivery count (aborted transactional records are never acquired:
+the share-partition leader archives them under read_committed).
 """
 
 from __future__ import annotations
 
-import struct
-import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 
-import cramjam
-
-from codec.errors import CodecError, RecordBatchError
-from codec.records import V2_HEADER_SIZE, Compression, LegacyMessageSet, TimestampType, iter_batches
+from codec.batch_records import Record, decode_records
+from codec.records import TimestampType
 
 # confluent_kafka's timestamp types, as Message.timestamp() returns them.
 TIMESTAMP_NOT_AVAILABLE = 0
 TIMESTAMP_CREATE_TIME = 1
 TIMESTAMP_LOG_APPEND_TIME = 2
-
-_XERIAL_MAGIC = b"\x82SNAPPY\x00"
-_XERIAL_HEADER = 16  # magic (8) + version (4) + compatible version (4)
-_INT32 = struct.Struct(">i")
-
-
-class Record:
-    """One record as the application sees it (the share consumer wraps it in a Message)."""
-
-    __slots__ = ("offset", "timestamp_type", "timestamp", "key", "value", "headers")
-
-    def __init__(self, offset: int, timestamp_type: int, timestamp: int, key: bytes | None,
-                 value: bytes | None, headers: list[tuple[str, bytes | None]] | None) -> None:
-        self.offset = offset
-        self.timestamp_type = timestamp_type
-        self.timestamp = timestamp
-        self.key = key
-        self.value = value
-        self.headers = headers
-
-    def __repr__(self) -> str:
-        return f"Record(offset={self.offset}, key={self.key!r}, value={self.value!r})"
-
-
-def decompress(compression: int, data: bytes | memoryview) -> bytes:
-    """The records section of a batch compressed with ``compression`` (Kafka's attribute code)."""
-    try:
-        if compression == Compression.NONE:
-            return bytes(data)
-        if compression == Compression.GZIP:
-            return zlib.decompress(data, 47)  # 32 + 15: gzip or zlib header, detected
-        if compression == Compression.SNAPPY:
-            return _snappy(bytes(data))
-        if compression == Compression.LZ4:
-            return bytes(cramjam.lz4.decompress(bytes(data)))
-        if compression == Compression.ZSTD:
-            return bytes(cramjam.zstd.decompress(bytes(data)))
-    except (zlib.error, cramjam.DecompressionError, ValueError) as error:
-        raise RecordBatchError(f"cannot decompress {Compression(compression).name} batch: {error}") from error
-    raise RecordBatchError(f"unknown compression codec {compression}")
-
-
-def _snappy(data: bytes) -> bytes:
-    if not data.startswith(_XERIAL_MAGIC):
-        return bytes(cramjam.snappy.decompress_raw(data))
-    # Xerial framing (snappy-java's SnappyOutputStream): a 16-byte header, then blocks of
-    # int32 length + raw snappy.
-    out = bytearray()
-    position = _XERIAL_HEADER
-    while position < len(data):
-        if position + 4 > len(data):
-            raise RecordBatchError("xerial snappy block length cut short")
-        (length,) = _INT32.unpack_from(data, position)
-        position += 4
-        if length < 0 or position + length > len(data):
-            raise RecordBatchError(f"xerial snappy block of {length} bytes runs past the batch")
-        out += cramjam.snappy.decompress_raw(data[position:position + length])
-        position += length
-    return bytes(out)
-
-
-def _records_in(payload: bytes, count: int, base_offset: int, base_timestamp: int,
-                log_append_time: int | None) -> list[Record]:
-    """Parse ``count`` records from an uncompressed records section (Kafka's DefaultRecord)."""
-    records: list[Record] = []
-    position = 0
-    end = len(payload)
-
-    def varint() -> int:
-        nonlocal position
-        shift = 0
-        raw = 0
-        while True:
-            byte = payload[position]
-            position += 1
-            raw |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                return (raw >> 1) ^ -(raw & 1)
-            shift += 7
-            if shift > 63:
-                raise RecordBatchError("varint too long in record")
-
-    try:
-        for _ in range(count):
-            length = varint()
-            record_end = position + length
-            if length < 0 or record_end > end:
-                raise RecordBatchError(f"record of {length} bytes runs past its batch")
-            position += 1  # attributes (unused)
-            timestamp_delta = varint()
-            offset_delta = varint()
-            key_length = varint()
-            if key_length < 0:
-                key = None
-            else:
-                key = payload[position:position + key_length]
-                position += key_length
-            value_length = varint()
-            if value_length < 0:
-                value = None
-            else:
-                value = payload[position:position + value_length]
-                position += value_length
-            header_count = varint()
-            headers: list[tuple[str, bytes | None]] | None = None
-            if header_count > 0:
-                headers = []
-                for _ in range(header_count):
-                    name_length = varint()
-                    name = payload[position:position + name_length].decode("utf-8")
-                    position += name_length
-                    header_length = varint()
-                    if header_length < 0:
-                        header_value = None
-                    else:
-                        header_value = payload[position:position + header_length]
-                        position += header_length
-                    headers.append((name, header_value))
-            if position != record_end:
-                raise RecordBatchError(f"record at offset delta {offset_delta} is {record_end - position} bytes off")
-            if log_append_time is None:
-                records.append(Record(base_offset + offset_delta, TIMESTAMP_CREATE_TIME,
-                                      base_timestamp + timestamp_delta, key, value, headers))
-            else:
-                records.append(Record(base_offset + offset_delta, TIMESTAMP_LOG_APPEND_TIME,
-                                      log_append_time, key, value, headers))
-    except (IndexError, UnicodeDecodeError) as error:
-        raise RecordBatchError(f"record cut short or malformed: {error}") from error
-    return records
-
-
-def decode_records(data: bytes | memoryview | None, *, verify_crc: bool = True) -> Iterator[Record]:
-    """Every application record in ``data`` (a ShareFetch partition's records), control batches skipped.
-
-    Raises :class:`codec.errors.RecordBatchError` (a :class:`CodecError`) for bad bytes.
-    """
-    if not data:
-        return
-    view = memoryview(data)
-    for batch in iter_batches(view, verify_crc=verify_crc):
-        if isinstance(batch, LegacyMessageSet):
-            raise RecordBatchError(f"magic {batch.magic} message set at offset {batch.offset} is not supported")
-        if batch.is_control or batch.record_count == 0:
-            continue
-        section = view[batch.position + V2_HEADER_SIZE:batch.position + batch.size]
-        payload = decompress(batch.attributes & 0x07, section)
-        log_append = batch.max_timestamp if batch.timestamp_type is TimestampType.LOG_APPEND_TIME else None
-        yield from _records_in(payload, batch.record_count, batch.base_offset, batch.base_timestamp, log_append)
+CONFLUENT_TIMESTAMP_TYPE = {
+    TimestampType.CREATE_TIME: TIMESTAMP_CREATE_TIME,
+    TimestampType.LOG_APPEND_TIME: TIMESTAMP_LOG_APPEND_TIME,
+}
 
 
 def acquired_records(data: bytes | memoryview | None, acquired: Sequence[tuple[int, int, int]], *,
@@ -203,12 +47,7 @@ def acquired_records(data: bytes | memoryview | None, acquired: Sequence[tuple[i
     return out
 
 
-def offsets_in(ranges: Iterable[tuple[int, int, int]]) -> int:
-    """How many offsets the (first, last, ...) ranges cover."""
-    return sum(last - first + 1 for first, last, *_ in ranges)
-
-
 __all__ = [
-    "Record", "CodecError", "RecordBatchError", "decompress", "decode_records", "acquired_records",
+    "acquired_records", "CONFLUENT_TIMESTAMP_TYPE",
     "TIMESTAMP_NOT_AVAILABLE", "TIMESTAMP_CREATE_TIME", "TIMESTAMP_LOG_APPEND_TIME",
 ]
