@@ -688,28 +688,22 @@ class SharePartition:
         """The window as runs of uniform state, with each run's acquisition time and lock deadline
         (the caller's clock, -1 when not held under a lock). Read-only; for describing, not serving."""
         run: list | None = None
-        for batch in self._batches.values():
-            if batch.offsets is None:
-                pieces: Iterable = ((batch.first_offset, batch),)
+        for offset, last, holder in self._pieces():
+            lock = self._locks.get(holder.lock_id) if _HOLDS_OWNER[holder.state] else None
+            if lock is None:
+                key = (holder.state, holder.delivery_count, holder.member_id, -1, -1, -1, -1, -1)
+            elif lock.progress:
+                key = (holder.state, holder.delivery_count, holder.member_id, lock.acquired_at, -1,
+                       lock.in_progress_start, lock.last_progress, lock.grace_deadline)
             else:
-                pieces = batch.holders(batch.first_offset, batch.last_offset)
-            for offset, holder in pieces:
-                last = batch.last_offset if holder is batch else offset
-                lock = self._locks.get(holder.lock_id) if _HOLDS_OWNER[holder.state] else None
-                if lock is None:
-                    key = (holder.state, holder.delivery_count, holder.member_id, -1, -1, -1, -1, -1)
-                elif lock.progress:
-                    key = (holder.state, holder.delivery_count, holder.member_id, lock.acquired_at, -1,
-                           lock.in_progress_start, lock.last_progress, lock.grace_deadline)
-                else:
-                    key = (holder.state, holder.delivery_count, holder.member_id, lock.acquired_at, lock.deadline,
-                           -1, -1, -1)
-                if run is not None and run[1] + 1 == offset and run[2] == key:
-                    run[1] = last
-                    continue
-                if run is not None:
-                    yield InFlightRun(run[0], run[1], *run[2])
-                run = [offset, last, key]
+                key = (holder.state, holder.delivery_count, holder.member_id, lock.acquired_at, lock.deadline,
+                       -1, -1, -1)
+            if run is not None and run[1] + 1 == offset and run[2] == key:
+                run[1] = last
+                continue
+            if run is not None:
+                yield InFlightRun(run[0], run[1], *run[2])
+            run = [offset, last, key]
         if run is not None:
             yield InFlightRun(run[0], run[1], *run[2])
 
@@ -784,22 +778,16 @@ class SharePartition:
     def snapshot(self) -> PartitionSnapshot:
         """ShareSnapshot content: durable state as a restart would see it (Acquired not persisted)."""
         batches: list[PersistedBatch] = []
-        for batch in self._batches.values():
-            if batch.offsets is None:
-                pieces: Iterable = ((batch.first_offset, batch),)
-            else:
-                pieces = batch.holders(batch.first_offset, batch.last_offset)
-            for first, holder in pieces:
-                last = batch.last_offset if holder is batch else first
-                state, count = holder.state, holder.delivery_count
-                written_as = _PERSISTED_AS[state]
-                if written_as is not None:
-                    # Not persisted as itself: e.g. the last write for an acquired record was Available
-                    # with the count before this acquisition (or nothing, for a first delivery).
-                    state, count = written_as[0], count + written_as[1]
-                if state is _AVAILABLE and count == 0:
-                    continue
-                batches.append(PersistedBatch(first, last, state, count, *self._progress_of(holder)))
+        for first, last, holder in self._pieces():
+            state, count = holder.state, holder.delivery_count
+            written_as = _PERSISTED_AS[state]
+            if written_as is not None:
+                # Not persisted as itself: e.g. the last write for an acquired record was Available
+                # with the count before this acquisition (or nothing, for a first delivery).
+                state, count = written_as[0], count + written_as[1]
+            if state is _AVAILABLE and count == 0:
+                continue
+            batches.append(PersistedBatch(first, last, state, count, *self._progress_of(holder)))
         return PartitionSnapshot(self._start, tuple(_coalesce(batches)))
 
     # ----- rebuild -------------------------------------------------------------------------
@@ -1772,13 +1760,18 @@ class SharePartition:
             if batch.last_offset >= first:
                 yield batch
 
-    def _runs(self) -> Iterator[tuple[int, int, RecordState, int, str | None]]:
+    def _pieces(self) -> Iterator[tuple[int, int, _InFlightBatch | _OffsetState]]:
+        """(first, last, holder) over the window: a whole batch while it is uniform, else each offset."""
         for batch in self._batches.values():
             if batch.offsets is None:
-                yield batch.first_offset, batch.last_offset, batch.state, batch.delivery_count, batch.member_id
+                yield batch.first_offset, batch.last_offset, batch
             else:
-                for offset, h in batch.holders(batch.first_offset, batch.last_offset):
-                    yield offset, offset, h.state, h.delivery_count, h.member_id
+                for offset, holder in batch.holders(batch.first_offset, batch.last_offset):
+                    yield offset, offset, holder
+
+    def _runs(self) -> Iterator[tuple[int, int, RecordState, int, str | None]]:
+        for first, last, h in self._pieces():
+            yield first, last, h.state, h.delivery_count, h.member_id
 
     def _advance_start(self) -> None:
         """Move SPSO over contiguous terminal records and drop them (KIP-932 "Managing the SPSO")."""
