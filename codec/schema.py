@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import importlib.resources
 import json
 import re
 import uuid
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, ClassVar
 
 from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
@@ -34,7 +34,8 @@ from kio.static.primitive import Records, f64, i8, i16, i32, i32Timedelta, i64, 
 
 from .errors import SchemaDefinitionError
 
-SCHEMA_DIR = Path(__file__).with_name("schemas")
+# Through importlib.resources, not __file__: the Spark jobs ship codec/ to executors inside a zip.
+SCHEMA_DIR = importlib.resources.files(__package__) / "schemas"
 
 # Kafka JSON primitive type -> (Python annotation, kio kafka_type, implicit default)
 _PRIMITIVES: Mapping[str, tuple[type, str, object]] = {
