@@ -18,7 +18,7 @@ KAFKA_VERSION ?= 4.4.0
 KAFKA_VERSIONS ?= 4.4.0 3.9.2
 PYTEST_ARGS ?=
 
-.PHONY: venv which-python constraints kafka java demo test unit integration lint clean bench FORCE
+.PHONY: venv which-python constraints kafka java spark-jars demo test unit integration lint clean bench FORCE
 
 # Prints an interpreter's "MAJOR.MINOR".
 VERSION_PROBE := import sys; print("%d.%d" % sys.version_info[:2])
@@ -69,7 +69,7 @@ endif
 	    echo "'$$py -m venv' failed; on Debian/Ubuntu install python$$pyv-venv" >&2; exit 1; }; \
 	fi
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c $(CONSTRAINTS) --upgrade pip setuptools
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c $(CONSTRAINTS) --no-build-isolation -e '.[test]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c $(CONSTRAINTS) --no-build-isolation -e '.[test,spark]'
 	@touch $@
 
 # With PYTHON=... given, check it even when .venv needs no rebuilding.
@@ -89,7 +89,7 @@ constraints:
 	echo "Installing the newest releases pyproject.toml allows into a scratch venv ($$py, Python $$pyv)" && \
 	"$$py" -m venv "$$scratch/venv" && \
 	"$$scratch/venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip setuptools && \
-	"$$scratch/venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-build-isolation -e '.[test]' && \
+	"$$scratch/venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-build-isolation -e '.[test,spark]' && \
 	{ sed '/^[^#]/,$$d' $(CONSTRAINTS); \
 	  "$$scratch/venv/bin/python" -m pip freeze --all --exclude-editable | grep -v -e '^#' -e '^-e' -e '^wheel=='; \
 	} > "$$scratch/constraints.txt" && \
@@ -100,11 +100,19 @@ constraints:
 kafka: venv
 	for v in $(KAFKA_VERSIONS); do $(BIN)/share-proxy fetch-kafka --kafka-version $$v || exit 1; done
 
+# Resolve the Spark Kafka connector's jars from Maven Central (spark/ivysettings.xml) into the Ivy cache,
+# so Spark jobs and their tests never download mid-run (skipped when cached).
+SPARK_IVY := $(HOME)/.cache/kafka-share-proxy/ivy
+SPARK_CONNECTOR_JAR := $(SPARK_IVY)/jars/org.apache.spark_spark-sql-kafka-0-10_2.13-4.2.0.jar
+spark-jars: venv
+	@if [ -f "$(SPARK_CONNECTOR_JAR)" ]; then echo "Spark Kafka connector jars cached in $(SPARK_IVY)"; \
+	else $(BIN)/share-proxy spark fetch-jars; fi
+
 # Build the Java drivers used by integration tests (skipped when up to date).
 java: venv
 	$(BIN)/python -m integration.java.build
 
-demo: venv
+demo: venv spark-jars
 	@echo "Fetching Apache Kafka $(KAFKA_VERSION) jars with Maven (skipped when cached)"
 	$(BIN)/share-proxy fetch-kafka --kafka-version $(KAFKA_VERSION)
 	$(BIN)/python -m proxy.demo --kafka-version $(KAFKA_VERSION)
@@ -115,7 +123,7 @@ lint: venv
 unit: venv lint
 	$(BIN)/pytest -q tests $(PYTEST_ARGS)
 
-integration: venv kafka java
+integration: venv kafka java spark-jars
 	for v in $(KAFKA_VERSIONS); do \
 	  echo "=== integration suite against Apache Kafka $$v ==="; \
 	  KSP_KAFKA_VERSION=$$v $(BIN)/pytest -q integration $(PYTEST_ARGS) || exit 1; \

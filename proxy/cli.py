@@ -21,6 +21,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "proxy.groups_cli",
         "describe a share group's in-flight records through a running proxy (Kafka's kafka-share-groups does the rest)",
     ),
+    "spark": (
+        "spark.cli",
+        "PySpark jobs over the share-group event log: audit tables and report, dead-letter export (docs/spark.md)",
+    ),
     "fetch-kafka": (
         "proxy.localkafka.cli_fetch",
         "download (and cache) the Apache Kafka jars for a version, then exit",

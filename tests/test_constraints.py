@@ -37,9 +37,10 @@ def pins() -> dict[str, str]:
 
 
 def direct_requirements() -> list[Requirement]:
-    """The runtime dependencies and the `test` extra, as pyproject.toml states them."""
+    """The runtime dependencies and the `test` and `spark` extras (what the Makefile installs)."""
     project = PROJECT["project"]
-    return [Requirement(text) for text in [*project["dependencies"], *project["optional-dependencies"]["test"]]]
+    extras = project["optional-dependencies"]
+    return [Requirement(text) for text in [*project["dependencies"], *extras["test"], *extras["spark"]]]
 
 
 def test_constraints_are_exact_pins() -> None:
@@ -100,7 +101,7 @@ def test_makefile_installs_through_the_constraints_and_reinstalls_when_they_chan
     assert installs, "the Makefile installs nothing into .venv"
     for line in installs:
         assert "-c $(CONSTRAINTS)" in line, line
-    assert any("-e '.[test]'" in line for line in installs)
+    assert any("-e '.[test,spark]'" in line for line in installs)
     stamp_rule = re.search(r"^\$\(STAMP\):(.*)$", makefile, re.MULTILINE)
     assert stamp_rule and "$(CONSTRAINTS)" in stamp_rule.group(1) and "pyproject.toml" in stamp_rule.group(1)
 

@@ -164,7 +164,7 @@ def test_venv_is_built_by_the_chosen_python_and_installs_from_the_constraints(pr
     calls = pip_calls(project)
     assert calls, "nothing was installed"
     assert all("-c constraints.txt" in call for call in calls), calls
-    assert any(call.endswith("-e .[test]") for call in calls), calls
+    assert any(call.endswith("-e .[test,spark]") for call in calls), calls
     assert (project / ".venv" / ".installed").is_file()
 
 
@@ -238,7 +238,7 @@ def test_no_python_means_no_venv_and_a_clear_error(project: Path) -> None:
 # -- targets that need the venv -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("target", ["java", "demo", "kafka", "lint", "unit", "integration"])
+@pytest.mark.parametrize("target", ["java", "demo", "kafka", "spark-jars", "lint", "unit", "integration"])
 def test_targets_that_run_venv_tools_depend_on_the_venv(project: Path, target: str) -> None:
     """On a fresh clone `.venv/bin/...` does not exist until the venv rule has run."""
     fake_python(project, "python3.11", "3.11")
