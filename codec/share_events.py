@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import struct
 import uuid
 
 from .errors import ShareEventError
-from .schema import MessageDefinition
 
 
 class EventKind(enum.IntEnum):
@@ -102,9 +102,16 @@ EVENT_KEY_VERSION = 0
 #: The int16 prefix of every event-log value: the value layout (ShareEventValue v0).
 EVENT_VALUE_VERSION = 0
 
-#: The schema-built classes of the two layouts (the reference for tests and tools).
-ShareEventKey = MessageDefinition.bundled("ShareEventKey").entity(EVENT_KEY_VERSION)
-ShareEventValue = MessageDefinition.bundled("ShareEventValue").entity(EVENT_VALUE_VERSION)
+
+@functools.cache
+def schema_classes() -> tuple[type, type]:
+    """The (ShareEventKey, ShareEventValue) classes built from the JSON definitions: the reference
+    layout, for tests and tools. Built on demand: importing kio (and what it pulls in) would make
+    the pure engine, which imports this module's enums, and Spark's workers import far more."""
+    from .schema import MessageDefinition
+
+    return (MessageDefinition.bundled("ShareEventKey").entity(EVENT_KEY_VERSION),
+            MessageDefinition.bundled("ShareEventValue").entity(EVENT_VALUE_VERSION))
 
 _INT16 = struct.Struct(">h")
 _KEY_FIXED = struct.Struct(">16si")  # TopicId, Partition

@@ -16,17 +16,17 @@ from codec.share_events import (
     EventKind,
     ShareEvent,
     ShareEventBatch,
-    ShareEventKey,
-    ShareEventValue,
     UnsupportedEventVersion,
     decode_event_batch,
     decode_event_key,
     decode_event_rows,
     encode_event_batch,
+    schema_classes,
 )
 
 from .test_fuzz import FUZZ, mutated
 
+ShareEventKey, ShareEventValue = schema_classes()
 _ints = lambda bits: st.integers(-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)  # noqa: E731
 
 # Kinds and reasons a newer proxy might write are plain ints; decoding must keep them.
