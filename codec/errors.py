@@ -50,3 +50,7 @@ class CorruptRecordBatch(RecordBatchError):
 
 class StateRecordError(CodecError):
     """A share-state (or proxy group metadata) record key or value cannot be parsed."""
+
+
+class ShareEventError(CodecError):
+    """A share-group event-log record key or value cannot be parsed or encoded."""

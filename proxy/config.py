@@ -133,6 +133,13 @@ class ProxyConfig:
     describe_in_flight_api_key: int = 82
     # ... and MarkInProgress under this one (the draft's 81; docs/codec.md).
     mark_in_progress_api_key: int = 81
+    # The share-group event log (docs/event-log.md).
+    share_events_enable: bool = True
+    share_events_topic: str = "__share_group_events"
+    share_events_buffer_events: int = 100_000
+    share_events_linger_ms: int = 100
+    share_events_retention_ms: int = 604_800_000
+    share_events_partitions: int = 1
 
     @property
     def effective_advertised_host(self) -> str:
@@ -226,6 +233,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("describe_in_flight_api_key", int, "API key the extension RPC DescribeShareGroupInFlight is served under (default 82, the draft KIP's; must be a Kafka API key flexible from v0 that the proxy does not serve otherwise)", "KEY"),
     Option("mark_in_progress_api_key", int, "API key the extension RPC MarkInProgress is served under (default 81, the draft KIP's; must be a Kafka API key flexible from v0 that the proxy does not serve otherwise, and differ from --describe-in-flight-api-key)", "KEY"),
     Option("max_share_session_partitions_total", int, "share-partitions all share sessions together may hold; beyond it SHARE_SESSION_LIMIT_REACHED (default 200000)", "N"),
+    Option("share_events_enable", parse_bool, "publish the share-group event log (default true; --share-events-enable false turns it off; docs/event-log.md)", "BOOL"),
+    Option("share_events_topic", str, "topic of the share-group event log, created if missing (default __share_group_events)", "TOPIC"),
+    Option("share_events_buffer_events", int, "events the event log may hold (buffer and producer queue); beyond it new events are dropped and counted (default 100000)", "N"),
+    Option("share_events_linger_ms", int, "how often the event log publishes what it buffered (default 100)", "MS"),
+    Option("share_events_retention_ms", int, "retention.ms of the event topic when the proxy creates it (default 604800000, 7 days)", "MS"),
+    Option("share_events_partitions", int, "partitions of the event topic when the proxy creates it (default 1)", "N"),
 )
 
 
@@ -320,10 +333,21 @@ def _validate(config: ProxyConfig) -> None:
         raise ConfigError("share_in_progress_rebalance_grace_ms must not be negative")
     if config.state_topic_partitions < 1:
         raise ConfigError("state_topic_partitions must be at least 1")
+    _validate_share_events(config)
     _validate_extension_keys(config.mark_in_progress_api_key, config.describe_in_flight_api_key)
     base = config.effective_broker_port_base
     if base is not None and not 0 < base <= 65535:
         raise ConfigError(f"broker port base {base} out of range")
+
+
+def _validate_share_events(config: ProxyConfig) -> None:
+    if not config.share_events_topic:
+        raise ConfigError("share_events_topic must not be empty")
+    for name in ("share_events_buffer_events", "share_events_linger_ms", "share_events_partitions"):
+        if getattr(config, name) < 1:
+            raise ConfigError(f"{name} must be at least 1")
+    if config.share_events_retention_ms < 1 and config.share_events_retention_ms != -1:
+        raise ConfigError("share_events_retention_ms must be positive, or -1 (no time limit)")
 
 
 def _validate_extension_keys(mark_key: int, describe_key: int) -> None:

@@ -89,6 +89,12 @@ def share_settings(config: ProxyConfig):
         upstream_connections=config.share_upstream_connections,
         long_poll_connections=config.share_long_poll_connections,
         metrics_per_partition=config.metrics_per_partition,
+        share_events_enable=config.share_events_enable,
+        share_events_topic=config.share_events_topic,
+        share_events_buffer_events=config.share_events_buffer_events,
+        share_events_linger_ms=config.share_events_linger_ms,
+        share_events_retention_ms=config.share_events_retention_ms,
+        share_events_partitions=config.share_events_partitions,
     )
 
 

@@ -35,7 +35,7 @@ depends on them.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 import structlog
@@ -173,6 +173,9 @@ class ShareService:
         self._watched_connections: set[int] = set()
         self._nursery: trio.Nursery | None = None
         self._group_created: dict[str, int] = {}
+        # Closed after the last state write, before the writer (e.g. the event log, which still
+        # hears that write's committed changes).
+        self.closers: list[Callable[[], Awaitable[None]]] = []
 
     # ----- lifecycle -----------------------------------------------------------------
 
@@ -214,6 +217,8 @@ class ShareService:
     async def aclose(self) -> None:
         """Write what is still dirty, then close the writer and upstream connections."""
         await self.commits.flush([leader for leader in self.leaders.values() if leader.durable < leader.version])
+        for close in self.closers:
+            await close()
         await self.writer.aclose()
         await self.cluster.aclose()
 

@@ -29,3 +29,9 @@ STATE_TOPIC_REFUSALS = Counter(
 STATE_REPLAY_SECONDS = Gauge("ksp_share_state_replay_seconds",
                              "Seconds start-up took to create/replay the state topic and rebuild the engines")
 STATE_REPLAY_RECORDS = Gauge("ksp_share_state_replay_records", "State-topic records read by the start-up replay")
+# The share-group event log (proxy/share/event_log.py, docs/event-log.md).
+EVENTS_PUBLISHED = Counter("ksp_share_events_published", "Share-group events the event topic acknowledged")
+EVENTS_DROPPED = Counter("ksp_share_events_dropped",
+                         "Share-group events not published: buffer_full, delivery_failed, encode_failed", ["reason"])
+EVENTS_BUFFERED = Gauge("ksp_share_events_buffered",
+                        "Share-group events held for the event topic (buffer and producer queue together)")

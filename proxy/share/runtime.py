@@ -19,6 +19,7 @@ from proxy.server import Proxy
 from proxy.share import metrics, observe, state_store
 from proxy.share.admin_routes import admin_routes, register_admin_versions
 from proxy.share.cluster import Cluster
+from proxy.share.event_log import EventLog, EventLogSettings, EventSink, ensure_event_topic
 from proxy.share.coordinator import CoordinatorConfig, ShareGroupConfig, ShareGroupLimits, parse_auto_offset_reset
 from proxy.share.group_configs import GroupConfigs, group_config_routes
 from proxy.share.group_admin import GroupAdmin
@@ -34,6 +35,7 @@ from proxy.share.in_flight import in_flight_routes, in_flight_version_range
 from proxy.share.progress import extension_features, progress_routes, progress_version_range
 from proxy.share.routes import served_version_ranges, share_routes
 from proxy.share.state_topic_guard import StateTopics, state_topic_routes
+from proxy.share.supervise import guarded, supervised
 
 log = structlog.get_logger(__name__)
 
@@ -82,6 +84,23 @@ class ShareSettings:
     upstream_connections: int = 32  # per broker: ListOffsets, ListGroups, record reads
     long_poll_connections: int = 8  # per broker: Fetch long polls, apart so they cannot starve the above
     metrics_per_partition: bool = False  # share-group series per share-partition too (--metrics-per-partition)
+    # The share-group event log (proxy/share/event_log.py, docs/event-log.md).
+    share_events_enable: bool = True
+    share_events_topic: str = "__share_group_events"
+    share_events_buffer_events: int = 100_000
+    share_events_linger_ms: int = 100
+    share_events_retention_ms: int = 604_800_000
+    share_events_partitions: int = 1
+
+    def event_log_settings(self) -> EventLogSettings:
+        return EventLogSettings(
+            topic=self.share_events_topic,
+            buffer_events=self.share_events_buffer_events,
+            linger_ms=self.share_events_linger_ms,
+            retention_ms=self.share_events_retention_ms,
+            partitions=self.share_events_partitions,
+            delivery_timeout_ms=self.state_write_timeout_ms,
+        )
 
     def coordinator_config(self) -> CoordinatorConfig:
         limits = ShareGroupLimits(
@@ -120,6 +139,26 @@ class ShareSettings:
             in_progress_rebalance_grace_ms=self.in_progress_rebalance_grace_ms,
         )
         return CoordinatorConfig(group_defaults=defaults, limits=limits)
+
+
+def _start_event_log(service: ShareService, settings: EventLogSettings, bootstrap: str, cluster: Cluster,
+                     nursery: trio.Nursery) -> EventLog:
+    """Publish the share-group event log from the commit pipeline's change hook; the topic is
+    created in the background (a failure is logged and retried, never stops the proxy)."""
+    sink = EventSink(bootstrap, delivery_timeout_ms=settings.delivery_timeout_ms)
+    sink.start()
+
+    def topic_name(topic_id):
+        info = cluster.topic_by_id(topic_id)
+        return None if info is None else info.name
+
+    event_log = EventLog(sink, settings, topic_name=topic_name, wall_clock=wall_clock_ms,
+                         ensure_topic=lambda: ensure_event_topic(bootstrap, settings))
+    service.commits.subscribe(event_log.on_change)
+    service.closers.append(event_log.aclose)
+    nursery.start_soon(guarded, "event-log-topic", event_log.ensure_topic_task)
+    nursery.start_soon(supervised, "event-log", event_log.run)
+    return event_log
 
 
 REPLAY_DELAY_ENV = "KSP_INJECT_REPLAY_DELAY_S"
@@ -186,6 +225,9 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
     # ShareServiceConfig does not carry the partition bounds yet; set them on the cache
     # before anything is served.
     service.restore(recovered)
+    if settings.share_events_enable:
+        # Subscribed before the service runs, so no settled change is missed.
+        _start_event_log(service, settings.event_log_settings(), bootstrap, cluster, nursery)
     await nursery.start(service.run)
     # Share-group metrics: event counts from the change hook, gauges computed at scrape time.
     observe.register(service, per_partition=settings.metrics_per_partition)

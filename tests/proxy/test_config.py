@@ -201,3 +201,31 @@ def test_in_progress_defaults_and_bounds_reach_the_share_settings():
 def test_in_progress_settings_that_make_no_sense_are_refused(argv):
     with pytest.raises(ConfigError):
         parse(["--upstream", "k:1", *argv])
+
+
+def test_share_event_log_flags_reach_the_share_settings():
+    from proxy.serve import share_settings
+
+    defaults = share_settings(parse(["--upstream", "k:1"]))
+    assert (defaults.share_events_enable, defaults.share_events_topic, defaults.share_events_buffer_events,
+            defaults.share_events_linger_ms, defaults.share_events_retention_ms, defaults.share_events_partitions) == (
+        True, "__share_group_events", 100_000, 100, 604_800_000, 1)
+    settings = share_settings(parse(
+        ["--upstream", "k:1", "--share-events-enable", "false", "--share-events-topic", "ev",
+         "--share-events-linger-ms", "20", "--share-events-partitions", "4"],
+        environ={"KSP_SHARE_EVENTS_BUFFER_EVENTS": "10", "KSP_SHARE_EVENTS_RETENTION_MS": "1000"}))
+    assert (settings.share_events_enable, settings.share_events_topic, settings.share_events_buffer_events,
+            settings.share_events_linger_ms, settings.share_events_retention_ms, settings.share_events_partitions) == (
+        False, "ev", 10, 20, 1000, 4)
+    assert parse(["--upstream", "k:1"], environ={"KSP_SHARE_EVENTS_ENABLE": "false"}).share_events_enable is False
+    log_settings = settings.event_log_settings()
+    assert (log_settings.topic, log_settings.buffer_events, log_settings.linger_ms) == ("ev", 10, 20)
+
+
+@pytest.mark.parametrize("flags", [
+    ["--share-events-buffer-events", "0"], ["--share-events-linger-ms", "0"], ["--share-events-partitions", "0"],
+    ["--share-events-topic", ""], ["--share-events-retention-ms", "0"], ["--share-events-enable", "maybe"],
+])
+def test_bad_event_log_flags_are_refused(flags):
+    with pytest.raises(ConfigError):
+        parse(["--upstream", "k:1", *flags])
