@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 
 from codec.errors import CodecError
-from codec.share_events import ArchiveReason, EventKind, ShareEventBatch
+from codec.share_events import ArchiveReason, EventKind, ShareEventBatch, decode_event_key, decode_event_rows
 from codec.share_state import RecordType, decode_record
 
 #: Column name of each Kafka-source column the decoders read.
@@ -64,13 +64,14 @@ SNAPSHOT_DDL = (
 )
 
 
-def kind_name(kind: EventKind) -> str:
-    """The lower-case name used in rows and tables (``accepted``, ``lock_expired`` ...)."""
-    return kind.name.lower()
+def kind_name(kind: EventKind | int) -> str:
+    """The lower-case name used in rows and tables (``accepted``, ``lock_expired`` ...); an id a newer
+    proxy wrote, unknown here, stays visible as ``kind_<id>``."""
+    return kind.name.lower() if isinstance(kind, EventKind) else f"kind_{kind}"
 
 
-def reason_name(reason: ArchiveReason) -> str:
-    return reason.name.lower()
+def reason_name(reason: ArchiveReason | int) -> str:
+    return reason.name.lower() if isinstance(reason, ArchiveReason) else f"reason_{reason}"
 
 
 def _ms_to_us(timestamp_ms: int | None) -> int | None:
@@ -93,17 +94,27 @@ def event_rows(batch: ShareEventBatch, log_partition: int, log_offset: int,
         )
 
 
+def record_rows(key: bytes, value: bytes, log_partition: int, log_offset: int,
+                log_timestamp_ms: int | None = None) -> Iterator[tuple[Any, ...]]:
+    """The rows of one event-topic record (the codec's bulk path: tuples, no event objects).
+
+    Decodes the whole record before yielding anything, so a bad record yields no partial rows."""
+    group_id, topic_id, partition = decode_event_key(key)
+    topic, events = decode_event_rows(value)
+    share_partition = (group_id, topic, str(topic_id), partition)
+    rows = []
+    for kind, first_offset, last_offset, member_id, delivery_count, reason, timestamp_ms in events:
+        if timestamp_ms < 0:
+            timestamp_ms = log_timestamp_ms
+        rows.append((*share_partition, kind_name(kind), first_offset, last_offset, last_offset - first_offset + 1,
+                     member_id, delivery_count, reason_name(reason), _ms_to_us(timestamp_ms),
+                     log_partition, log_offset))
+    return iter(rows)
+
+
 def _undecodable_row(log_partition: int, log_offset: int, log_timestamp_ms: int | None) -> tuple[Any, ...]:
     return (None, None, None, None, UNDECODABLE, None, None, 0, None, None, None,
             _ms_to_us(log_timestamp_ms), log_partition, log_offset)
-
-
-def _decode_event_batch(key: bytes, value: bytes) -> ShareEventBatch:
-    # Imported here: the codec functions come from the event-log part; the vocabulary above is enough
-    # to build rows from batches made in tests.
-    from codec.share_events import decode_event_batch
-
-    return decode_event_batch(key, value)
 
 
 def _timestamp_ms(value: Any) -> int | None:
@@ -133,7 +144,7 @@ def decode_events(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]
             try:
                 if key is None or value is None:
                     raise CodecError("event record without key or value")
-                rows.extend(event_rows(_decode_event_batch(key, value), partition, offset, timestamp_ms))
+                rows.extend(record_rows(key, value, partition, offset, timestamp_ms))
             except CodecError:
                 rows.append(_undecodable_row(partition, offset, timestamp_ms))
         yield _to_batch(rows, EVENT_SCHEMA)

@@ -200,7 +200,8 @@ def spso_progress(snapshots: DataFrame, events: DataFrame) -> DataFrame:
             .join(names, share_partition, "left")
             .select("group", "topic", "topic_id", "partition", F.col("at").alias("written_at"), "spso",
                     "highest_offset_seen",
-                    F.greatest(F.col("highest_offset_seen") + 1 - F.col("spso"), F.lit(0)).alias("lag"))
+                    F.when(F.col("highest_offset_seen").isNotNull(),  # greatest() would skip the null
+                           F.greatest(F.col("highest_offset_seen") + 1 - F.col("spso"), F.lit(0))).alias("lag"))
             .dropDuplicates(["group", "topic_id", "partition", "written_at", "spso"]))
 
 
