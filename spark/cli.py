@@ -97,3 +97,10 @@ def run(args: argparse.Namespace) -> int:
     if args._job == "spark.session":
         return module.fetch_jars()
     return int(module.run(args))
+
+
+def main_argv(argv: list[str]) -> int:
+    """`share-proxy spark ARGV` without the proxy's CLI: the entry point of a spark-submit driver script."""
+    parser = argparse.ArgumentParser(prog="share-proxy spark")
+    configure(parser)
+    return run(parser.parse_args(argv))

@@ -54,3 +54,8 @@ def test_without_pyspark_the_error_names_the_extra(monkeypatch: pytest.MonkeyPat
                         lambda name, *rest: None if name == "pyspark" else real_find_spec(name, *rest))
     assert cli.run(parse("fetch-jars")) == 2
     assert "kafka-share-proxy[spark]" in capsys.readouterr().err
+
+
+def test_main_argv_is_the_spark_submit_entry_point(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main_argv(["audit", "--bootstrap-server", "b", "--output", "/o", "--stream"]) == 2
+    assert "--stream needs --checkpoint" in capsys.readouterr().err
