@@ -97,6 +97,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                              extra_args=(*common, "--metrics-port", str(metrics_port))) as on, \
                 ProxyProcess(upstream=kafka.bootstrap, log_path=log_dir / "off.log",
                              extra_args=(*common, "--share-events-enable", "false")) as off:
+            for proxy in (on, off):  # warm-up (connections, the first group's set-up): not counted
+                topic = unique_name("event-log-bench-warmup")
+                create_topics(kafka.bootstrap, [topic], partitions=1)
+                produce(kafka.bootstrap, topic, 1000, args.size, "none")
+                consume_and_acknowledge(proxy.bootstrap, topic, 1000)
             runs = {"on": {"seconds": 0.0, "records": 0, "trips": []}, "off": {"seconds": 0.0, "records": 0, "trips": []}}
             for round_number in range(args.rounds):
                 order = (("on", on), ("off", off)) if round_number % 2 == 0 else (("off", off), ("on", on))
