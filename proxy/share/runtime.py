@@ -82,6 +82,8 @@ class ShareSettings:
     upstream_connections: int = 32  # per broker: ListOffsets, ListGroups, record reads
     long_poll_connections: int = 8  # per broker: Fetch long polls, apart so they cannot starve the above
     metrics_per_partition: bool = False  # share-group series per share-partition too (--metrics-per-partition)
+    dead_letter_auto_create_topics: bool = False  # errors.deadletterqueue.auto.create.topics.enable
+    dead_letter_topic_name_prefix: str = "dlq."  # errors.deadletterqueue.topic.name.prefix
 
     def coordinator_config(self) -> CoordinatorConfig:
         limits = ShareGroupLimits(

@@ -125,7 +125,8 @@ async def test_describe_of_a_share_group_is_answered_by_the_proxy_with_sources()
         assert h.broker is None  # nothing went upstream
         (result,) = answer.results
         configs = {c.name: c for c in result.configs}
-        assert len(configs) == 10  # Kafka's seven share.* configs and the three share.in.progress.* ones
+        # Kafka's seven share.* configs, the three share.in.progress.* ones and KIP-1191's two errors.deadletterqueue.*
+        assert len(configs) == 12
         limit = configs["share.delivery.count.limit"]
         assert (limit.value, int(limit.config_source), int(limit.config_type)) == ("3", 8, 3)
         assert [(s.name, s.value, int(s.source)) for s in limit.synonyms] == [
