@@ -39,7 +39,7 @@ import trio
 
 from proxy.share import metrics, state_store
 from proxy.share.leaders import Leader, SharePartitionKey
-from proxy.share.partition import StagedChange, StateDelta
+from proxy.share.partition import RecordEvent, StagedChange, StateDelta
 from proxy.share.persister import PersistError
 
 log = structlog.get_logger(__name__)
@@ -61,15 +61,25 @@ class Cause(enum.Enum):
     STALE_RELEASED = "stale-released"
     MAX_EXTENSION_RELEASED = "max-extension-released"
     GRACE_EXPIRED = "grace-expired"
+    # Records handed to a member (note_delivered): nothing to write, no version bump; the change
+    # carries only ACQUIRED events.
+    DELIVERED = "delivered"
+    # The dead-letter writer finished ARCHIVING records (finish_archiving): ARCHIVING -> ARCHIVED.
+    DEAD_LETTERED = "dead-lettered"
 
 
 @dataclass(frozen=True, slots=True)
 class Change:
-    """What the change hook hears: one share-partition's delta and its cause."""
+    """What the change hook hears: one share-partition's delta and its cause.
+
+    ``events`` are the events now settled for publication: an unstaged change's delta events when
+    it is recorded; for a staged change none when it is recorded and all of them when it commits
+    (the COMMITTED change); none ever for a change rolled back."""
 
     key: SharePartitionKey
     cause: Cause
     delta: StateDelta | None
+    events: tuple[RecordEvent, ...] = ()
 
 
 ChangeHook = Callable[[Change], None]
@@ -138,6 +148,12 @@ class CommitPipeline:
         self._wakeup.set()
         self._notify(Change(leader.key, cause, delta))
         return leader.version
+
+    def note_delivered(self, key: SharePartitionKey, events: tuple[RecordEvent, ...]) -> None:
+        """Tell subscribers records were handed to a member (``AcquireResult.events``' ACQUIRED
+        events); acquisitions are not persisted, so nothing is written."""
+        if events:
+            self._notify(Change(key, Cause.DELIVERED, None, events))
 
     def touch(self, leader: Leader) -> int:
         """Ask for one more write of `leader` (e.g. a retry finding an earlier write failed)."""

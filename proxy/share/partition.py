@@ -54,6 +54,7 @@ from typing import Protocol
 
 from sortedcontainers import SortedDict
 
+from codec.share_events import ArchiveReason, EventKind
 from proxy.share.states import (
     ACK_EVENTS,
     STATE_TRAITS,
@@ -70,6 +71,7 @@ __all__ = [
     "AcquireMode",
     "AcquireResult",
     "AcquiredRecords",
+    "ArchivingRun",
     "BatchHeader",
     "InFlightRun",
     "InProgressRelease",
@@ -77,6 +79,7 @@ __all__ = [
     "PartitionSnapshot",
     "PersistedBatch",
     "RecordBatchHeader",
+    "RecordEvent",
     "ReleaseReason",
     "SharePartition",
     "ShareStateError",
@@ -176,6 +179,10 @@ class PartitionConfig:
     in_progress_staleness_threshold_ms: int = 90_000
     in_progress_max_lock_extension_ms: int = 1_800_000
     in_progress_rebalance_grace_ms: int = 5_000
+    # KIP-1191: the group has a dead-letter topic (``errors.deadletterqueue.topic.name`` set): a
+    # reject or an archive at the delivery limit goes to ARCHIVING until the dead-letter writer
+    # calls finish_archiving().
+    dead_letter: bool = False
 
     def __post_init__(self) -> None:
         if not 2 <= self.delivery_count_limit <= 10:
@@ -274,7 +281,8 @@ class PersistedBatch:
     """A state batch as persisted: (first_offset, last_offset, delivery_state, delivery_count).
 
     IN_PROGRESS batches also carry their owner and times (state-record tags 100-102); the times are
-    on the engine's clock here, and ``state_store`` converts them to and from wall-clock time."""
+    on the engine's clock here, and ``state_store`` converts them to and from wall-clock time.
+    ARCHIVING batches carry why they are archived (tag 103; NONE = unknown, e.g. written by Kafka)."""
 
     first_offset: int
     last_offset: int
@@ -283,12 +291,40 @@ class PersistedBatch:
     in_progress_start: int = -1
     last_progress: int = -1
     member_id: str | None = None
+    archive_reason: ArchiveReason = ArchiveReason.NONE
 
     @property
     def content(self) -> tuple:
         """Everything but the offsets: equal contents of adjacent batches merge into one."""
         return (self.delivery_state, self.delivery_count, self.in_progress_start, self.last_progress,
-                self.member_id)
+                self.member_id, self.archive_reason)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordEvent:
+    """What happened to the records [first_offset, last_offset] (one entry of the event log).
+
+    ``member_id`` is the member that acted, or the former holder on expiry / release paths (None when
+    none). ``delivery_count`` is the records' count after the event. ``reason`` is set on ARCHIVING and
+    ARCHIVED events. No timestamp: the engine reads no clock (the publisher stamps events)."""
+
+    kind: EventKind
+    first_offset: int
+    last_offset: int
+    member_id: str | None
+    delivery_count: int
+    reason: ArchiveReason = ArchiveReason.NONE
+
+
+@dataclass(frozen=True, slots=True)
+class ArchivingRun:
+    """Offsets [first_offset, last_offset] ARCHIVING with one delivery count and reason: one
+    dead-letter write each (see :meth:`SharePartition.archiving`)."""
+
+    first_offset: int
+    last_offset: int
+    delivery_count: int
+    reason: ArchiveReason
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,6 +336,8 @@ class StateDelta:
     # Every record the change moved, including those the SPSO then passed (not persisted, so
     # not in state_batches): what metrics count. Not part of the persisted content.
     changed: tuple[PersistedBatch, ...] = field(default=(), compare=False)
+    # What happened, in order, coalesced (the event log's input). Not part of the persisted content.
+    events: tuple[RecordEvent, ...] = field(default=(), compare=False)
 
 
 class ReleaseReason(enum.Enum):
@@ -348,10 +386,16 @@ class PartitionSnapshot:
 
 @dataclass(frozen=True, slots=True)
 class AcquireResult:
-    """Records handed to the member, and what to persist (archived control/aborted records)."""
+    """Records handed to the member, and what to persist (archived control/aborted records).
+
+    ``events``: ACQUIRED events (the member, the new delivery count) for what was handed over, and
+    ARCHIVED events for control / aborted / gap records met on the way, in offset order. Acquired
+    records are not persisted, so the ACQUIRED events are not in ``delta``; the ARCHIVED ones are
+    in both (``delta.events``)."""
 
     acquired: tuple[AcquiredRecords, ...]
     delta: StateDelta | None
+    events: tuple[RecordEvent, ...] = ()
 
     @property
     def count(self) -> int:
@@ -732,6 +776,22 @@ class SharePartition:
             if hold.grace_deadline != -1 and hold.grace_deadline < due:
                 due = hold.grace_deadline
         return due
+
+    @property
+    def archiving_count(self) -> int:
+        """Records ARCHIVING now (their dead-letter write pending), staged or not."""
+        raise NotImplementedError
+
+    def archiving(self) -> list[ArchivingRun]:
+        """The ARCHIVING ranges the dead-letter writer may write now, in offset order: a record
+        whose move to ARCHIVING is staged (a reject not yet durable) is left out until it commits."""
+        raise NotImplementedError
+
+    def finish_archiving(self, first_offset: int, last_offset: int, *, dead_lettered: bool) -> StateDelta | None:
+        """The dead-letter write of [first_offset, last_offset] is done (``dead_lettered``) or given up:
+        the offsets in range still ARCHIVING become ARCHIVED (an unstaged change; the SPSO may advance).
+        Events: DEAD_LETTERED (if ``dead_lettered``) then ARCHIVED, with the reason."""
+        raise NotImplementedError
 
     def in_progress_count(self) -> int:
         """Records IN_PROGRESS now."""

@@ -18,7 +18,8 @@ class RecordState(enum.IntEnum):
     AVAILABLE = 0
     ACQUIRED = 1
     ACKNOWLEDGED = 2
-    # 3 is Kafka's ARCHIVING (dead-letter copy pending), not used by the proxy.
+    # KIP-1191: archived for a dead-letter reason, the dead-letter write pending (then ARCHIVED).
+    ARCHIVING = 3
     ARCHIVED = 4
     # Draft KIP KAFKA-20458 §2.2: the application has the record and said it is working on it.
     IN_PROGRESS = 5
@@ -54,6 +55,9 @@ STATE_TRAITS: dict[RecordState, StateTraits] = {
                                       persisted_as=RecordState.AVAILABLE, persisted_count_delta=-1),
     RecordState.ACKNOWLEDGED: StateTraits(terminal=True),
     RecordState.ARCHIVED: StateTraits(terminal=True),
+    # KIP-1191: persisted as itself so a restart dead-letters it again; not terminal (the SPSO waits
+    # for the dead-letter write), owned by nobody, never acquired again.
+    RecordState.ARCHIVING: StateTraits(),
     # Persisted as itself with its owner and times (tags 100-102), so in-progress work survives a
     # restart; not under the acquisition lock (docs/in-progress.md "The IN_PROGRESS lock").
     RecordState.IN_PROGRESS: StateTraits(holds_owner=True, progress_held=True),
@@ -89,6 +93,7 @@ class Event(enum.Enum):
     STALE = "stale"  # no progress within the staleness threshold (sweeper, or a stuck member leaving)
     MAX_EXTENSION = "max-extension"  # in progress for the max lock extension, progress or not
     GRACE_EXPIRED = "grace-expired"  # the rebalance grace of a departed member's fresh work ran out
+    DEAD_LETTER = "dead-letter"  # the dead-letter write is done (or given up): ARCHIVING -> ARCHIVED
 
 
 ACK_EVENTS: dict[AcknowledgeType, Event] = {
@@ -106,18 +111,23 @@ class Transition:
 
     ``delivery_delta`` is applied to the delivery count. ``archive_at_limit`` turns a move to
     AVAILABLE into ARCHIVED once the delivery count has reached the group's limit.
+    ``dead_letter``: the move archives for a dead-letter reason (a reject); with a dead-letter queue
+    configured the records go to ARCHIVING instead of ARCHIVED (KIP-1191). ``archive_at_limit``
+    archiving is a dead-letter reason too (the delivery limit).
     """
 
     new_state: RecordState
     delivery_delta: int = 0
     archive_at_limit: bool = False
     keeps_owner: bool = False
+    dead_letter: bool = False
 
 
 _A = RecordState.AVAILABLE
 _Q = RecordState.ACQUIRED
 _K = RecordState.ACKNOWLEDGED
 _X = RecordState.ARCHIVED
+_D = RecordState.ARCHIVING
 _P = RecordState.IN_PROGRESS
 
 TRANSITIONS: dict[tuple[RecordState, Event], Transition] = {
@@ -127,7 +137,7 @@ TRANSITIONS: dict[tuple[RecordState, Event], Transition] = {
     # KIP-932 state diagram: released / lock elapsed -> Available, or Archived at the limit.
     (_Q, Event.RELEASE): Transition(_A, archive_at_limit=True),
     (_Q, Event.LOCK_EXPIRED): Transition(_A, archive_at_limit=True),
-    (_Q, Event.REJECT): Transition(_X),
+    (_Q, Event.REJECT): Transition(_X, dead_letter=True),
     # Gap: nothing was there to deliver; archived, delivery count left as it is (as Kafka).
     (_Q, Event.GAP): Transition(_X),
     (_Q, Event.RENEW): Transition(_Q, keeps_owner=True),
@@ -144,12 +154,16 @@ TRANSITIONS: dict[tuple[RecordState, Event], Transition] = {
     (_P, Event.RENEW): Transition(_P, keeps_owner=True),  # a stock client's renew counts as progress
     (_P, Event.ACCEPT): Transition(_K),
     (_P, Event.RELEASE): Transition(_A, archive_at_limit=True),
-    (_P, Event.REJECT): Transition(_X),
+    (_P, Event.REJECT): Transition(_X, dead_letter=True),
     (_P, Event.GAP): Transition(_X),
     (_P, Event.STALE): Transition(_A, archive_at_limit=True),
     (_P, Event.MAX_EXTENSION): Transition(_A, archive_at_limit=True),
     (_P, Event.GRACE_EXPIRED): Transition(_A, archive_at_limit=True),
     (_P, Event.ARCHIVE): Transition(_X),
+    # KIP-1191: the dead-letter record is written (or the write given up, as Kafka archives anyway).
+    # No ARCHIVE row: records waiting for their dead-letter write stay so when the log start passes
+    # them (written with headers only) -- the SPSO never passes ARCHIVING.
+    (_D, Event.DEAD_LETTER): Transition(_X),
     # No (IN_PROGRESS, MEMBER_LEFT) row: a departing member's in-progress records are STALE at once
     # or held for the rebalance grace, then GRACE_EXPIRED, by freshness (draft KIP "Rebalance flow").
 }

@@ -86,7 +86,8 @@ def test_partition_view_in_flight_by_state_and_lag():
                               AckRange(105, 105, (REJECT,))], now=1)
     view = partition_view(KEY, "orders", engine, high_watermark=120)
     assert view.start_offset == 100
-    assert view.in_flight == {"available": 1, "acquired": 6, "acknowledged": 2, "archived": 1, "in_progress": 0}
+    assert view.in_flight == {"available": 1, "acquired": 6, "acknowledged": 2, "archiving": 0, "archived": 1,
+                              "in_progress": 0}
     # Kafka's lag: end offset - SPSO - delivery-complete records above SPSO = 120 - 100 - 3.
     assert view.lag == 17
     assert partition_view(KEY, "orders", engine, high_watermark=-1).lag == -1  # never read: unknown

@@ -167,7 +167,7 @@ def test_kip_worked_example_step_by_step():
 
 
 def test_record_states_carry_kafka_wire_ids():
-    assert [int(s) for s in RecordState] == [0, 1, 2, 4, 5]  # 5: the draft IN_PROGRESS
+    assert [int(s) for s in RecordState] == [0, 1, 2, 3, 4, 5]  # 3: KIP-1191 ARCHIVING, 5: the draft IN_PROGRESS
     assert TERMINAL_STATES == {ACKNOWLEDGED, ARCHIVED}
 
 
@@ -689,9 +689,9 @@ def test_later_updates_overwrite_earlier_state():
     assert p.end_offset == 10
 
 
-@pytest.mark.parametrize("state", [ACQUIRED, 3, 5, 9, -1], ids=["acquired", "archiving", "in-progress", "9", "-1"])
+@pytest.mark.parametrize("state", [ACQUIRED, 5, 9, -1], ids=["acquired", "in-progress", "9", "-1"])
 def test_rebuild_resumes_a_batch_in_a_state_it_cannot_serve_from_as_available(state):
-    # Acquired is never persisted and 3/5/9 are not states the engine has: such a batch is taken
+    # Acquired is never persisted and 5 (without an owner)/9 are not states the engine has: such a batch is taken
     # as unfinished (delivered again, its delivery count kept), never a crash at start-up.
     snapshot = PartitionSnapshot(0, (pb(0, 1, ACKNOWLEDGED, 1), pb(2, 4, state, 2), pb(5, 5, ARCHIVED, 3)))
     p = SharePartition.from_persisted(PartitionConfig(), snapshot)
