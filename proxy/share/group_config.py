@@ -26,6 +26,7 @@ __all__ = [
     "ShareGroupLimits",
     "altered_overrides",
     "describe_group_config",
+    "is_share_group_key",
     "parse_auto_offset_reset",
 ]
 
@@ -243,6 +244,12 @@ _BROKER_NAMES = {
 def _bound_name(broker_name: str, which: str) -> str:
     """``group.share.session.timeout.ms`` -> ``group.share.min.session.timeout.ms``."""
     return broker_name.replace("group.share.", f"group.share.{which}.", 1)
+
+
+def is_share_group_key(name: str) -> bool:
+    """A group config only share groups use: ``share.*`` and KIP-1191's ``errors.deadletterqueue.*``
+    (an alteration setting one on an unknown id is the proxy's, not the cluster's)."""
+    return name.startswith("share.") or name.startswith("errors.deadletterqueue.")
 
 
 #: Other group configs Kafka 4.x knows. Setting one on a share group the proxy serves is refused

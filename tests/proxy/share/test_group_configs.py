@@ -320,3 +320,17 @@ async def test_legacy_alter_configs_replaces_a_share_groups_whole_config():
         assert coordinator.group_config_overrides("sg-other") == {"share.delivery.count.limit": "4"}
         assert len(commits.queued) == 1
         nursery.cancel_scope.cancel()
+
+
+async def test_dead_letter_keys_on_a_new_group_id_are_the_proxys_and_checked_as_kafka_does():
+    h, coordinator, commits = harness()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(h.connection.serve)
+        await h.client.send_frame(frame_of(alter_request(
+            [(GROUP_RESOURCE, "fresh", [("errors.deadletterqueue.topic.name", SET, "__consumer_offsets")])])))
+        answer = decode_response(INCREMENTAL_ALTER_CONFIGS, 1, await h.client.receive_frame())
+        assert h.broker is None  # never forwarded: the cluster would accept it and nobody apply it
+        assert [(r.error_code, r.error_message) for r in answer.responses] == [
+            (ErrorCode.invalid_config, "errors.deadletterqueue.topic.name: DLQ topic name must not start with '__'")]
+        assert coordinator.group_config_overrides("fresh") == {} and commits.queued == []
+        nursery.cancel_scope.cancel()
