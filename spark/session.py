@@ -34,6 +34,17 @@ def code_zip(directory: Path) -> Path:
     return target
 
 
+def shuffle_partitions(master: str | None) -> int | None:
+    """Shuffle partitions for a local master: a few per core (Spark's 200 default means 200 tiny tasks per
+    shuffle on a laptop); None (Spark's default, tuned by the cluster) for any other master."""
+    master = master or DEFAULT_MASTER
+    if not master.startswith("local"):
+        return None
+    cores = master[len("local["):].split(",")[0].rstrip("]") if master.startswith("local[") else "1"
+    count = os.cpu_count() or 1 if cores == "*" else int(cores)
+    return max(2, 2 * count)
+
+
 def builder(app_name: str, master: str | None = None, *, kafka: bool = True,
             shuffle_partitions: int | None = None) -> SparkSession.Builder:
     """A configured builder: quiet UI-less local runs, Ivy through our settings when ``kafka``."""

@@ -1,8 +1,9 @@
 """The audit and dead-letter computations: plain functions DataFrame -> DataFrame, no I/O.
 
 Inputs are the decoded rows of ``spark.decode`` (EVENT_DDL, SNAPSHOT_DDL) and Kafka-source
-records; every output table's columns are defined in docs/spark.md. Event ranges are exploded to
-single offsets only where records must be matched one by one (latencies, dead letters).
+records; every output table's columns are defined in docs/spark.md. Event ranges are matched by range
+arithmetic (range_buckets); they are exploded to single offsets only where the output has a row per record
+(in_progress marks, dead letters).
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ IN_PROGRESS_ENDINGS = tuple(kind_name(kind) for kind in (
 ))
 
 #: Upper bounds (ms, inclusive) of the ack-latency histogram buckets; a last bucket (null bound) holds the rest.
+#: Offsets per bucket when ranges are joined by overlap (range_buckets): ranges of one acquisition or
+#: acknowledgement are far shorter, so most touch one bucket and none is exploded to offsets.
+RANGE_BUCKET = 4096
+
 LATENCY_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000, 300_000)
 
 DEAD_LETTER_REASON_NAMES = tuple(sorted(reason_name(reason) for reason in DEAD_LETTER_REASONS))
@@ -88,20 +93,51 @@ def throughput(events: DataFrame, window: str = "1 minute") -> DataFrame:
     return table.na.fill(0, list(THROUGHPUT_KINDS)).select(*SHARE_PARTITION, "window_start", *THROUGHPUT_KINDS)
 
 
-def ack_latencies(events: DataFrame) -> DataFrame:
-    """Per accepted record: the time from its acquisition (same delivery count) to its acceptance.
+def range_buckets(events: DataFrame) -> DataFrame:
+    """Each event once per RANGE_BUCKET-offset bucket its range touches (column ``bucket``).
 
-    A record seen acquired or accepted twice with one delivery count (the event log is at least once)
-    counts once, with the earliest times.
+    Joining ranges on (share-partition, delivery count, bucket) with an overlap condition keeps each join
+    small and linear, where exploding ranges to offsets would multiply the rows by the range length.
+    """
+    first_bucket = F.floor(F.col("first_offset") / RANGE_BUCKET)
+    last_bucket = F.floor(F.col("last_offset") / RANGE_BUCKET)
+    return events.withColumn("bucket", F.explode(F.sequence(first_bucket, last_bucket)))
+
+
+def _earliest_per_range(events: DataFrame, kind: str, time_column: str) -> DataFrame:
+    """Events of ``kind``, one per (share-partition, range, delivery count) with the earliest time: the
+    event log is at least once, so an event may come twice."""
+    return (events.filter(F.col("kind") == kind)
+            .groupBy(*SHARE_PARTITION, "first_offset", "last_offset", "delivery_count")
+            .agg(F.min("event_time").alias(time_column)))
+
+
+def ack_latencies(events: DataFrame) -> DataFrame:
+    """Accepted records with the time from their acquisition (same delivery count) to their acceptance.
+
+    One row per overlap of an acquired range with an accepted range within one RANGE_BUCKET bucket (columns
+    group, topic, partition, first_offset, last_offset, delivery_count, records, acquired_at, accepted_at,
+    latency_ms): every record of the overlap has that latency, so tables weight it by ``records``. Ranges are matched by arithmetic
+    (range_buckets), never exploded to offsets. An event seen twice counts once, with its earliest time.
     """
     valid = valid_events(events)
-    record = [*SHARE_PARTITION, "offset", "delivery_count"]
-    acquired = (explode_offsets(valid.filter(F.col("kind") == ACQUIRED))
-                .groupBy(*record).agg(F.min("event_time").alias("acquired_at")))
-    accepted = (explode_offsets(valid.filter(F.col("kind") == ACCEPTED))
-                .groupBy(*record).agg(F.min("event_time").alias("accepted_at")))
-    return (accepted.join(acquired, record)
-            .withColumn("latency_ms", _millis_between(F.col("acquired_at"), F.col("accepted_at"))))
+    keys = [*SHARE_PARTITION, "delivery_count", "bucket"]
+    acquired = range_buckets(_earliest_per_range(valid, ACQUIRED, "acquired_at")).alias("acq")
+    accepted = range_buckets(_earliest_per_range(valid, ACCEPTED, "accepted_at")).alias("acc")
+    bucket_first = F.col("acc.bucket") * RANGE_BUCKET
+    first = F.greatest(F.col("acq.first_offset"), F.col("acc.first_offset"), bucket_first)
+    last = F.least(F.col("acq.last_offset"), F.col("acc.last_offset"), bucket_first + RANGE_BUCKET - 1)
+    overlaps = acquired.join(accepted, [F.col(f"acq.{key}") == F.col(f"acc.{key}") for key in keys]
+                             + [F.col("acq.first_offset") <= F.col("acc.last_offset"),
+                                F.col("acc.first_offset") <= F.col("acq.last_offset")])
+    pieces = (overlaps.select(*[F.col(f"acc.{column}").alias(column) for column in SHARE_PARTITION],
+                              first.alias("first_offset"), last.alias("last_offset"),
+                              F.col("acc.delivery_count").alias("delivery_count"), "acquired_at", "accepted_at")
+              .filter(F.col("first_offset") <= F.col("last_offset")))  # the overlap outside this bucket
+    return pieces.select(*SHARE_PARTITION, "first_offset", "last_offset", "delivery_count",
+                         (F.col("last_offset") - F.col("first_offset") + 1).alias("records"),
+                         "acquired_at", "accepted_at",
+                         _millis_between(F.col("acquired_at"), F.col("accepted_at")).alias("latency_ms"))
 
 
 def _bucket_bound(latency_ms: Column) -> Column:
@@ -114,19 +150,27 @@ def _bucket_bound(latency_ms: Column) -> Column:
 def ack_latency_histogram(latencies: DataFrame) -> DataFrame:
     """Accepted records per group and latency bucket (``le_ms``: inclusive upper bound; null: beyond the last)."""
     return (latencies.groupBy("group", _bucket_bound(F.col("latency_ms")).alias("le_ms"))
-            .agg(F.count("*").alias("records")))
+            .agg(F.sum("records").alias("records")))
+
+
+LATENCY_PERCENTILES = {"p50_ms": 0.5, "p90_ms": 0.9, "p99_ms": 0.99}
 
 
 def ack_latency_summary(latencies: DataFrame) -> DataFrame:
     """Per group: accepted records matched to their acquisition, p50/p90/p99 and max latency (ms).
 
-    Percentiles are Spark's percentile_approx (accuracy 10000): a value of the data, exact for small groups.
+    Percentiles are exact nearest-rank over records (the smallest latency at or below which at least that
+    share of records lies), computed from per-latency record counts, so a latency piece weighs its records.
     """
-    percentiles = F.percentile_approx("latency_ms", [0.5, 0.9, 0.99], 10000)
-    return (latencies.groupBy("group")
-            .agg(F.count("*").alias("records"), percentiles.alias("p"), F.max("latency_ms").alias("max_ms"))
-            .select("group", "records", F.col("p")[0].alias("p50_ms"), F.col("p")[1].alias("p90_ms"),
-                    F.col("p")[2].alias("p99_ms"), "max_ms"))
+    per_latency = latencies.groupBy("group", "latency_ms").agg(F.sum("records").alias("records"))
+    so_far = Window.partitionBy("group").orderBy("latency_ms").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    ranked = (per_latency.withColumn("at_or_below", F.sum("records").over(so_far))
+              .withColumn("total", F.sum("records").over(Window.partitionBy("group"))))
+    percentiles = [F.min(F.when(F.col("at_or_below") >= share * F.col("total"), F.col("latency_ms"))).alias(name)
+                   for name, share in LATENCY_PERCENTILES.items()]
+    return (ranked.groupBy("group")
+            .agg(F.max("total").alias("records"), *percentiles, F.max("latency_ms").alias("max_ms"))
+            .select("group", "records", *LATENCY_PERCENTILES, "max_ms"))
 
 
 def redelivery(events: DataFrame) -> DataFrame:
@@ -162,20 +206,31 @@ def in_progress(events: DataFrame) -> DataFrame:
 
     ``outcome`` is the first ending event (IN_PROGRESS_ENDINGS) at or after the mark with the same delivery
     count; null with null ``finished_at`` while the record was still in progress at the end of the data.
+    Only the marks are exploded to offsets (the table has a row per marked record); each is matched to the
+    ending ranges that contain it through range_buckets, so acknowledgements are never exploded.
     """
     valid = valid_events(events)
     record = [*SHARE_PARTITION, "offset", "delivery_count"]
     marks = (explode_offsets(valid.filter(F.col("kind") == MARKED_IN_PROGRESS))
              .groupBy(*record)
-             .agg(F.min_by("member_id", "event_time").alias("member_id"), F.min("event_time").alias("marked_at")))
-    endings = (explode_offsets(valid.filter(F.col("kind").isin(*IN_PROGRESS_ENDINGS)))
-               .select(*record, F.col("event_time").alias("finished_at"), F.col("kind").alias("outcome")))
-    joined = marks.join(endings, record, "left").filter(
-        F.col("finished_at").isNull() | (F.col("finished_at") >= F.col("marked_at")))
-    first = Window.partitionBy(*record).orderBy(F.col("finished_at").asc_nulls_last())
-    return (joined.withColumn("rank", F.row_number().over(first)).filter(F.col("rank") == 1)
-            .select(*record, "member_id", "marked_at", "finished_at",
-                    _millis_between(F.col("marked_at"), F.col("finished_at")).alias("duration_ms"), "outcome"))
+             .agg(F.min_by("member_id", "event_time").alias("member_id"), F.min("event_time").alias("marked_at"))
+             .withColumn("bucket", F.floor(F.col("offset") / RANGE_BUCKET))
+             .alias("mark"))
+    endings = (range_buckets(valid.filter(F.col("kind").isin(*IN_PROGRESS_ENDINGS)))
+               .select(*SHARE_PARTITION, "delivery_count", "bucket", "first_offset", "last_offset",
+                       F.col("event_time").alias("finished_at"), F.col("kind").alias("outcome"))
+               .alias("end"))
+    keys = [*SHARE_PARTITION, "delivery_count", "bucket"]
+    joined = marks.join(endings, [F.col(f"mark.{key}") == F.col(f"end.{key}") for key in keys]
+                        + [F.col("mark.offset").between(F.col("end.first_offset"), F.col("end.last_offset")),
+                           F.col("end.finished_at") >= F.col("mark.marked_at")], "left")
+    first_ending = (joined.groupBy(*[F.col(f"mark.{column}").alias(column) for column in record])
+                    .agg(F.first("mark.member_id").alias("member_id"), F.first("mark.marked_at").alias("marked_at"),
+                         F.min("end.finished_at").alias("finished_at"),
+                         F.min_by("end.outcome", "end.finished_at").alias("outcome")))
+    return first_ending.select(*record, "member_id", "marked_at", "finished_at",
+                               _millis_between(F.col("marked_at"), F.col("finished_at")).alias("duration_ms"),
+                               "outcome")
 
 
 def spso_progress(snapshots: DataFrame, events: DataFrame) -> DataFrame:
@@ -185,14 +240,19 @@ def spso_progress(snapshots: DataFrame, events: DataFrame) -> DataFrame:
     snapshot's write time; ``lag`` = max(0, highest_offset_seen + 1 - spso), null before any event.
     Topic names come from the events (the state topic has only topic ids).
     """
-    valid = valid_events(events)
-    names = valid.groupBy("group", "topic_id", "partition").agg(F.max("topic").alias("topic"))
     share_partition = ["group", "topic_id", "partition"]
-    seen = valid.select(*share_partition, F.col("event_time").alias("at"), F.col("last_offset").alias("seen"),
-                        F.lit(None).cast("bigint").alias("spso"), F.lit(0).alias("is_snapshot"))
     states = (snapshots.filter((F.col("record_type") == "snapshot") & F.col("spso").isNotNull())
               .select(*share_partition, F.col("written_at").alias("at"), F.lit(None).cast("bigint").alias("seen"),
                       "spso", F.lit(1).alias("is_snapshot")))
+    # Only share-partitions with snapshots matter, and of their events only the highest offset per instant:
+    # the window below then sorts far fewer rows than there are events.
+    valid = valid_events(events).join(F.broadcast(states.select(*share_partition).distinct()), share_partition,
+                                      "left_semi")
+    per_instant = valid.groupBy(*share_partition, "event_time").agg(F.max("last_offset").alias("seen"),
+                                                                     F.max("topic").alias("topic"))
+    names = per_instant.groupBy(*share_partition).agg(F.max("topic").alias("topic"))
+    seen = per_instant.select(*share_partition, F.col("event_time").alias("at"), "seen",
+                              F.lit(None).cast("bigint").alias("spso"), F.lit(0).alias("is_snapshot"))
     so_far = (Window.partitionBy(*share_partition).orderBy("at", "is_snapshot")
               .rowsBetween(Window.unboundedPreceding, Window.currentRow))
     timeline = seen.unionByName(states).withColumn("highest_offset_seen", F.max("seen").over(so_far))

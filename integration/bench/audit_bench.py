@@ -55,6 +55,14 @@ def generate(bootstrap: str, topic: str, total_events: int, per_record: int, par
     rng = random.Random(11)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "compression.type": "lz4",
                          "batch.size": 1_000_000, "queue.buffering.max.kbytes": 1_000_000})
+    try:
+        return _produce(producer, topic, total_events, per_record, partitions, rng)
+    finally:
+        producer.close()  # before the broker stops: a live producer would log connection failures
+
+
+def _produce(producer: Producer, topic: str, total_events: int, per_record: int, partitions: int,
+             rng: random.Random) -> int:
     topic_id = uuid.uuid4()
     produced = 0
     next_offset = [0] * partitions
@@ -78,6 +86,12 @@ def generate(bootstrap: str, topic: str, total_events: int, per_record: int, par
     return produced
 
 
+def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    # The admin client lives only here (librdkafka keeps connecting while it lives, past the broker's stop).
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(30)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=10_000_000)
@@ -89,8 +103,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="audit-bench-") as scratch, \
             LocalKafka(version=args.kafka_version, share_groups=False, data_dir=Path(scratch) / "kafka") as kafka:
         topic = "__share_group_events_bench"
-        admin = AdminClient({"bootstrap.servers": kafka.bootstrap})  # kept alive until the topic exists
-        admin.create_topics([NewTopic(topic, num_partitions=args.partitions, replication_factor=1)])[topic].result(30)
+        create_topic(kafka.bootstrap, topic, args.partitions)
         started = time.monotonic()
         events = generate(kafka.bootstrap, topic, args.events, args.per_record, args.partitions)
         print(f"generated {events} events in {time.monotonic() - started:.1f} s")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ElementTree
@@ -35,3 +36,11 @@ def test_ivy_settings_resolve_from_maven_central_only() -> None:
     roots = [resolver.get("root") for resolver in resolvers.iter() if resolver.get("root")]
     assert roots == ["https://repo1.maven.org/maven2/"]
     assert session.KAFKA_PACKAGE == "org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0"
+
+
+def test_local_masters_get_a_few_shuffle_partitions_per_core_clusters_keep_their_default() -> None:
+    assert session.shuffle_partitions("local[2]") == 4
+    assert session.shuffle_partitions("local") == 2
+    assert session.shuffle_partitions("local[*]") == max(2, 2 * (os.cpu_count() or 1))
+    assert session.shuffle_partitions("spark://host:7077") is None
+    assert session.shuffle_partitions("yarn") is None

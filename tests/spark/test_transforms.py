@@ -45,8 +45,24 @@ def test_ack_latencies_match_acquisition_and_acceptance_by_delivery_count(spark:
         event("acquired", 1, seconds=9, count=2),  # a duplicate acquisition: the earliest counts
         event("accepted", 5, seconds=4),  # never seen acquired: no latency
     ])
-    latencies = collect(transforms.ack_latencies(frame), "offset")
-    assert [(r["offset"], r["delivery_count"], r["latency_ms"]) for r in latencies] == [(0, 1, 250.0), (1, 2, 1000.0)]
+    latencies = collect(transforms.ack_latencies(frame), "first_offset")
+    assert [(r["first_offset"], r["last_offset"], r["delivery_count"], r["records"], r["latency_ms"])
+            for r in latencies] == [(0, 0, 1, 1, 250.0), (1, 1, 2, 1, 1000.0)]
+
+
+def test_ack_latencies_weigh_range_overlaps_by_records_across_buckets(spark: SparkSession) -> None:
+    edge = transforms.RANGE_BUCKET  # ranges crossing a bucket boundary are cut there, no record counted twice
+    frame = events_frame(spark, [
+        event("acquired", edge - 10, edge + 9, seconds=0),
+        event("accepted", edge - 20, edge - 6, seconds=1),  # overlaps the acquisition's first 5 records
+        event("accepted", edge - 5, edge + 4, seconds=2),  # the next 10, across the boundary
+        event("accepted", edge + 5, edge + 9, seconds=3, count=2),  # another delivery: no match
+    ])
+    latencies = collect(transforms.ack_latencies(frame), "first_offset")
+    assert [(r["first_offset"], r["last_offset"], r["records"], r["latency_ms"]) for r in latencies] == [
+        (edge - 10, edge - 6, 5, 1000.0), (edge - 5, edge - 1, 5, 2000.0), (edge, edge + 4, 5, 2000.0)]
+    assert collect(transforms.ack_latency_histogram(transforms.ack_latencies(frame)), "le_ms") == [
+        {"group": "g", "le_ms": 1000, "records": 5}, {"group": "g", "le_ms": 2500, "records": 10}]
 
 
 def test_ack_latency_histogram_and_summary(spark: SparkSession) -> None:
