@@ -25,10 +25,11 @@ class AuditInputs:
     snapshots: DataFrame  # decode.SNAPSHOT_DDL rows
 
 
-def tables(inputs: AuditInputs) -> dict[str, DataFrame]:
-    """Every audit table by name (the names are the Parquet directories; docs/spark.md)."""
+def tables(inputs: AuditInputs, bucket: int = transforms.RANGE_BUCKET) -> dict[str, DataFrame]:
+    """Every audit table by name (the names are the Parquet directories; docs/spark.md); ``bucket`` sizes
+    the range joins (transforms.range_bucket_size)."""
     # Two tables come from the latencies: kept after the first computes them, not joined again.
-    latencies = transforms.ack_latencies(inputs.events).persist(StorageLevel.MEMORY_AND_DISK)
+    latencies = transforms.ack_latencies(inputs.events, bucket).persist(StorageLevel.MEMORY_AND_DISK)
     return {
         "summary": transforms.summary(inputs.events),
         "throughput": transforms.throughput(inputs.events),
@@ -38,7 +39,7 @@ def tables(inputs: AuditInputs) -> dict[str, DataFrame]:
         "delivery_counts": transforms.delivery_counts(inputs.events),
         "spso": transforms.spso_progress(inputs.snapshots, inputs.events),
         "dead_letters_by_reason": transforms.dead_letters_by_reason(inputs.events),
-        "in_progress": transforms.in_progress(inputs.events),
+        "in_progress": transforms.in_progress(inputs.events, bucket),
     }
 
 
@@ -97,7 +98,10 @@ def write_all(inputs: AuditInputs, output: Path, title: str, timer: StageTimer |
     output.mkdir(parents=True, exist_ok=True)
     counts: dict[str, int] = {}
     frames = {}
-    for name, table in tables(inputs).items():
+    with timer.stage("range_bucket_size"):
+        bucket = transforms.range_bucket_size(inputs.events)
+    log.info("range joins in buckets of %d offsets", bucket)
+    for name, table in tables(inputs, bucket).items():
         with timer.stage(name):
             computed = table.localCheckpoint(eager=True)
             sources.write_parquet(computed, output / name)

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from codec.errors import CodecError
 from codec.share_events import ArchiveReason, EventKind, ShareEventBatch, decode_event_key, decode_event_rows
@@ -135,19 +136,104 @@ def _to_batch(rows: list[tuple[Any, ...]], schema: pa.Schema) -> pa.RecordBatch:
                                       schema=schema)
 
 
+# Kind and reason ids are int8 on the wire: a name for every possible id (index = id + 128), plus one
+# past the end for records that did not decode, so ids become names in one vectorised take().
+_ID_SHIFT = 128
+_UNDECODABLE_ID = 128  # -> index 256
+KIND_NAMES = pa.array([kind_name(EventKind(i)) if i in EventKind._value2member_map_ else kind_name(i)
+                       for i in range(-128, 128)] + [UNDECODABLE])
+REASON_NAMES = pa.array([reason_name(ArchiveReason(i)) if i in ArchiveReason._value2member_map_ else reason_name(i)
+                         for i in range(-128, 128)] + [None])
+
+
+class _EventColumns:
+    """The rows of a batch of event-topic records, gathered column by column: the Python work per event is
+    one tuple from the codec and list appends; names, counts and times are computed by Arrow per column."""
+
+    def __init__(self) -> None:
+        self.record_index: list[int] = []  # row -> which record (for the per-record columns)
+        self.kinds: list[int] = []
+        self.firsts: list[int | None] = []
+        self.lasts: list[int | None] = []
+        self.members: list[str | None] = []
+        self.counts: list[int | None] = []
+        self.reasons: list[int] = []
+        self.times: list[int] = []  # ms; < 0 = take the record's timestamp
+        # Per record (indexed by record_index).
+        self.share_partitions: list[tuple[Any, ...]] = []
+        self.log_positions: list[tuple[int, int, int | None]] = []
+
+    def add_record(self, key: bytes | None, value: bytes | None, log_partition: int, log_offset: int,
+                   log_timestamp_ms: int | None) -> None:
+        index = len(self.log_positions)
+        try:
+            if key is None or value is None:
+                raise CodecError("event record without key or value")
+            group_id, topic_id, partition = decode_event_key(key)
+            topic, events = decode_event_rows(value)  # whole record first: a bad one adds no partial rows
+        except CodecError:
+            self.share_partitions.append((None, None, None, None))
+            self._add_undecodable(index)
+        else:
+            self.share_partitions.append((group_id, topic, str(topic_id), partition))
+            if events:
+                kinds, firsts, lasts, members, counts, reasons, times = zip(*events)
+                self.kinds += [kind + _ID_SHIFT for kind in kinds]
+                self.reasons += [reason + _ID_SHIFT for reason in reasons]
+                self.firsts += firsts
+                self.lasts += lasts
+                self.members += members
+                self.counts += counts
+                self.times += times
+                self.record_index += [index] * len(events)
+        self.log_positions.append((log_partition, log_offset, log_timestamp_ms))
+
+    def _add_undecodable(self, index: int) -> None:
+        self.record_index.append(index)
+        self.kinds.append(_UNDECODABLE_ID + _ID_SHIFT)
+        self.reasons.append(_UNDECODABLE_ID + _ID_SHIFT)
+        self.firsts.append(None)
+        self.lasts.append(None)
+        self.members.append(None)
+        self.counts.append(None)
+        self.times.append(-1)
+
+    def batch(self) -> pa.RecordBatch:
+        rows = pa.array(self.record_index, pa.int32())
+
+        def per_record(values: list[Any], arrow_type: pa.DataType) -> pa.Array:
+            return pc.take(pa.array(values, arrow_type), rows)
+
+        group, topic, topic_id, partition = (list(column) for column in zip(*self.share_partitions)) \
+            if self.share_partitions else ([], [], [], [])
+        log_partition, log_offset, log_time = (list(column) for column in zip(*self.log_positions)) \
+            if self.log_positions else ([], [], [])
+        firsts, lasts = pa.array(self.firsts, pa.int64()), pa.array(self.lasts, pa.int64())
+        own_time = pa.array(self.times, pa.int64())
+        record_time = per_record(log_time, pa.int64())
+        time_ms = pc.if_else(pc.less(own_time, 0), record_time, own_time)
+        time_us = pc.if_else(pc.less(time_ms, 0), pa.scalar(None, pa.int64()), pc.multiply(time_ms, 1000))
+        columns = [
+            per_record(group, pa.string()), per_record(topic, pa.string()), per_record(topic_id, pa.string()),
+            per_record(partition, pa.int32()),
+            pc.take(KIND_NAMES, pa.array(self.kinds, pa.int32())),
+            firsts, lasts, pc.fill_null(pc.add(pc.subtract(lasts, firsts), 1), 0),
+            pa.array(self.members, pa.string()), pa.array(self.counts, pa.int32()),
+            pc.take(REASON_NAMES, pa.array(self.reasons, pa.int32())),
+            time_us.cast(pa.timestamp("us", tz="UTC")),
+            per_record(log_partition, pa.int32()), per_record(log_offset, pa.int64()),
+        ]
+        return pa.RecordBatch.from_arrays(columns, schema=EVENT_SCHEMA)
+
+
 def decode_events(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """``mapInArrow`` function: event-topic records -> EVENT_SCHEMA rows."""
+    """``mapInArrow`` function: event-topic records -> EVENT_SCHEMA rows (an undecodable record -> one
+    ``undecodable`` row with its log position and time)."""
     for record_batch in batches:
-        rows: list[tuple[Any, ...]] = []
+        columns = _EventColumns()
         for key, value, partition, offset, timestamp in _source_columns(record_batch):
-            timestamp_ms = _timestamp_ms(timestamp)
-            try:
-                if key is None or value is None:
-                    raise CodecError("event record without key or value")
-                rows.extend(record_rows(key, value, partition, offset, timestamp_ms))
-            except CodecError:
-                rows.append(_undecodable_row(partition, offset, timestamp_ms))
-        yield _to_batch(rows, EVENT_SCHEMA)
+            columns.add_record(key, value, partition, offset, _timestamp_ms(timestamp))
+        yield columns.batch()
 
 
 def snapshot_row(key: bytes, value: bytes | None, log_partition: int, log_offset: int,

@@ -34,9 +34,11 @@ IN_PROGRESS_ENDINGS = tuple(kind_name(kind) for kind in (
 ))
 
 #: Upper bounds (ms, inclusive) of the ack-latency histogram buckets; a last bucket (null bound) holds the rest.
-#: Offsets per bucket when ranges are joined by overlap (range_buckets): ranges of one acquisition or
-#: acknowledgement are far shorter, so most touch one bucket and none is exploded to offsets.
+#: Offsets per bucket when ranges are joined by overlap (range_buckets), unless the audit sizes it from
+#: the data (range_bucket_size): a range touches at most length/bucket + 2 buckets, and a bucket holds
+#: about bucket/length ranges of each side, so a bucket near the typical range length keeps both small.
 RANGE_BUCKET = 4096
+MAX_RANGE_BUCKET = 1 << 20
 
 LATENCY_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000, 300_000)
 
@@ -93,14 +95,27 @@ def throughput(events: DataFrame, window: str = "1 minute") -> DataFrame:
     return table.na.fill(0, list(THROUGHPUT_KINDS)).select(*SHARE_PARTITION, "window_start", *THROUGHPUT_KINDS)
 
 
-def range_buckets(events: DataFrame) -> DataFrame:
+def range_bucket_size(events: DataFrame) -> int:
+    """A bucket size for range_buckets from the data: the smallest power of two at or above the median
+    length of the ranges the audit joins (acquisitions and what ends them). Never worse than exploding to
+    offsets (a range then touches at most length + 1 buckets); an action over the events (one aggregate)."""
+    joined = valid_events(events).filter(F.col("kind").isin(ACQUIRED, *IN_PROGRESS_ENDINGS))
+    median = joined.agg(F.percentile_approx("records", 0.5, 1000).alias("median")).first()
+    length = int(median["median"]) if median is not None and median["median"] is not None else 1
+    size = 1
+    while size < length and size < MAX_RANGE_BUCKET:
+        size *= 2
+    return size
+
+
+def range_buckets(events: DataFrame, bucket: int = RANGE_BUCKET) -> DataFrame:
     """Each event once per RANGE_BUCKET-offset bucket its range touches (column ``bucket``).
 
     Joining ranges on (share-partition, delivery count, bucket) with an overlap condition keeps each join
     small and linear, where exploding ranges to offsets would multiply the rows by the range length.
     """
-    first_bucket = F.floor(F.col("first_offset") / RANGE_BUCKET)
-    last_bucket = F.floor(F.col("last_offset") / RANGE_BUCKET)
+    first_bucket = F.floor(F.col("first_offset") / bucket)
+    last_bucket = F.floor(F.col("last_offset") / bucket)
     return events.withColumn("bucket", F.explode(F.sequence(first_bucket, last_bucket)))
 
 
@@ -112,7 +127,7 @@ def _earliest_per_range(events: DataFrame, kind: str, time_column: str) -> DataF
             .agg(F.min("event_time").alias(time_column)))
 
 
-def ack_latencies(events: DataFrame) -> DataFrame:
+def ack_latencies(events: DataFrame, bucket: int = RANGE_BUCKET) -> DataFrame:
     """Accepted records with the time from their acquisition (same delivery count) to their acceptance.
 
     One row per overlap of an acquired range with an accepted range within one RANGE_BUCKET bucket (columns
@@ -122,11 +137,11 @@ def ack_latencies(events: DataFrame) -> DataFrame:
     """
     valid = valid_events(events)
     keys = [*SHARE_PARTITION, "delivery_count", "bucket"]
-    acquired = range_buckets(_earliest_per_range(valid, ACQUIRED, "acquired_at")).alias("acq")
-    accepted = range_buckets(_earliest_per_range(valid, ACCEPTED, "accepted_at")).alias("acc")
-    bucket_first = F.col("acc.bucket") * RANGE_BUCKET
+    acquired = range_buckets(_earliest_per_range(valid, ACQUIRED, "acquired_at"), bucket).alias("acq")
+    accepted = range_buckets(_earliest_per_range(valid, ACCEPTED, "accepted_at"), bucket).alias("acc")
+    bucket_first = F.col("acc.bucket") * bucket
     first = F.greatest(F.col("acq.first_offset"), F.col("acc.first_offset"), bucket_first)
-    last = F.least(F.col("acq.last_offset"), F.col("acc.last_offset"), bucket_first + RANGE_BUCKET - 1)
+    last = F.least(F.col("acq.last_offset"), F.col("acc.last_offset"), bucket_first + bucket - 1)
     overlaps = acquired.join(accepted, [F.col(f"acq.{key}") == F.col(f"acc.{key}") for key in keys]
                              + [F.col("acq.first_offset") <= F.col("acc.last_offset"),
                                 F.col("acc.first_offset") <= F.col("acq.last_offset")])
@@ -201,7 +216,7 @@ def dead_letters_by_reason(events: DataFrame) -> DataFrame:
                         F.col(DEAD_LETTERED).alias("dead_lettered_records"))
 
 
-def in_progress(events: DataFrame) -> DataFrame:
+def in_progress(events: DataFrame, bucket: int = RANGE_BUCKET) -> DataFrame:
     """Per record marked IN_PROGRESS: when (first mark of that delivery), how it ended and how long it took.
 
     ``outcome`` is the first ending event (IN_PROGRESS_ENDINGS) at or after the mark with the same delivery
@@ -214,9 +229,9 @@ def in_progress(events: DataFrame) -> DataFrame:
     marks = (explode_offsets(valid.filter(F.col("kind") == MARKED_IN_PROGRESS))
              .groupBy(*record)
              .agg(F.min_by("member_id", "event_time").alias("member_id"), F.min("event_time").alias("marked_at"))
-             .withColumn("bucket", F.floor(F.col("offset") / RANGE_BUCKET))
+             .withColumn("bucket", F.floor(F.col("offset") / bucket))
              .alias("mark"))
-    endings = (range_buckets(valid.filter(F.col("kind").isin(*IN_PROGRESS_ENDINGS)))
+    endings = (range_buckets(valid.filter(F.col("kind").isin(*IN_PROGRESS_ENDINGS)), bucket)
                .select(*SHARE_PARTITION, "delivery_count", "bucket", "first_offset", "last_offset",
                        F.col("event_time").alias("finished_at"), F.col("kind").alias("outcome"))
                .alias("end"))

@@ -1,9 +1,12 @@
 """The Spark jobs against a real broker and proxy (docs/spark.md), run as `share-proxy spark ...`.
 
-One scenario for the module: a share consumer accepts offsets 0-9, rejects 10-14 and releases 15-19
-twice, reaching the delivery limit (2). Then three CLI runs (a Spark JVM start costs seconds):
-the dead-letter export (Parquet and --to-topic) holds exactly 10-19 with their payloads and reasons;
-run again it adds nothing to either; the audit tables count what the consumer did.
+Two groups on one proxy (delivery count limit 2): in each a share consumer accepts offsets 0-9, rejects
+10-14 and releases 15-19 twice, reaching the limit. The second group has the proxy's own dead-letter
+queue on (group config errors.deadletterqueue.topic.name). Five CLI runs (a Spark JVM start costs
+seconds): without the proxy's DLQ, the dead-letter export (Parquet and --to-topic) holds exactly 10-19
+with their payloads and reasons, run again it adds nothing, and the batch audit counts what the consumer
+did; with it, the export still lists exactly the archived records, and the streaming audit
+(--stream --available-now, with a checkpoint) counts them dead-lettered too.
 """
 
 from __future__ import annotations
@@ -11,17 +14,27 @@ from __future__ import annotations
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import trio
 from confluent_kafka import AcknowledgeType, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from kio.index import load_request_schema
+from kio.schema.errors import ErrorCode
+from kio.schema.incremental_alter_configs.v1.request import AlterableConfig, AlterConfigsResource
 
 from codec.share_events import EventKind
-from integration.share.conftest import EXPLICIT, acknowledge_all, poll_until, share_consumer, wait_for_assigned_members
+from integration.share.conftest import (
+    EXPLICIT,
+    acknowledge_all,
+    poll_until,
+    share_consumer,
+    wait_for_assigned_members,
+    wire_call,
+)
 from integration.share.test_event_log import per_offset, read_events
 
 pytest.importorskip("pyspark", reason="the spark extra is not installed")
@@ -46,12 +59,34 @@ class Scenario:
     dlq_topic: str
 
 
-def create_topics(bootstrap: str, *specs: tuple[str, int]) -> None:
+@dataclass(frozen=True)
+class Proxy:
+    bootstrap: str  # the proxy's
+    events_topic: str
+    state_topic: str
+
+
+def create_topics(bootstrap: str, *specs: tuple[str, int, dict[str, str]]) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    futures = admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)
-                                   for name, partitions in specs])
+    futures = admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1, config=config)
+                                   for name, partitions, config in specs])
     for future in futures.values():
         future.result(timeout=30)
+
+
+def is_kafka_44(kafka) -> bool:
+    return tuple(int(x) for x in kafka.version.split(".")[:2]) >= (4, 4)
+
+
+def set_dead_letter_topic(proxy_bootstrap: str, group: str, dlq_topic: str) -> None:
+    """IncrementalAlterConfigs SET errors.deadletterqueue.topic.name on the group, through the proxy (the
+    wire request, which reads the same on Kafka 3.9 and 4.4)."""
+    request = load_request_schema(44, 1)(
+        resources=(AlterConfigsResource(resource_type=32, resource_name=group, configs=(
+            AlterableConfig(name="errors.deadletterqueue.topic.name", config_operation=0, value=dlq_topic),)),),
+        validate_only=False)
+    (result,) = trio.run(wire_call, proxy_bootstrap, request).responses
+    assert (result.error_code, result.error_message) == (ErrorCode.none, None)
 
 
 def produce_payloads(bootstrap: str, topic: str) -> None:
@@ -72,13 +107,22 @@ def act(consumer, messages) -> None:
 
 
 @pytest.fixture(scope="module")
-def scenario(kafka, module_share_proxy) -> Iterator[Scenario]:
+def proxy(kafka, module_share_proxy) -> Proxy:
+    events_topic = f"__share_group_events_{uuid.uuid4().hex[:8]}"
+    running = module_share_proxy("--share-events-topic", events_topic, "--share-events-linger-ms", "100",
+                                 "--share-delivery-count-limit", "2")
+    return Proxy(running.bootstrap, events_topic, running.state_topic)
+
+
+def play(kafka, proxy: Proxy, *, proxy_dead_letters: bool) -> Scenario:
+    """The consumer's script on a fresh topic and group; returns once every offset's end is in the event log."""
     suffix = uuid.uuid4().hex[:8]
-    events_topic = f"__share_group_events_{suffix}"
-    proxy = module_share_proxy("--share-events-topic", events_topic, "--share-events-linger-ms", "100",
-                               "--share-delivery-count-limit", "2")
     topic, group, dlq_topic = f"t-spark-{suffix}", f"g-spark-{suffix}", f"dlq.spark-{suffix}"
-    create_topics(kafka.bootstrap, (topic, 1), (dlq_topic, 2))
+    # A topic the proxy dead-letters into must say so where the broker knows the config (Kafka 4.4).
+    dlq_config = {"errors.deadletterqueue.group.enable": "true"} if proxy_dead_letters and is_kafka_44(kafka) else {}
+    create_topics(kafka.bootstrap, (topic, 1, {}), (dlq_topic, 2, dlq_config))
+    if proxy_dead_letters:
+        set_dead_letter_topic(proxy.bootstrap, group, dlq_topic)
     consumer = share_consumer(proxy.bootstrap, group, topic, EXPLICIT)
     try:
         consumer.poll(0.5)
@@ -97,8 +141,18 @@ def scenario(kafka, module_share_proxy) -> Iterator[Scenario]:
         history = per_offset(batches, group)
         return all(any(e.kind in (EventKind.ACCEPTED, EventKind.ARCHIVED) for e in history[o]) for o in range(RECORDS))
 
-    assert settled(read_events(kafka.bootstrap, events_topic, enough=settled, settle_s=0.5)), "events missing"
-    yield Scenario(kafka.bootstrap, topic, group, events_topic, proxy.state_topic, dlq_topic)
+    assert settled(read_events(kafka.bootstrap, proxy.events_topic, enough=settled, settle_s=0.5)), "events missing"
+    return Scenario(kafka.bootstrap, topic, group, proxy.events_topic, proxy.state_topic, dlq_topic)
+
+
+@pytest.fixture(scope="module")
+def scenario(kafka, proxy) -> Scenario:
+    return play(kafka, proxy, proxy_dead_letters=False)
+
+
+@pytest.fixture(scope="module")
+def dead_letter_scenario(kafka, proxy) -> Scenario:
+    return play(kafka, proxy, proxy_dead_letters=True)
 
 
 def spark_cli(*args: str) -> str:
@@ -167,13 +221,10 @@ def test_dead_letter_export_holds_exactly_the_archived_records_and_a_rerun_adds_
     assert len(dlq_records(scenario.bootstrap, scenario.dlq_topic)) == 10
 
 
-def test_audit_tables_count_what_the_consumer_did(scenario, tmp_path):
-    output = tmp_path / "audit"
-    spark_cli("audit", "--bootstrap-server", scenario.bootstrap, "--group", scenario.group, "--output", str(output),
-              "--events-topic", scenario.events_topic, "--state-topic", scenario.state_topic)
+def assert_tables_count_what_the_consumer_did(output: Path, scenario: Scenario, *, dead_lettered: bool) -> None:
     summary = pd.read_parquet(output / "summary")
     records = {(r.kind, r.reason): r.records for r in summary.itertuples()}
-    assert records == {
+    expected = {
         ("acquired", "none"): RECORDS + len(AT_LIMIT),
         ("accepted", "none"): len(ACCEPTED),
         ("rejected", "none"): len(REJECTED),
@@ -181,17 +232,57 @@ def test_audit_tables_count_what_the_consumer_did(scenario, tmp_path):
         ("archived", "rejected"): len(REJECTED),
         ("archived", "delivery_limit"): len(AT_LIMIT),
     }
+    if dead_lettered:  # ARCHIVING first, the proxy's dead-letter write, then ARCHIVED
+        expected |= {("archiving", "rejected"): len(REJECTED), ("archiving", "delivery_limit"): len(AT_LIMIT),
+                     ("dead_lettered", "rejected"): len(REJECTED), ("dead_lettered", "delivery_limit"): len(AT_LIMIT)}
+    assert records == expected
     throughput = pd.read_parquet(output / "throughput")
     assert throughput[["acquired", "accepted", "released", "rejected", "archived"]].sum().to_dict() == {
         "acquired": 25, "accepted": 10, "released": 10, "rejected": 5, "archived": 10}
     reasons = pd.read_parquet(output / "dead_letters_by_reason")
-    assert {(r.reason, r.archived_records) for r in reasons.itertuples()} == {("rejected", 5), ("delivery_limit", 5)}
+    dead_letters = 5 if dead_lettered else 0
+    assert {(r.reason, r.archived_records, r.dead_lettered_records) for r in reasons.itertuples()} == {
+        ("rejected", 5, dead_letters), ("delivery_limit", 5, dead_letters)}
     counts = pd.read_parquet(output / "delivery_counts")
     assert {(r.delivery_count, r.accepted, r.archived) for r in counts.itertuples()} == {(1, 10, 5), (2, 0, 5)}
     redelivery = pd.read_parquet(output / "redelivery")
     assert [(r.delivered, r.redelivered) for r in redelivery.itertuples()] == [(25, 5)]
     latency = pd.read_parquet(output / "ack_latency_summary")
     assert list(latency["records"]) == [len(ACCEPTED)]
+    assert pd.read_parquet(output / "ack_latency")["records"].sum() == len(ACCEPTED)
     spso = pd.read_parquet(output / "spso")
     assert spso["spso"].max() == RECORDS and spso["topic"].eq(scenario.topic).all()
     assert "<svg" in (output / "report.html").read_text()
+
+
+def test_audit_tables_count_what_the_consumer_did(scenario, tmp_path):
+    output = tmp_path / "audit"
+    spark_cli("audit", "--bootstrap-server", scenario.bootstrap, "--group", scenario.group, "--output", str(output),
+              "--events-topic", scenario.events_topic, "--state-topic", scenario.state_topic)
+    assert_tables_count_what_the_consumer_did(output, scenario, dead_lettered=False)
+
+
+def test_with_the_proxys_dead_letter_queue_the_export_still_lists_exactly_the_archived_records(
+        dead_letter_scenario, tmp_path):
+    scenario = dead_letter_scenario
+    output = tmp_path / "dead-letters"
+    printed = spark_cli("dead-letters", "--bootstrap-server", scenario.bootstrap, "--group", scenario.group,
+                        "--output", str(output), "--events-topic", scenario.events_topic)
+    assert f"dead letters of group {scenario.group}: 10, new in {output}: 10" in printed
+    assert exported(output) == expected_dead_letters(scenario.group, scenario.topic)
+    # The proxy wrote the same records to the group's DLQ topic (the export only read it, never wrote).
+    assert len(dlq_records(scenario.bootstrap, scenario.dlq_topic)) == 10
+
+
+def test_streaming_audit_runs_to_the_end_of_the_log_and_counts_the_proxys_dead_letters(
+        dead_letter_scenario, tmp_path):
+    scenario = dead_letter_scenario
+    output, checkpoint = tmp_path / "audit", tmp_path / "checkpoint"
+    printed = spark_cli("audit", "--bootstrap-server", scenario.bootstrap, "--group", scenario.group,
+                        "--output", str(output), "--events-topic", scenario.events_topic,
+                        "--state-topic", scenario.state_topic, "--stream", "--checkpoint", str(checkpoint),
+                        "--available-now")
+    assert "summary:" in printed
+    assert_tables_count_what_the_consumer_did(output, scenario, dead_lettered=True)
+    assert list((output / "events").glob("batch=*"))  # the micro-batches' decoded events
+    assert list((checkpoint / "commits").iterdir())  # the checkpoint recorded a finished batch

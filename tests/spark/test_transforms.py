@@ -199,3 +199,26 @@ def test_dead_letters_present_reads_the_headers_back(spark: SparkSession) -> Non
                                     "headers array<struct<key:string,value:binary>>")
     present = transforms.dead_letters_present(written.select("headers").unionByName(foreign))
     assert collect(present, "offset") == [{"group": "g", "topic": "t", "partition": 5, "offset": 42}]
+
+
+def test_range_bucket_size_is_the_power_of_two_at_or_above_the_median_joined_range(spark: SparkSession) -> None:
+    frame = events_frame(spark, [
+        event("acquired", 0, 9), event("accepted", 0, 9), event("accepted", 10, 14),
+        event("archived", 100, 100_000, reason="log_truncated"),  # not joined: does not count
+    ])
+    assert transforms.range_bucket_size(frame) == 16
+    assert transforms.range_bucket_size(events_frame(spark, [])) == 1
+
+
+def test_small_buckets_match_the_same_records(spark: SparkSession) -> None:
+    frame = events_frame(spark, [
+        event("acquired", 0, 19, seconds=0), event("accepted", 0, 6, seconds=1), event("accepted", 7, 19, seconds=3),
+        event("marked_in_progress", 5, 8, seconds=0.5),
+    ])
+    for bucket in (1, 4, 4096):
+        latencies = transforms.ack_latencies(frame, bucket)
+        assert collect(transforms.ack_latency_histogram(latencies), "le_ms") == [
+            {"group": "g", "le_ms": 1000, "records": 7}, {"group": "g", "le_ms": 5000, "records": 13}], bucket
+        rows = collect(transforms.in_progress(frame, bucket), "offset")
+        assert [(r["offset"], r["duration_ms"]) for r in rows] == [
+            (5, 500.0), (6, 500.0), (7, 2500.0), (8, 2500.0)], bucket
