@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from codec.errors import CodecError
 from codec.share_events import ArchiveReason, EventKind, ShareEventBatch, decode_event_key, decode_event_rows
-from codec.share_state import RecordType, decode_record
+from codec.share_state import DeliveryState, RecordType, decode_record
 
 #: Column name of each Kafka-source column the decoders read.
 SOURCE_COLUMNS = ("key", "value", "partition", "offset", "timestamp")
@@ -236,6 +236,26 @@ def decode_events(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]
         yield columns.batch()
 
 
+FINISHED_STATES = frozenset((DeliveryState.ACKNOWLEDGED, DeliveryState.ARCHIVED))
+
+
+def effective_spso(start_offset: int, state_batches: Iterable[Any]) -> int | None:
+    """The SPSO a restart would take from this state record: the written start offset, moved past the
+    finished (acknowledged / archived) records at its head. The proxy writes an acknowledgement's records
+    before the SPSO move they allow (that is written with the partition's next change), so the written
+    value alone lags. None when the record leaves the SPSO unchanged (-1)."""
+    if start_offset < 0:
+        return None
+    spso = start_offset
+    for batch in sorted(state_batches, key=lambda batch: batch.first_offset):
+        if batch.last_offset < spso:
+            continue
+        if batch.first_offset > spso or batch.delivery_state not in FINISHED_STATES:
+            break
+        spso = batch.last_offset + 1
+    return spso
+
+
 def snapshot_row(key: bytes, value: bytes | None, log_partition: int, log_offset: int,
                  log_timestamp_ms: int | None = None) -> tuple[Any, ...] | None:
     """A state-topic ShareSnapshot/ShareUpdate record as a row; None for other records and tombstones.
@@ -252,7 +272,7 @@ def snapshot_row(key: bytes, value: bytes | None, log_partition: int, log_offset
     return (
         state_key.group_id, str(state_key.topic_id), state_key.partition,
         "snapshot" if record.record_type is RecordType.SHARE_SNAPSHOT else "update",
-        state.start_offset if state.start_offset >= 0 else None, getattr(state, "state_epoch", None),
+        effective_spso(state.start_offset, state.state_batches), getattr(state, "state_epoch", None),
         _ms_to_us(written_ms), len(state.state_batches), log_partition, log_offset,
     )
 

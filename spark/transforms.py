@@ -249,14 +249,15 @@ def in_progress(events: DataFrame, bucket: int = RANGE_BUCKET) -> DataFrame:
 
 
 def spso_progress(snapshots: DataFrame, events: DataFrame) -> DataFrame:
-    """The SPSO of each share-partition at every state snapshot, with the lag behind the event log.
+    """The SPSO of each share-partition at every state record that sets it (every ShareSnapshot, and each
+    ShareUpdate that moved it), with the lag behind the event log.
 
     ``highest_offset_seen`` is the highest offset any event of the share-partition named at or before the
     snapshot's write time; ``lag`` = max(0, highest_offset_seen + 1 - spso), null before any event.
     Topic names come from the events (the state topic has only topic ids).
     """
     share_partition = ["group", "topic_id", "partition"]
-    states = (snapshots.filter((F.col("record_type") == "snapshot") & F.col("spso").isNotNull())
+    states = (snapshots.filter(F.col("spso").isNotNull())  # a snapshot, or an update that moved the SPSO
               .select(*share_partition, F.col("written_at").alias("at"), F.lit(None).cast("bigint").alias("seen"),
                       "spso", F.lit(1).alias("is_snapshot")))
     # Only share-partitions with snapshots matter, and of their events only the highest offset per instant:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+from types import SimpleNamespace as StateBatch  # the fields effective_spso reads
 import uuid
 
 import pyarrow as pa
@@ -93,3 +94,13 @@ def test_decoded_events_through_spark(spark: SparkSession) -> None:
     rows = sorted(sources.decoded_events(records).collect(), key=lambda row: row["kind"])
     assert [(row["kind"], row["first_offset"], row["records"], row["reason"]) for row in rows] == [
         ("accepted", 10, 2, "none"), ("acquired", 10, 10, "none"), ("archived", 12, 1, "delivery_limit")]
+
+
+def test_the_spso_moves_past_finished_records_at_the_head_of_the_state() -> None:
+    batches = [StateBatch(first_offset=20, last_offset=22, delivery_state=2, delivery_count=1),
+               StateBatch(first_offset=15, last_offset=19, delivery_state=4, delivery_count=2),
+               StateBatch(first_offset=23, last_offset=24, delivery_state=0, delivery_count=1),
+               StateBatch(first_offset=25, last_offset=30, delivery_state=2, delivery_count=1)]
+    assert decode.effective_spso(15, batches) == 23  # archived 15-19, acknowledged 20-22; 23 is available
+    assert decode.effective_spso(15, batches[2:]) == 15
+    assert decode.effective_spso(-1, batches) is None  # an update that leaves the SPSO as it was

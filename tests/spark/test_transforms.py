@@ -132,10 +132,11 @@ def test_spso_progress_and_lag(spark: SparkSession) -> None:
         ("g", str(TOPIC_ID), 0, "snapshot", 4, 1, at(3), 1, 0, 1),
         ("g", str(TOPIC_ID), 0, "snapshot", 20, 1, at(6), 0, 0, 2),
         ("g", str(TOPIC_ID), 0, "update", None, None, at(7), 1, 0, 3),  # an update without SPSO: left out
+        ("g", str(TOPIC_ID), 0, "update", 22, None, at(8), 1, 0, 4),  # an update that moved it
     ], decode.SNAPSHOT_DDL)
     rows = collect(transforms.spso_progress(snapshots, events), "written_at")
     assert [(r["topic"], r["spso"], r["highest_offset_seen"], r["lag"]) for r in rows] == [
-        ("t", 0, None, None), ("t", 4, 9, 6), ("t", 20, 19, 0),
+        ("t", 0, None, None), ("t", 4, 9, 6), ("t", 20, 19, 0), ("t", 22, 19, 0),
     ]
 
 
