@@ -116,7 +116,8 @@ def decoded(events: DataFrame, timer: StageTimer) -> DataFrame:
     """The decoded events kept in memory (spilling to disk) for every table: the topic is read and decoded
     once, not once per table."""
     with timer.stage("read_and_decode"):
-        kept = events.persist(StorageLevel.MEMORY_AND_DISK)
+        # The event-topic positions are for debugging bad records, not for any table: not kept.
+        kept = events.drop("log_partition", "log_offset").persist(StorageLevel.MEMORY_AND_DISK)
         kept.count()
     return kept
 

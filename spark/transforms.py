@@ -119,26 +119,38 @@ def range_buckets(events: DataFrame, bucket: int = RANGE_BUCKET) -> DataFrame:
     return events.withColumn("bucket", F.explode(F.sequence(first_bucket, last_bucket)))
 
 
-def _earliest_per_range(events: DataFrame, kind: str, time_column: str) -> DataFrame:
-    """Events of ``kind``, one per (share-partition, range, delivery count) with the earliest time: the
-    event log is at least once, so an event may come twice."""
-    return (events.filter(F.col("kind") == kind)
-            .groupBy(*SHARE_PARTITION, "first_offset", "last_offset", "delivery_count")
-            .agg(F.min("event_time").alias(time_column)))
+def _share_partition_key() -> Column:
+    """A 64-bit hash standing for (group, topic, partition) in joins: sorting and hashing one long is far
+    cheaper than two strings and an int on millions of rows (a collision would need 2^32 share-partitions)."""
+    return F.xxhash64(*SHARE_PARTITION)
 
 
 def ack_latencies(events: DataFrame, bucket: int = RANGE_BUCKET) -> DataFrame:
     """Accepted records with the time from their acquisition (same delivery count) to their acceptance.
 
-    One row per overlap of an acquired range with an accepted range within one RANGE_BUCKET bucket (columns
-    group, topic, partition, first_offset, last_offset, delivery_count, records, acquired_at, accepted_at,
-    latency_ms): every record of the overlap has that latency, so tables weight it by ``records``. Ranges are matched by arithmetic
-    (range_buckets), never exploded to offsets. An event seen twice counts once, with its earliest time.
+    One row per overlap of an acquired range with an accepted range within one bucket (columns group, topic,
+    partition, first_offset, last_offset, delivery_count, records, acquired_at, accepted_at, latency_ms):
+    every record of the overlap has that latency, so tables weight it by ``records``. Ranges are matched by
+    arithmetic (range_buckets), never exploded to offsets. An event seen twice (the event log is at least
+    once) counts once, with its earliest time.
+
+    One shuffle per side: each kind is partitioned once by (share-partition key, delivery count, bucket);
+    its de-duplication and the join then need no further exchange.
     """
+    keys = ["sp_key", "delivery_count", "bucket"]
     valid = valid_events(events)
-    keys = [*SHARE_PARTITION, "delivery_count", "bucket"]
-    acquired = range_buckets(_earliest_per_range(valid, ACQUIRED, "acquired_at"), bucket).alias("acq")
-    accepted = range_buckets(_earliest_per_range(valid, ACCEPTED, "accepted_at"), bucket).alias("acc")
+
+    def earliest(kind: str) -> DataFrame:
+        of_kind = valid.filter(F.col("kind") == kind).select(
+            _share_partition_key().alias("sp_key"), *SHARE_PARTITION, "first_offset", "last_offset",
+            "delivery_count", "event_time")
+        return (range_buckets(of_kind, bucket).repartition(*keys)
+                .groupBy(*keys, "first_offset", "last_offset")
+                .agg(*[F.first(column).alias(column) for column in SHARE_PARTITION],
+                     F.min("event_time").alias("at")))
+
+    acquired = earliest(ACQUIRED).alias("acq")
+    accepted = earliest(ACCEPTED).alias("acc")
     bucket_first = F.col("acc.bucket") * bucket
     first = F.greatest(F.col("acq.first_offset"), F.col("acc.first_offset"), bucket_first)
     last = F.least(F.col("acq.last_offset"), F.col("acc.last_offset"), bucket_first + bucket - 1)
@@ -147,7 +159,8 @@ def ack_latencies(events: DataFrame, bucket: int = RANGE_BUCKET) -> DataFrame:
                                 F.col("acc.first_offset") <= F.col("acq.last_offset")])
     pieces = (overlaps.select(*[F.col(f"acc.{column}").alias(column) for column in SHARE_PARTITION],
                               first.alias("first_offset"), last.alias("last_offset"),
-                              F.col("acc.delivery_count").alias("delivery_count"), "acquired_at", "accepted_at")
+                              F.col("acc.delivery_count").alias("delivery_count"),
+                              F.col("acq.at").alias("acquired_at"), F.col("acc.at").alias("accepted_at"))
               .filter(F.col("first_offset") <= F.col("last_offset")))  # the overlap outside this bucket
     return pieces.select(*SHARE_PARTITION, "first_offset", "last_offset", "delivery_count",
                          (F.col("last_offset") - F.col("first_offset") + 1).alias("records"),
