@@ -25,11 +25,13 @@ class AuditInputs:
     snapshots: DataFrame  # decode.SNAPSHOT_DDL rows
 
 
-def tables(inputs: AuditInputs, bucket: int = transforms.RANGE_BUCKET) -> dict[str, DataFrame]:
+def tables(inputs: AuditInputs, bucket: int = transforms.RANGE_BUCKET,
+           latencies: DataFrame | None = None) -> dict[str, DataFrame]:
     """Every audit table by name (the names are the Parquet directories; docs/spark.md); ``bucket`` sizes
-    the range joins (transforms.range_bucket_size)."""
-    # Two tables come from the latencies: kept after the first computes them, not joined again.
-    latencies = transforms.ack_latencies(inputs.events, bucket).persist(StorageLevel.MEMORY_AND_DISK)
+    the range joins (transforms.range_bucket_size); ``latencies`` (transforms.ack_latencies) when the
+    caller keeps them."""
+    if latencies is None:
+        latencies = transforms.ack_latencies(inputs.events, bucket)
     return {
         "summary": transforms.summary(inputs.events),
         "throughput": transforms.throughput(inputs.events),
@@ -101,12 +103,15 @@ def write_all(inputs: AuditInputs, output: Path, title: str, timer: StageTimer |
     with timer.stage("range_bucket_size"):
         bucket = transforms.range_bucket_size(inputs.events)
     log.info("range joins in buckets of %d offsets", bucket)
-    for name, table in tables(inputs, bucket).items():
+    # Two tables come from the latencies: kept after the first computes them, not joined again.
+    latencies = transforms.ack_latencies(inputs.events, bucket).persist(StorageLevel.MEMORY_AND_DISK)
+    for name, table in tables(inputs, bucket, latencies).items():
         with timer.stage(name):
             computed = table.localCheckpoint(eager=True)
             sources.write_parquet(computed, output / name)
             counts[name] = computed.count()
             frames[name] = report.in_progress_frame(computed) if name == "in_progress" else computed.toPandas()
+    latencies.unpersist()  # a streaming audit calls this every micro-batch
     with timer.stage("report"):
         (output / "report.html").write_text(report.render(frames, title=title))
     return counts
