@@ -14,8 +14,12 @@ key version (record type)  key          value (value version 0)
 ========================  ===========  ==================================
 
 Types 0 and 1 are exactly Kafka 4.4's (including the tagged DeliveryCompleteCount).
-The IN_PROGRESS extension adds state 5 and two tagged fields per state batch
-(tags 100 and 101), which Kafka's readers keep as unknown tagged fields. Types
+The IN_PROGRESS extension adds state 5 and three tagged fields per state batch
+(tags 100 InProgressStartTimestamp, 101 LastProgressTimestamp, 102 InProgressMemberId);
+state 3 (ARCHIVING, KIP-1191, as Kafka 4.4) batches carry tag 103 ArchiveReason
+(int8: 1 rejected, 2 delivery limit, 0 unknown -- Kafka's own ARCHIVING batches lack it, and a
+reader then derives the reason from the delivery count, as Kafka does). Kafka's readers keep
+these as unknown tagged fields. Types
 32001+ are the proxy's own; Kafka's coordinator loaders skip unknown record types.
 A ``None`` value is a tombstone.
 """

@@ -54,7 +54,7 @@ from typing import Protocol
 
 from sortedcontainers import SortedDict
 
-from codec.share_events import ArchiveReason, EventKind
+from codec.share_events import DEAD_LETTER_REASONS, ArchiveReason, EventKind
 from proxy.share.states import (
     ACK_EVENTS,
     STATE_TRAITS,
@@ -95,20 +95,54 @@ INVALID_RECORD_STATE = 121
 _AVAILABLE = RecordState.AVAILABLE
 _ACQUIRED = RecordState.ACQUIRED
 _ARCHIVED = RecordState.ARCHIVED
+_ARCHIVING = RecordState.ARCHIVING
 _IN_PROGRESS = RecordState.IN_PROGRESS
+_NO_REASON = ArchiveReason.NONE
+_DELIVERY_LIMIT = ArchiveReason.DELIVERY_LIMIT
 
 _NO_OFFSET = 2**63
 _STATE_IDS = range(8)  # room for ARCHIVING (3), IN_PROGRESS (5) and beyond
 
 
-def _row(event: Event) -> tuple:
-    """The table's column for one event, indexed by state id: hot loops then index a tuple
-    instead of hashing enum pairs."""
+class _Row(tuple):
+    """The table's column for one event, indexed by state id (hot loops then index a tuple instead
+    of hashing enum pairs), with the event-log kind the event is reported as (None: not reported
+    by itself, e.g. a GAP or a log truncation, whose ARCHIVED event says it all)."""
+
+    kind: EventKind | None
+    kind_id: int
+
+
+# What the event log calls each engine event (docs/event-log.md).
+_EVENT_KINDS: dict[Event, EventKind | None] = {
+    Event.ACQUIRE: EventKind.ACQUIRED,
+    Event.ACCEPT: EventKind.ACCEPTED,
+    Event.RELEASE: EventKind.RELEASED,
+    Event.REJECT: EventKind.REJECTED,
+    Event.GAP: None,
+    Event.RENEW: EventKind.RENEWED,
+    Event.LOCK_EXPIRED: EventKind.LOCK_EXPIRED,
+    Event.MEMBER_LEFT: EventKind.MEMBER_RELEASED,
+    Event.ARCHIVE: None,
+    Event.MARK: EventKind.MARKED_IN_PROGRESS,
+    Event.STALE: EventKind.STALE_RELEASED,
+    Event.MAX_EXTENSION: EventKind.MAX_EXTENSION_RELEASED,
+    Event.GRACE_EXPIRED: EventKind.GRACE_EXPIRED,
+    Event.DEAD_LETTER: EventKind.DEAD_LETTERED,
+}
+
+
+def _row(event: Event, kind: EventKind | None) -> _Row:
     by_id = {int(state): move for (state, e), move in TRANSITIONS.items() if e is event}
-    return tuple(by_id.get(i) for i in _STATE_IDS)
+    row = _Row(by_id.get(i) for i in _STATE_IDS)
+    row.kind = kind
+    row.kind_id = 0 if kind is None else int(kind)
+    return row
 
 
-_ROWS: dict[Event, tuple] = {event: _row(event) for event in Event}
+_ROWS: dict[Event, _Row] = {event: _row(event, _EVENT_KINDS[event]) for event in Event}
+# finish_archiving() when the dead-letter write was given up: ARCHIVED, not DEAD_LETTERED.
+_ARCHIVE_UNLETTERED = _row(Event.DEAD_LETTER, None)
 _ACK_ROWS: tuple = tuple(_ROWS[ACK_EVENTS[t]] for t in sorted(ACK_EVENTS))  # indexed by wire type
 
 
@@ -137,6 +171,12 @@ _MARK = _ROWS[Event.MARK]
 _STALE = _ROWS[Event.STALE]
 _MAX_EXTENSION = _ROWS[Event.MAX_EXTENSION]
 _GRACE_EXPIRED = _ROWS[Event.GRACE_EXPIRED]
+_DEAD_LETTER = _ROWS[Event.DEAD_LETTER]
+_ARCHIVING_KIND = EventKind.ARCHIVING
+_DEAD_LETTERED_KIND = EventKind.DEAD_LETTERED
+_ARCHIVED_KIND = EventKind.ARCHIVED
+_ARCHIVING_KIND_ID = int(EventKind.ARCHIVING)
+_ARCHIVED_KIND_ID = int(EventKind.ARCHIVED)
 _RENEW_TYPE = int(AcknowledgeType.RENEW)
 _NOT_IN_PROGRESS: tuple[int, int, None] = (-1, -1, None)
 
@@ -305,8 +345,8 @@ class RecordEvent:
     """What happened to the records [first_offset, last_offset] (one entry of the event log).
 
     ``member_id`` is the member that acted, or the former holder on expiry / release paths (None when
-    none). ``delivery_count`` is the records' count after the event. ``reason`` is set on ARCHIVING and
-    ARCHIVED events. No timestamp: the engine reads no clock (the publisher stamps events)."""
+    none). ``delivery_count`` is the records' count after the event. ``reason`` is set on ARCHIVING,
+    ARCHIVED and DEAD_LETTERED events (NONE on the others). No timestamp: the engine reads no clock (the publisher stamps events)."""
 
     kind: EventKind
     first_offset: int
@@ -391,11 +431,17 @@ class AcquireResult:
     ``events``: ACQUIRED events (the member, the new delivery count) for what was handed over, and
     ARCHIVED events for control / aborted / gap records met on the way, in offset order. Acquired
     records are not persisted, so the ACQUIRED events are not in ``delta``; the ARCHIVED ones are
-    in both (``delta.events``)."""
+    in both (``delta.events``): the caller records the delta and passes :attr:`delivered` to
+    ``CommitPipeline.note_delivered``."""
 
     acquired: tuple[AcquiredRecords, ...]
     delta: StateDelta | None
     events: tuple[RecordEvent, ...] = ()
+
+    @property
+    def delivered(self) -> tuple[RecordEvent, ...]:
+        """The ACQUIRED events only (what ``delta`` does not carry)."""
+        return tuple(e for e in self.events if e.kind is EventKind.ACQUIRED)
 
     @property
     def count(self) -> int:
@@ -410,17 +456,19 @@ class AcquireResult:
 class _OffsetState:
     """State of one offset of a batch that is tracked per offset."""
 
-    __slots__ = ("state", "delivery_count", "member_id", "lock_id", "rollback")
+    __slots__ = ("state", "delivery_count", "member_id", "lock_id", "rollback", "reason")
 
     def __init__(
         self, state: RecordState, delivery_count: int, member_id: str | None, lock_id: int,
-        rollback: _Rollback | None = None,
+        rollback: _Rollback | None = None, reason: ArchiveReason = _NO_REASON,
     ) -> None:
         self.state = state
         self.delivery_count = delivery_count
         self.member_id = member_id
         self.lock_id = lock_id
         self.rollback = rollback
+        # Why the record is ARCHIVING / ARCHIVED (read only in those states; not reset on other moves).
+        self.reason = reason
 
 
 class _InFlightBatch:
@@ -428,7 +476,7 @@ class _InFlightBatch:
 
     __slots__ = (
         "first_offset", "last_offset", "state", "delivery_count", "member_id", "lock_id", "offsets", "full_size",
-        "rollback",
+        "rollback", "reason",
     )
 
     def __init__(
@@ -451,6 +499,7 @@ class _InFlightBatch:
         self.rollback: _Rollback | None = None
         # Size as first delivered; throttling halves from this even after SPSO trims the batch.
         self.full_size = last_offset - first_offset + 1
+        self.reason = _NO_REASON  # as _OffsetState.reason
 
     @property
     def size(self) -> int:
@@ -460,7 +509,8 @@ class _InFlightBatch:
         """Switch to per-offset tracking (once the batch is no longer uniform)."""
         if self.offsets is None:
             self.offsets = [
-                _OffsetState(self.state, self.delivery_count, self.member_id, self.lock_id, self.rollback)
+                _OffsetState(self.state, self.delivery_count, self.member_id, self.lock_id, self.rollback,
+                             self.reason)
                 for _ in range(self.size)
             ]
             self.rollback = None
@@ -527,28 +577,50 @@ class _Lock:
 
 
 class _Changes:
-    """Persisted-state changes collected during one operation."""
+    """Persisted-state changes and events collected during one operation."""
 
-    __slots__ = ("_runs",)
+    __slots__ = ("_runs", "_events", "_open")
 
     def __init__(self) -> None:
-        # [first, last, state, count, in_progress_start, last_progress, member], merged while contiguous
+        # [first, last, state, count, in_progress_start, last_progress, member, reason], merged
+        # while contiguous
         self._runs: list[list] = []
+        # [kind, first, last, member, count, reason] in the order they happened; _open[kind id] is
+        # the latest entry of each kind, which the next event of that kind extends when it
+        # continues it (so per-offset moves of a batch still give one event per kind).
+        self._events: list[list] = []
+        self._open: list[list | None] = [None] * 16
 
     def add(self, first: int, last: int, state: RecordState, delivery_count: int,
-            progress: tuple[int, int, str | None] = (-1, -1, None)) -> None:
+            progress: tuple[int, int, str | None] = (-1, -1, None), reason: ArchiveReason = _NO_REASON) -> None:
         runs = self._runs
         if runs:
             prev = runs[-1]
             if prev[1] + 1 == first and prev[2] is state and prev[3] == delivery_count \
-                    and (prev[4], prev[5], prev[6]) == progress:
+                    and (prev[4], prev[5], prev[6]) == progress and prev[7] is reason:
                 prev[1] = last
                 return
-        runs.append([first, last, state, delivery_count, *progress])
+        runs.append([first, last, state, delivery_count, *progress, reason])
+
+    def note(self, kind: EventKind, kind_id: int, first: int, last: int, member_id: str | None,
+             delivery_count: int, reason: ArchiveReason = _NO_REASON) -> None:
+        """One event over [first, last] (coalesced with the latest of its kind when contiguous)."""
+        prev = self._open[kind_id]
+        if prev is not None and prev[2] + 1 == first and prev[4] == delivery_count and prev[3] == member_id \
+                and prev[5] is reason:
+            prev[2] = last
+            return
+        entry = [kind, first, last, member_id, delivery_count, reason]
+        self._events.append(entry)
+        self._open[kind_id] = entry
 
     @property
     def batches(self) -> list[PersistedBatch]:
         return [PersistedBatch(*run) for run in self._runs]
+
+    @property
+    def events(self) -> tuple[RecordEvent, ...]:
+        return tuple(RecordEvent(*entry) for entry in self._events)
 
 
 def _coalesce(batches: Iterable[PersistedBatch]) -> list[PersistedBatch]:
@@ -656,6 +728,11 @@ class SharePartition:
         self._finished: list[tuple[int, int]] = []  # (ms in progress, records) since the last drain
         # The stale IN_PROGRESS records the last release_member() released at once (see there).
         self.last_member_release: InProgressRelease | None = None
+        # Records ARCHIVING (KIP-1191), and the highest log start applied: records kept ARCHIVING
+        # below the log start hold the SPSO there, so the reader reports that log start on every
+        # fetch and advance_log_start() must not rescan the window for it each time.
+        self._archiving_records = 0
+        self._log_start = start_offset
 
     def reconfigure(self, config: PartitionConfig) -> None:
         """Take the group's current settings: later acquisitions lock for the new duration, and
@@ -780,18 +857,53 @@ class SharePartition:
     @property
     def archiving_count(self) -> int:
         """Records ARCHIVING now (their dead-letter write pending), staged or not."""
-        raise NotImplementedError
+        return self._archiving_records
 
     def archiving(self) -> list[ArchivingRun]:
         """The ARCHIVING ranges the dead-letter writer may write now, in offset order: a record
-        whose move to ARCHIVING is staged (a reject not yet durable) is left out until it commits."""
-        raise NotImplementedError
+        whose move to ARCHIVING is staged (a reject not yet durable) is left out until it commits.
+        Runs split where the delivery count or the reason changes (each is one header set)."""
+        if not self._archiving_records:
+            return []
+        runs: list[ArchivingRun] = []
+        run: list | None = None  # [first, last, count, reason]
+        for first, last, holder in self._pieces():
+            if holder.state is not _ARCHIVING or holder.rollback is not None:
+                continue
+            if run is not None and run[1] + 1 == first and run[2] == holder.delivery_count \
+                    and run[3] is holder.reason:
+                run[1] = last
+                continue
+            if run is not None:
+                runs.append(ArchivingRun(*run))
+            run = [first, last, holder.delivery_count, holder.reason]
+        if run is not None:
+            runs.append(ArchivingRun(*run))
+        return runs
 
     def finish_archiving(self, first_offset: int, last_offset: int, *, dead_lettered: bool) -> StateDelta | None:
         """The dead-letter write of [first_offset, last_offset] is done (``dead_lettered``) or given up:
         the offsets in range still ARCHIVING become ARCHIVED (an unstaged change; the SPSO may advance).
-        Events: DEAD_LETTERED (if ``dead_lettered``) then ARCHIVED, with the reason."""
-        raise NotImplementedError
+        Events: DEAD_LETTERED (if ``dead_lettered``) then ARCHIVED, with the reason. Records whose
+        move to ARCHIVING is still staged are left alone (the writer never saw them)."""
+        changes = _Changes()
+        row = _DEAD_LETTER if dead_lettered else _ARCHIVE_UNLETTERED
+        first = max(first_offset, self._start)
+        last = min(last_offset, self._end - 1)
+        if first > last or not self._archiving_records:
+            return None
+        for batch in list(self._batches_from(first, last)):
+            if batch.offsets is None:
+                if batch.state is not _ARCHIVING or batch.rollback is not None:
+                    continue
+                if batch.first_offset >= first and batch.last_offset <= last:
+                    self._apply_batch(batch, row, None, 0, changes)
+                    continue
+                batch.split()
+            for offset, holder in batch.holders(first, last):
+                if holder.state is _ARCHIVING and holder.rollback is None:
+                    self._apply_offset(holder, offset, row, None, 0, changes)
+        return self._finish(changes)
 
     def in_progress_count(self) -> int:
         """Records IN_PROGRESS now."""
@@ -847,7 +959,8 @@ class SharePartition:
                 state, count = written_as[0], count + written_as[1]
             if state is _AVAILABLE and count == 0:
                 continue
-            batches.append(PersistedBatch(first, last, state, count, *self._progress_of(holder)))
+            batches.append(PersistedBatch(first, last, state, count, *self._progress_of(holder),
+                                          holder.reason if state is _ARCHIVING else _NO_REASON))
         return PartitionSnapshot(self._start, tuple(_coalesce(batches)))
 
     # ----- rebuild -------------------------------------------------------------------------
@@ -862,8 +975,8 @@ class SharePartition:
         """Rebuild from the latest ShareSnapshot and the ShareUpdates written after it, in order.
 
         A batch in a state the engine cannot resume from -- Acquired (never persisted: it is
-        written as the state before acquisition), a delivery state id it does not know (Kafka's
-        3, or garbage), or IN_PROGRESS without an owner -- is taken as unfinished: its records are
+        written as the state before acquisition), a delivery state id it does not know (garbage),
+        or IN_PROGRESS without an owner -- is taken as unfinished: its records are
         Available again with the delivery count it carries. A restart then delivers them once more
         rather than losing or refusing them.
 
@@ -871,6 +984,9 @@ class SharePartition:
         clock; the caller converts from the wall clock). No rebalance grace starts: only staleness
         and the max extension release them, so a worker still busy across a restart keeps its
         records, and its owner rejoining under the same member id may keep marking them.
+
+        ARCHIVING batches come back ARCHIVING with their reason (unknown: DELIVERY_LIMIT when the
+        count reached the limit, else REJECTED, Kafka's rule), for the dead-letter writer.
         """
         start = snapshot.start_offset
         overlay: SortedDict = SortedDict()  # first -> PersistedBatch, non-overlapping
@@ -898,6 +1014,14 @@ class SharePartition:
             batch = _InFlightBatch(first, persisted.last_offset, state, persisted.delivery_count)
             if _PROGRESS_HELD[state]:
                 partition._resume_in_progress(batch, persisted, holds)
+            elif state is _ARCHIVING:
+                # Dead-lettered again after the restart (KIP-1191); a reason not written (Kafka's
+                # records) comes from the count, as Kafka derives it.
+                reason = ArchiveReason(persisted.archive_reason) if persisted.archive_reason in DEAD_LETTER_REASONS \
+                    else _DELIVERY_LIMIT if persisted.delivery_count >= config.delivery_count_limit \
+                    else ArchiveReason.REJECTED
+                batch.reason = reason
+                partition._archiving_records += batch.size
             partition._append(batch)
             cursor = persisted.last_offset + 1
         partition._advance_start()
@@ -977,7 +1101,8 @@ class SharePartition:
             del self._locks[lock_id]
         else:
             heapq.heappush(self._deadlines, (lock.deadline, lock_id))
-        return AcquireResult(tuple(out), self._finish(changes, old_start=start_before))
+        delta = self._finish(changes, old_start=start_before)
+        return AcquireResult(tuple(out), delta, _acquisition_events(member_id, out, delta))
 
     def _acquire_in_window(
         self,
@@ -1123,13 +1248,14 @@ class SharePartition:
                 # Offsets between batches hold no records (compaction): archive, never deliver.
                 run_first = self._close_run(run_first, member_id, lock_id, out)
                 gap_last = min(first, limit_end) - 1
-                self._append_archived(self._end, gap_last, changes)
+                self._append_archived(self._end, gap_last, changes, ArchiveReason.GAP)
                 if self._end >= limit_end:
                     break
             last = min(header.last_offset, limit_end - 1)
             if i in excluded:
                 run_first = self._close_run(run_first, member_id, lock_id, out)
-                self._append_archived(first, last, changes)
+                self._append_archived(first, last, changes, ArchiveReason.CONTROL_RECORD if header.is_control
+                                      else ArchiveReason.ABORTED_TRANSACTION)
                 continue
             if record_limit and last - first + 1 > remaining:
                 # Record-limit mode: acquire exactly what was asked; the rest of the log batch
@@ -1167,11 +1293,12 @@ class SharePartition:
         if batch.last_offset + 1 > self._end:
             self._end = batch.last_offset + 1
 
-    def _append_archived(self, first: int, last: int, changes: _Changes) -> None:
+    def _append_archived(self, first: int, last: int, changes: _Changes, reason: ArchiveReason) -> None:
         if last < first:
             return
         self._append(_InFlightBatch(first, last, _ARCHIVED))
         changes.add(first, last, _ARCHIVED, 0)
+        changes.note(_ARCHIVED_KIND, _ARCHIVED_KIND_ID, first, last, None, 0, reason)
 
     # ----- acknowledgement ------------------------------------------------------------------------
 
@@ -1250,6 +1377,8 @@ class SharePartition:
         n = last - first + 1
         holder.rollback = None
         self._detach(holder, n)  # a staged mark left the records under a new progress hold
+        if holder.state is _ARCHIVING:  # a staged reject (or archive at the limit) undone
+            self._archiving_records -= n
         holder.state = saved.state
         holder.delivery_count = saved.delivery_count
         holder.member_id = saved.member_id
@@ -1647,9 +1776,14 @@ class SharePartition:
     # ----- SPSO moves from outside ----------------------------------------------------------------
 
     def advance_log_start(self, log_start_offset: int) -> StateDelta | None:
-        """Records below ``log_start_offset`` were deleted by retention: archive them, move SPSO."""
-        if log_start_offset <= self._start:
+        """Records below ``log_start_offset`` were deleted by retention: archive them, move SPSO.
+
+        Records ARCHIVING stay so (KIP-1191: dead-lettered with headers only, the original being
+        gone) and hold the SPSO below the log start until they are finished; offsets beyond the
+        window up to the log start then join it as one archived batch (never delivered)."""
+        if log_start_offset <= self._start or log_start_offset <= self._log_start:
             return None
+        self._log_start = log_start_offset
         changes = _Changes()
         start_before = self._start
         cut = min(log_start_offset, self._end) - 1
@@ -1657,14 +1791,24 @@ class SharePartition:
             self._drop_staging(self._start, cut)  # the records are gone: nothing left to roll back
             self._apply_range(self._start, cut, _ROWS[Event.ARCHIVE], None, 0, changes, only_live=True)
         if log_start_offset >= self._end:
-            # Everything in flight is gone; the window restarts empty at the new log start.
-            self._batches.clear()
-            self._start = self._end = self._available_hint = log_start_offset
+            if self._archiving_records:
+                # Not reported as events: the share group never read these offsets.
+                if log_start_offset > self._end:
+                    changes.add(self._end, log_start_offset - 1, _ARCHIVED, 0)
+                    self._append(_InFlightBatch(self._end, log_start_offset - 1, _ARCHIVED))
+                self._available_hint = max(self._available_hint, self._end)
+            else:
+                # Everything in flight is gone; the window restarts empty at the new log start.
+                self._batches.clear()
+                self._start = self._end = self._available_hint = log_start_offset
         # Archived records all lie below the new SPSO: the delta is just the start offset.
         return self._finish(changes, old_start=start_before)
 
     def reset(self, start_offset: int) -> PartitionSnapshot:
         """Discard all in-flight state and restart at ``start_offset`` (alter-offsets on an empty group).
+
+        Records ARCHIVING are dropped too, never dead-lettered: the operator chose where the group
+        starts again (Kafka's reset likewise discards the in-flight state, ARCHIVING included).
 
         The caller resolves latest / earliest / by-timestamp to an offset. Returns the ShareSnapshot
         to write, which supersedes every earlier record.
@@ -1677,6 +1821,8 @@ class SharePartition:
         self._staged.clear()
         self._progress_ids.clear()
         self._in_progress_records = 0
+        self._archiving_records = 0  # dropped, never dead-lettered: the operator reset the group
+        self._log_start = start_offset
         self._next_sweep = None
         self._start = self._end = self._available_hint = start_offset
         return self.snapshot()
@@ -1695,27 +1841,28 @@ class SharePartition:
         only_live: bool = False,
     ) -> None:
         """Apply one event (its table ``row``) to every offset in [first, last] (pre-validated,
-        or ``only_live``: skip records already terminal)."""
+        or ``only_live``: skip records the event cannot move -- terminal ones, ARCHIVING ones)."""
         for batch in list(self._batches_from(first, last)):
             if batch.offsets is None:
-                if only_live and _IS_TERMINAL[batch.state]:
+                if only_live and row[batch.state] is None:
                     continue
                 if batch.first_offset >= first and batch.last_offset <= last:
                     self._apply_batch(batch, row, member_id, lock_id, changes)
                     continue
                 batch.split()
             for offset, holder in batch.holders(first, last):
-                if only_live and _IS_TERMINAL[holder.state]:
+                if only_live and row[holder.state] is None:
                     continue
                 self._apply_offset(holder, offset, row, member_id, lock_id, changes)
 
     def _apply_batch(
-        self, batch: _InFlightBatch, row: tuple, member_id: str | None, lock_id: int, changes: _Changes | None
+        self, batch: _InFlightBatch, row: _Row, member_id: str | None, lock_id: int, changes: _Changes | None
     ) -> None:
+        former = batch.member_id
         self._transit(batch, row, member_id, lock_id, batch.first_offset, batch.last_offset)
-        if changes is not None and _PERSISTED[batch.state]:
-            changes.add(batch.first_offset, batch.last_offset, batch.state, batch.delivery_count,
-                        self._progress_of(batch))
+        if changes is not None:
+            self._note(changes, batch, row, batch.first_offset, batch.last_offset,
+                       member_id if member_id is not None else former)
         if batch.state is _AVAILABLE and batch.first_offset < self._available_hint:
             self._available_hint = batch.first_offset
 
@@ -1723,16 +1870,38 @@ class SharePartition:
         self,
         holder: _OffsetState,
         offset: int,
-        row: tuple,
+        row: _Row,
         member_id: str | None,
         lock_id: int,
         changes: _Changes | None,
     ) -> None:
+        former = holder.member_id
         self._transit(holder, row, member_id, lock_id, offset, offset)
-        if changes is not None and _PERSISTED[holder.state]:
-            changes.add(offset, offset, holder.state, holder.delivery_count, self._progress_of(holder))
+        if changes is not None:
+            self._note(changes, holder, row, offset, offset, member_id if member_id is not None else former)
         if holder.state is _AVAILABLE and offset < self._available_hint:
             self._available_hint = offset
+
+    def _note(self, changes: _Changes, holder: _InFlightBatch | _OffsetState, row: _Row, first: int, last: int,
+              member_id: str | None) -> None:
+        """Collect what one move of [first, last] persists and the events it makes: the event
+        itself (the member that acted, or the former holder), then ARCHIVING / ARCHIVED with why."""
+        state, count = holder.state, holder.delivery_count
+        archived = state is _ARCHIVED or state is _ARCHIVING
+        if _PERSISTED[state]:
+            changes.add(first, last, state, count, self._progress_of(holder),
+                        holder.reason if state is _ARCHIVING else _NO_REASON)
+        kind = row.kind
+        if kind is not None:
+            # The action itself carries no reason (its ARCHIVING / ARCHIVED event does), except
+            # DEAD_LETTERED, which says what the dead-letter record said.
+            changes.note(kind, row.kind_id, first, last, member_id, count,
+                         holder.reason if kind is _DEAD_LETTERED_KIND else _NO_REASON)
+        if archived:
+            if state is _ARCHIVING:
+                changes.note(_ARCHIVING_KIND, _ARCHIVING_KIND_ID, first, last, member_id, count, holder.reason)
+            else:
+                changes.note(_ARCHIVED_KIND, _ARCHIVED_KIND_ID, first, last, member_id, count, holder.reason)
 
     def _transit(
         self,
@@ -1749,9 +1918,20 @@ class SharePartition:
             raise AssertionError(f"no transition from {holder.state.name} for records {first}-{last}")
         count = holder.delivery_count + move.delivery_delta
         new_state = move.new_state
+        n = last - first + 1
+        reason = _NO_REASON
         if move.archive_at_limit and count >= self._delivery_count_limit:
             new_state = _ARCHIVED
-        n = last - first + 1
+            reason = _DELIVERY_LIMIT
+        if new_state is _ARCHIVED:
+            if holder.state is _ARCHIVING:  # its dead-letter write is done: the reason stays
+                reason = holder.reason
+                self._archiving_records -= n
+            else:
+                reason = reason or move.archive_reason
+                if self.config.dead_letter and reason in DEAD_LETTER_REASONS:
+                    new_state = _ARCHIVING  # KIP-1191: dead-lettered first, then ARCHIVED
+                    self._archiving_records += n
         # The first record to enter IN_PROGRESS starts the sweep clock (a refresh does not restart it).
         sweep_starts = not self._in_progress_records
         if self._staging and _PERSISTED[new_state]:
@@ -1771,6 +1951,8 @@ class SharePartition:
             self._detach(holder, n)
         holder.state = new_state
         holder.delivery_count = count
+        if reason is not _NO_REASON:
+            holder.reason = reason
         if _HOLDS_OWNER[new_state]:
             if not move.keeps_owner or member_id is None:
                 raise AssertionError(f"a move to {new_state.name} must name the member")
@@ -1872,9 +2054,32 @@ class SharePartition:
         moved = self._start != before
         changed = tuple(_coalesce(changes.batches))
         batches = _clip(changed, self._start)
-        if not moved and not batches:
+        events = changes.events
+        if not moved and not batches and not events:
             return None
-        return StateDelta(self._start if moved else -1, batches, changed)
+        # A delta may carry events only (e.g. renewals of Acquired records): nothing to write.
+        return StateDelta(self._start if moved else -1, batches, changed, events)
+
+
+def _acquisition_events(
+    member_id: str, acquired: list[AcquiredRecords], delta: StateDelta | None
+) -> tuple[RecordEvent, ...]:
+    """ACQUIRED events for the ranges handed to the member (contiguous ranges with one count are
+    one event), with the delta's ARCHIVED events, in offset order."""
+    events: list[RecordEvent] = []
+    for records in acquired:
+        if events:
+            prev = events[-1]
+            if prev.last_offset + 1 == records.first_offset and prev.delivery_count == records.delivery_count:
+                events[-1] = RecordEvent(EventKind.ACQUIRED, prev.first_offset, records.last_offset, member_id,
+                                         records.delivery_count)
+                continue
+        events.append(RecordEvent(EventKind.ACQUIRED, records.first_offset, records.last_offset, member_id,
+                                  records.delivery_count))
+    if delta is not None and delta.events:
+        events.extend(delta.events)
+        events.sort(key=lambda e: e.first_offset)
+    return tuple(events)
 
 
 def _clip(batches: Iterable[PersistedBatch], start: int) -> tuple[PersistedBatch, ...]:

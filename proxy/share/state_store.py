@@ -34,6 +34,9 @@ On the topic the times are wall-clock ms, so they mean the same after a restart;
 them on its monotonic clock. The conversion happens here, at the edge, with ``clock_offset_ms`` =
 wall clock - engine clock (:func:`engine_clock_offset_ms` for the service's default clocks):
 wall = engine + offset when writing, engine = wall - offset when replaying.
+
+ARCHIVING batches (state 3, KIP-1191: the dead-letter write pending) carry their reason in tag 103
+ArchiveReason; they are resumed as ARCHIVING, so a restart dead-letters them again.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ import structlog
 
 from codec import share_state as records
 from codec.errors import StateRecordError
+from codec.share_events import DEAD_LETTER_REASONS, ArchiveReason
 from proxy.share.metrics import STATE_RECORDS_SKIPPED
 from proxy.share.partition import PartitionSnapshot, PersistedBatch, StateDelta
 from proxy.share.states import RecordState
@@ -58,10 +62,11 @@ log = structlog.get_logger(__name__)
 SharePartitionKey = tuple[str, uuid.UUID, int]  # (group id, topic id, partition)
 
 # The delivery states a share-partition can be rebuilt from. Acquired is never persisted (it is
-# written as the state before acquisition); 3 (Kafka's ARCHIVING) is not served, and anything else
-# is unknown.
+# written as the state before acquisition); anything else is unknown. ARCHIVING (3) is resumed with
+# its reason (tag 103) and dead-lettered again (KIP-1191).
 RESUMABLE_STATES: frozenset[int] = frozenset(
-    {RecordState.AVAILABLE, RecordState.ACKNOWLEDGED, RecordState.ARCHIVED, RecordState.IN_PROGRESS}
+    {RecordState.AVAILABLE, RecordState.ACKNOWLEDGED, RecordState.ARCHIVING, RecordState.ARCHIVED,
+     RecordState.IN_PROGRESS}
 )
 
 
@@ -154,7 +159,12 @@ def snapshot_record(
 
 
 def _state_batch(batch_type: type, b: PersistedBatch) -> object:
-    """A StateBatch; the extension tags only on IN_PROGRESS batches (defaults, so omitted, elsewhere)."""
+    """A StateBatch; the extension tags only on IN_PROGRESS batches (100-102) and ARCHIVING ones
+    (103), defaults (so omitted) elsewhere."""
+    if b.delivery_state == RecordState.ARCHIVING:
+        return batch_type(first_offset=b.first_offset, last_offset=b.last_offset,
+                          delivery_state=int(b.delivery_state), delivery_count=b.delivery_count,
+                          archive_reason=int(b.archive_reason))
     if b.delivery_state != RecordState.IN_PROGRESS:
         return batch_type(first_offset=b.first_offset, last_offset=b.last_offset,
                           delivery_state=int(b.delivery_state), delivery_count=b.delivery_count)
@@ -256,6 +266,13 @@ def _batches(state_batches: Iterable[object], clock_offset_ms: int) -> tuple[Per
                                           start - clock_offset_ms if start != -1 else -1,
                                           progress - clock_offset_ms if progress != -1 else -1,
                                           b.in_progress_member_id))
+        elif state == RecordState.ARCHIVING:
+            # An unknown reason (0, or one this version does not know) is kept as NONE: the engine
+            # then derives it from the count, as Kafka does.
+            reason = int(b.archive_reason)
+            batches.append(PersistedBatch(first, last, RecordState.ARCHIVING, count,
+                                          archive_reason=ArchiveReason(reason) if reason in DEAD_LETTER_REASONS
+                                          else ArchiveReason.NONE))
         else:
             batches.append(PersistedBatch(first, last, RecordState(state), count))
     return tuple(batches)

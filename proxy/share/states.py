@@ -11,6 +11,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from codec.share_events import ArchiveReason
+
 
 class RecordState(enum.IntEnum):
     """Per-record state with Kafka's wire ids (``DeliveryState`` in ShareSnapshot/ShareUpdate)."""
@@ -88,7 +90,7 @@ class Event(enum.Enum):
     RENEW = "renew"  # restart the acquisition lock
     LOCK_EXPIRED = "lock-expired"
     MEMBER_LEFT = "member-left"  # share session closed / member left the group
-    ARCHIVE = "archive"  # log truncation, control batch, aborted transaction
+    ARCHIVE = "archive"  # log truncation (control batches, aborted transactions and gaps join the window archived)
     MARK = "mark"  # MarkInProgress (draft KIP §3.2)
     STALE = "stale"  # no progress within the staleness threshold (sweeper, or a stuck member leaving)
     MAX_EXTENSION = "max-extension"  # in progress for the max lock extension, progress or not
@@ -111,16 +113,16 @@ class Transition:
 
     ``delivery_delta`` is applied to the delivery count. ``archive_at_limit`` turns a move to
     AVAILABLE into ARCHIVED once the delivery count has reached the group's limit.
-    ``dead_letter``: the move archives for a dead-letter reason (a reject); with a dead-letter queue
-    configured the records go to ARCHIVING instead of ARCHIVED (KIP-1191). ``archive_at_limit``
-    archiving is a dead-letter reason too (the delivery limit).
+    ``archive_reason``: why a move to ARCHIVED archives (an archive at the limit is always
+    DELIVERY_LIMIT). Archived for a dead-letter reason (``DEAD_LETTER_REASONS``: a reject, the
+    delivery limit) with a dead-letter queue configured, records go to ARCHIVING instead (KIP-1191).
     """
 
     new_state: RecordState
     delivery_delta: int = 0
     archive_at_limit: bool = False
     keeps_owner: bool = False
-    dead_letter: bool = False
+    archive_reason: ArchiveReason = ArchiveReason.NONE
 
 
 _A = RecordState.AVAILABLE
@@ -129,6 +131,9 @@ _K = RecordState.ACKNOWLEDGED
 _X = RecordState.ARCHIVED
 _D = RecordState.ARCHIVING
 _P = RecordState.IN_PROGRESS
+_REJECTED = ArchiveReason.REJECTED
+_GAP = ArchiveReason.GAP
+_TRUNCATED = ArchiveReason.LOG_TRUNCATED
 
 TRANSITIONS: dict[tuple[RecordState, Event], Transition] = {
     # KIP-932: "Every time that a record is acquired ... its delivery count increments by 1."
@@ -137,15 +142,15 @@ TRANSITIONS: dict[tuple[RecordState, Event], Transition] = {
     # KIP-932 state diagram: released / lock elapsed -> Available, or Archived at the limit.
     (_Q, Event.RELEASE): Transition(_A, archive_at_limit=True),
     (_Q, Event.LOCK_EXPIRED): Transition(_A, archive_at_limit=True),
-    (_Q, Event.REJECT): Transition(_X, dead_letter=True),
+    (_Q, Event.REJECT): Transition(_X, archive_reason=_REJECTED),
     # Gap: nothing was there to deliver; archived, delivery count left as it is (as Kafka).
-    (_Q, Event.GAP): Transition(_X),
+    (_Q, Event.GAP): Transition(_X, archive_reason=_GAP),
     (_Q, Event.RENEW): Transition(_Q, keeps_owner=True),
     # Kafka releases a closing session's records with DeliveryCountOps.DECREASE: the attempt
     # never reached the application, so it does not count and never archives.
     (_Q, Event.MEMBER_LEFT): Transition(_A, delivery_delta=-1),
-    (_A, Event.ARCHIVE): Transition(_X),
-    (_Q, Event.ARCHIVE): Transition(_X),
+    (_A, Event.ARCHIVE): Transition(_X, archive_reason=_TRUNCATED),
+    (_Q, Event.ARCHIVE): Transition(_X, archive_reason=_TRUNCATED),
     # Draft KIP §2.2 "Allowed transitions". No row changes the delivery count: the delivery was
     # counted at acquisition, and an IN_PROGRESS record has provably reached the application, so
     # releasing it is that same attempt ending (docs/in-progress.md "Delivery counting").
@@ -154,13 +159,14 @@ TRANSITIONS: dict[tuple[RecordState, Event], Transition] = {
     (_P, Event.RENEW): Transition(_P, keeps_owner=True),  # a stock client's renew counts as progress
     (_P, Event.ACCEPT): Transition(_K),
     (_P, Event.RELEASE): Transition(_A, archive_at_limit=True),
-    (_P, Event.REJECT): Transition(_X, dead_letter=True),
-    (_P, Event.GAP): Transition(_X),
+    (_P, Event.REJECT): Transition(_X, archive_reason=_REJECTED),
+    (_P, Event.GAP): Transition(_X, archive_reason=_GAP),
     (_P, Event.STALE): Transition(_A, archive_at_limit=True),
     (_P, Event.MAX_EXTENSION): Transition(_A, archive_at_limit=True),
     (_P, Event.GRACE_EXPIRED): Transition(_A, archive_at_limit=True),
-    (_P, Event.ARCHIVE): Transition(_X),
-    # KIP-1191: the dead-letter record is written (or the write given up, as Kafka archives anyway).
+    (_P, Event.ARCHIVE): Transition(_X, archive_reason=_TRUNCATED),
+    # KIP-1191: the dead-letter record is written (or the write given up, as Kafka archives anyway);
+    # the records keep the reason they entered ARCHIVING with.
     # No ARCHIVE row: records waiting for their dead-letter write stay so when the log start passes
     # them (written with headers only) -- the SPSO never passes ARCHIVING.
     (_D, Event.DEAD_LETTER): Transition(_X),

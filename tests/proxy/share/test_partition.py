@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from codec.share_events import ArchiveReason, EventKind
 from proxy.share.partition import (
     INVALID_RECORD_STATE,
     INVALID_REQUEST,
@@ -16,6 +17,7 @@ from proxy.share.partition import (
     PartitionConfig,
     PartitionSnapshot,
     PersistedBatch,
+    RecordEvent,
     SharePartition,
     ShareStateError,
     StateDelta,
@@ -345,7 +347,10 @@ def test_gap_archives_without_changing_the_delivery_count(held):
 
 
 def test_renew_restarts_the_lock_and_persists_nothing(held):
-    assert ack(held, "m1", 0, 9, RENEW, now=20_000) is None
+    renewed = ack(held, "m1", 0, 9, RENEW, now=20_000)
+    # Nothing to write; only the event log hears of it.
+    assert renewed == StateDelta(-1, ())
+    assert renewed.events == (RecordEvent(EventKind.RENEWED, 0, 9, "m1", 1),)
     assert held.record_state(0) == (ACQUIRED, 1, "m1")
     # m2's lock (from t=0) still expires at 30s; m1's now at 50s.
     assert held.expire(LOCK_MS) == StateDelta(-1, (pb(10, 19, AVAILABLE, 1),))
@@ -797,5 +802,7 @@ def test_rollback_after_a_split_restores_each_offset():
 def test_renew_only_acknowledgement_stages_nothing():
     p = SharePartition(PartitionConfig(), start_offset=0)
     fetch(p, Log.uniform(0, 5, 5), "m", now=0)
-    assert stage(p, "m", 0, 4, RENEW, now=1_000) is None
+    staged = stage(p, "m", 0, 4, RENEW, now=1_000)
+    assert staged.change_id == 0 and staged.delta == StateDelta(-1, ())
+    assert [e.kind for e in staged.delta.events] == [EventKind.RENEWED]
     assert p.staged_changes == 0 and p.next_deadline() == 1_000 + LOCK_MS

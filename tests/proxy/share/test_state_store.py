@@ -7,6 +7,7 @@ import uuid
 import pytest
 
 from codec import share_state as records
+from codec.share_events import ArchiveReason
 from proxy.share import state_store
 from proxy.share.partition import PartitionSnapshot, PersistedBatch, StateDelta
 from proxy.share.states import RecordState
@@ -228,11 +229,10 @@ def raw_snapshot(batches, *, key=KEY, start_offset=10, epoch=5):
     (10, 12, 9, 1),  # unknown delivery state
     (10, 12, -1, 1),
     (10, 12, 1, 1),  # Acquired: never persisted
-    (10, 12, 3, 1),  # Kafka's ARCHIVING: not served
     (12, 10, 0, 1),  # last offset before first
     (-3, 10, 0, 1),
     (10, 12, 0, -1),  # negative delivery count
-], ids=["state-9", "state-minus-1", "acquired", "archiving", "reversed", "negative-offset",
+], ids=["state-9", "state-minus-1", "acquired", "reversed", "negative-offset",
         "negative-count"])
 def test_a_record_that_cannot_be_applied_is_skipped_and_the_previous_state_kept(batch):
     recovered = state_store.recover([group(), snapshot(epoch=4), raw_snapshot([(15, 15, 0, 2), batch])])
@@ -354,3 +354,43 @@ def test_an_in_progress_batch_without_owner_is_recovered_and_delivered_again():
     assert recovered.skipped == 0
     engine = SharePartition.from_persisted(PartitionConfig(), recovered.partitions[KEY].snapshot)
     assert engine.record_state(11) == (RecordState.AVAILABLE, 2, None)
+
+
+ARCHIVING_SNAPSHOT = PartitionSnapshot(10, (
+    PersistedBatch(10, 11, RecordState.ARCHIVING, 2, archive_reason=ArchiveReason.REJECTED),
+    PersistedBatch(12, 12, RecordState.ARCHIVING, 5, archive_reason=ArchiveReason.DELIVERY_LIMIT),
+    PersistedBatch(13, 13, RecordState.ACKNOWLEDGED, 1),
+))
+
+
+def test_archiving_batches_round_trip_with_their_reason_in_tag_103():
+    written = state_store.snapshot_record(
+        KEY, ARCHIVING_SNAPSHOT, snapshot_epoch=1, state_epoch=0, create_timestamp=1, write_timestamp=2)
+    batches = records.decode_value(records.RecordType.SHARE_SNAPSHOT, written[1]).state_batches
+    assert [(b.delivery_state, b.archive_reason) for b in batches] == [(3, 1), (3, 2), (2, 0)]
+    # Tag 103 (0x67), size 1, on the two state-3 batches only (the default 0 is not written).
+    assert written[1].count(bytes([0x67, 0x01, 0x01])) == 1 and written[1].count(bytes([0x67, 0x01, 0x02])) == 1
+    recovered = state_store.recover([group(), written])
+    assert recovered.skipped == 0
+    assert recovered.partitions[KEY].snapshot == ARCHIVING_SNAPSHOT
+
+
+def test_archiving_updates_round_trip_through_update_record():
+    delta = StateDelta(-1, (PersistedBatch(15, 15, RecordState.ARCHIVING, 3, archive_reason=ArchiveReason.REJECTED),))
+    recovered = state_store.recover([
+        group(), snapshot(epoch=2), state_store.update_record(KEY, delta, snapshot_epoch=2),
+    ])
+    assert recovered.partitions[KEY].updates == [delta]
+
+
+def test_kafkas_archiving_batch_without_a_reason_gets_kafkas_rule_from_the_count():
+    from proxy.share.partition import PartitionConfig, SharePartition
+    # Kafka writes state 3 without tag 103: the count decides (>= the limit: delivery limit).
+    recovered = state_store.recover([group(), raw_snapshot([(10, 11, 3, 2), (12, 12, 3, 5)])])
+    assert recovered.skipped == 0
+    snapshot_read = recovered.partitions[KEY].snapshot
+    assert [b.archive_reason for b in snapshot_read.state_batches] == [ArchiveReason.NONE, ArchiveReason.NONE]
+    engine = SharePartition.from_persisted(PartitionConfig(delivery_count_limit=5), snapshot_read)
+    assert [(r.first_offset, r.last_offset, r.reason) for r in engine.archiving()] == [
+        (10, 11, ArchiveReason.REJECTED), (12, 12, ArchiveReason.DELIVERY_LIMIT)]
+    assert engine.start_offset == 10 and engine.archiving_count == 3
