@@ -163,6 +163,28 @@ def test_kafka_reads_the_in_progress_state_the_engine_and_state_store_write():
     ]
 
 
+def test_kafka_reads_the_archiving_state_the_engine_and_state_store_write():
+    """KIP-1191: state 3 is Kafka's ARCHIVING; our reason (tag 103) is kept as an unknown tag."""
+    from proxy.share import state_store
+    from proxy.share.partition import BatchHeader, PartitionConfig, SharePartition
+
+    engine = SharePartition(PartitionConfig(delivery_count_limit=2, dead_letter=True), 0)
+    engine.acquire("member-7", [BatchHeader(0, 9)], now=1_000, max_records=10)
+    engine.acknowledge("member-7", [AckRange(0, 2, (3,)), AckRange(3, 9, (2,))], now=2_000)  # reject, release
+    engine.acquire("member-7", [BatchHeader(0, 9)], now=3_000, max_records=10)
+    engine.acknowledge("member-7", [AckRange(3, 4, (2,))], now=4_000)  # second delivery: the limit
+    key_bytes, value_bytes = state_store.snapshot_record(
+        (cases.GROUP, cases.TOPIC, 0), engine.snapshot(), snapshot_epoch=1, state_epoch=0,
+        create_timestamp=1, write_timestamp=2)
+    seen = run("parse", "share_state", key_bytes.hex(), value_bytes.hex())
+    assert bytes.fromhex(seen["reserializedValue"]) == value_bytes
+    assert seen["value"]["startOffset"] == 0
+    assert [(b["firstOffset"], b["lastOffset"], b["deliveryState"], b["deliveryCount"])
+            for b in seen["value"]["stateBatches"]] == [(0, 2, 3, 1), (3, 4, 3, 2), (5, 9, 0, 1)]
+    assert [[(t["tag"], bytes.fromhex(t["data"])) for t in b["tags"]] for b in seen["batchUnknownTags"]] == [
+        [(103, bytes([1]))], [(103, bytes([2]))], []]
+
+
 def test_kafka_reads_our_tombstone():
     key, _ = cases.share_snapshot()
     key_bytes, value_bytes = encode_record(key, None)

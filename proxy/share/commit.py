@@ -9,8 +9,13 @@ which
    ShareSnapshot per dirty share-partition, many partitions per producer batch);
 2. remembers the engine's *staged* change id, if the change was staged (client acknowledgements:
    Kafka's two-phase ``startStateTransition`` / ``completeStateTransition``);
-3. tells every subscriber of the change hook (metrics, and later the event log and the
-   dead-letter writer) what changed and why.
+3. tells every subscriber of the change hook (metrics, the event log, the dead-letter writer)
+   what changed and why.
+
+A change's *events* (``Change.events``, for the event log) are published once they are settled:
+an unstaged change's at once, a staged change's when it commits (with the COMMITTED change), never
+a rolled-back one's. A delta that carries events only (renewals) is published without a write.
+Acquisitions write nothing either: :meth:`CommitPipeline.note_delivered` publishes them.
 
 When a write covering versions up to *v* succeeds, the staged changes up to *v* are committed
 (the SPSO moves over what they finished, released records become acquirable) and waiters up to
@@ -141,12 +146,24 @@ class CommitPipeline:
 
     def record(self, leader: Leader, delta: StateDelta | None, cause: Cause, staged: StagedChange | None = None) -> int:
         """Note a change that must become durable; returns the version to wait for."""
-        leader.version += 1
         if staged is not None and staged.change_id:
-            leader.staged.append((leader.version, staged.change_id))
+            leader.version += 1
+            # Its events wait for the commit (published with it) or the rollback (dropped).
+            leader.staged.append((leader.version, staged.change_id, delta.events if delta is not None else ()))
+            self._dirty.add(leader)
+            self._wakeup.set()
+            self._notify(Change(leader.key, cause, delta))
+            return leader.version
+        events = delta.events if delta is not None else ()
+        if delta is not None and delta.start_offset < 0 and not delta.state_batches:
+            # Nothing to write (e.g. only renewals); a caller answering a client still waits for
+            # this partition's earlier changes, so an unfinished one is written (again) first.
+            self._notify(Change(leader.key, cause, delta, events))
+            return self.touch(leader) if leader.durable < leader.version else leader.version
+        leader.version += 1
         self._dirty.add(leader)
         self._wakeup.set()
-        self._notify(Change(leader.key, cause, delta))
+        self._notify(Change(leader.key, cause, delta, events))
         return leader.version
 
     def note_delivered(self, key: SharePartitionKey, events: tuple[RecordEvent, ...]) -> None:
@@ -248,13 +265,15 @@ class CommitPipeline:
             self._group_written = trio.Event()
         for leader, version in covered:
             leader.durable = max(leader.durable, version)
-            committed = [change_id for v, change_id in leader.staged if v <= version]
+            committed = [(change_id, events) for v, change_id, events in leader.staged if v <= version]
             if committed:
-                leader.staged = [(v, c) for v, c in leader.staged if v > version]
-                for change_id in committed:
+                leader.staged = [entry for entry in leader.staged if entry[0] > version]
+                for change_id, events in committed:
                     delta = leader.engine.commit(change_id)
-                    if delta is not None:
-                        self._notify(Change(leader.key, Cause.COMMITTED, delta))
+                    if delta is not None and delta.events:
+                        events = events + delta.events
+                    if delta is not None or events:
+                        self._notify(Change(leader.key, Cause.COMMITTED, delta, events))
                 # An SPSO move needs no write of its own: the snapshot just written has the
                 # finished records at its head, which replay folds into the same SPSO.
                 self._on_settled(leader)
@@ -269,8 +288,9 @@ class CommitPipeline:
                   error=str(exc), partitions=len(covered), attempt=self._failures)
         for leader, version in covered:
             leader.failed = max(leader.failed, version)
-            rolled = [change_id for v, change_id in leader.staged if v <= version]
-            leader.staged = [(v, c) for v, c in leader.staged if v > version]
+            # Rolled back: the records are as they were, so their events never happened.
+            rolled = [change_id for v, change_id, _ in leader.staged if v <= version]
+            leader.staged = [entry for entry in leader.staged if entry[0] > version]
             for change_id in rolled:
                 leader.engine.rollback(change_id)
             if rolled:

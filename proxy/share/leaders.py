@@ -59,12 +59,13 @@ class Leader:
     snapshot_epoch: int = 0
     state_epoch: int = 0
     # Commit bookkeeping (proxy.share.commit): versions bump on every change that must become
-    # durable; `staged` holds (version, change id) of engine changes awaiting their write.
+    # durable; `staged` holds (version, change id, events) of engine changes awaiting their write
+    # (the events are published when the change commits, dropped when it rolls back).
     version: int = 0
     durable: int = 0
     failed: int = 0
     settled: trio.Event = field(default_factory=trio.Event)
-    staged: list[tuple[int, int]] = field(default_factory=list)
+    staged: list[tuple[int, int, tuple]] = field(default_factory=list)
     # The deadline queued for this leader in the registry's heap (math.inf when none).
     scheduled: float = math.inf
     # Reader state (proxy.share.reader): log bytes per record learned from fetches, one upstream

@@ -130,7 +130,7 @@ class ShareEventCounts:
                     by_type[ack_type] = by_type.get(ack_type, 0) + 1
         rejected = by_type.get(int(AcknowledgeType.REJECT), 0)
         # A release at the delivery limit archives the record: what was archived and not rejected.
-        archived = _records_in(delta, RecordState.ARCHIVED)
+        archived = _archived_in(delta)
         for counts in self._counts(key):
             for ack_type, records in by_type.items():
                 name = ACK_TYPE_NAMES.get(ack_type)
@@ -146,7 +146,7 @@ class ShareEventCounts:
             return
         if cause is Cause.LOCK_EXPIRED:
             released = _records_in(delta, RecordState.AVAILABLE)
-            archived = _records_in(delta, RecordState.ARCHIVED)
+            archived = _archived_in(delta)
             for counts in self._counts(change.key):
                 counts.lock_expired += released + archived
                 counts.add_archived("delivery_limit", archived)
@@ -161,14 +161,14 @@ class ShareEventCounts:
         elif cause in IN_PROGRESS_RELEASE_REASONS:
             reason = IN_PROGRESS_RELEASE_REASONS[cause]
             released = _records_in(delta, RecordState.AVAILABLE)
-            archived = _records_in(delta, RecordState.ARCHIVED)  # released on their last delivery
+            archived = _archived_in(delta)  # released on their last delivery
             for counts in self._counts(change.key):
                 if released + archived:
                     counts.in_progress_released[reason] = counts.in_progress_released.get(reason, 0) + released + archived
                 counts.add_archived("delivery_limit", archived)
         elif cause in (Cause.ACQUIRED, Cause.LOG_TRUNCATED):
             reason = "aborted_or_control" if cause is Cause.ACQUIRED else "log_truncated"
-            archived = _records_in(delta, RecordState.ARCHIVED)
+            archived = _archived_in(delta)
             for counts in self._counts(change.key):
                 counts.add_archived(reason, archived)
 
@@ -188,6 +188,12 @@ class ShareEventCounts:
             del self.groups[group_id]
         for key in [k for k in self.partitions if k not in partitions]:
             del self.partitions[key]
+
+
+def _archived_in(delta: StateDelta | None) -> int:
+    """Records the change archived: counted when they enter ARCHIVING (a dead-letter queue is
+    configured) or ARCHIVED directly -- never again when ARCHIVING ends (Cause.DEAD_LETTERED)."""
+    return _records_in(delta, RecordState.ARCHIVED) + _records_in(delta, RecordState.ARCHIVING)
 
 
 def _records_in(delta: StateDelta | None, state: RecordState) -> int:

@@ -344,6 +344,7 @@ class Reader:
         )
         if result.delta is not None:
             self.commits.record(leader, result.delta, Cause.ACQUIRED)  # archived control/aborted records
+        self.commits.note_delivered(leader.key, result.delivered)
         if not result.acquired:
             return None
         self._schedule(leader)

@@ -7,6 +7,7 @@ import uuid
 import trio
 from prometheus_client import REGISTRY
 
+from codec.share_events import EventKind
 from proxy.share.commit import Cause, Change, CommitPipeline
 from proxy.share.leaders import Leader
 from proxy.share.partition import AckRange, BatchHeader, PartitionConfig, SharePartition
@@ -140,3 +141,111 @@ async def test_waiting_for_group_records_returns_only_once_a_write_carrying_them
         await pipeline.group_records_durable(later)
     assert len(done) == 1
     assert dict(writer.batches[-1]) == {b"config-key": b"v1", b"other-key": b"v2"}
+
+
+# ----- events (Change.events) --------------------------------------------------------------------
+
+REJECT = int(AcknowledgeType.REJECT)
+RENEW = int(AcknowledgeType.RENEW)
+
+
+def listening(pipeline: CommitPipeline) -> list[Change]:
+    heard: list[Change] = []
+    pipeline.subscribe(heard.append)
+    return heard
+
+
+def event_kinds(change: Change) -> list[tuple[EventKind, int, int]]:
+    return [(e.kind, e.first_offset, e.last_offset) for e in change.events]
+
+
+async def test_a_staged_changes_events_are_published_at_its_commit(autojump_clock):
+    pipeline = CommitPipeline(Writer(), "state", wall_clock=lambda: 0)
+    heard = listening(pipeline)
+    leader = acquired_leader()
+    staged = leader.engine.stage_acknowledge("m", [AckRange(0, 9, (ACCEPT,))], now=1)
+    pipeline.record(leader, staged.delta, Cause.ACKNOWLEDGED, staged)
+    assert [(c.cause, c.events) for c in heard] == [(Cause.ACKNOWLEDGED, ())]  # not settled yet
+    assert await pipeline.write_once()
+    assert heard[-1].cause is Cause.COMMITTED
+    assert event_kinds(heard[-1]) == [(EventKind.ACCEPTED, 0, 9)]
+    assert leader.staged == []
+
+
+async def test_a_rolled_back_changes_events_are_never_published(autojump_clock):
+    writer = Writer()
+    writer.fail = True
+    pipeline = CommitPipeline(writer, "state", wall_clock=lambda: 0)
+    heard = listening(pipeline)
+    leader = acquired_leader()
+    staged = leader.engine.stage_acknowledge("m", [AckRange(0, 9, (ACCEPT,))], now=1)
+    pipeline.record(leader, staged.delta, Cause.ACKNOWLEDGED, staged)
+    assert not await pipeline.write_once()
+    writer.fail = False
+    assert await pipeline.write_once()  # the retry of the partition: nothing staged any more
+    assert [c.events for c in heard] == [()]
+    assert leader.staged == []
+
+
+async def test_an_unstaged_changes_events_are_published_when_recorded(autojump_clock):
+    pipeline = CommitPipeline(Writer(), "state", wall_clock=lambda: 0)
+    heard = listening(pipeline)
+    leader = acquired_leader()
+    pipeline.record(leader, leader.engine.expire(10**9), Cause.LOCK_EXPIRED)
+    assert event_kinds(heard[0]) == [(EventKind.LOCK_EXPIRED, 0, 9)]
+    assert heard[0].events[0].member_id == "m"
+
+
+async def test_events_only_delta_is_published_without_a_write(autojump_clock):
+    writer = Writer()
+    pipeline = CommitPipeline(writer, "state", wall_clock=lambda: 0)
+    heard = listening(pipeline)
+    leader = acquired_leader()
+    renewed = leader.engine.stage_acknowledge("m", [AckRange(0, 9, (RENEW,))], now=1)
+    version = pipeline.record(leader, renewed.delta, Cause.ACKNOWLEDGED, renewed)
+    assert version == leader.version == 0 and not pipeline.busy
+    await pipeline.durable(leader, version)  # nothing pending: returns at once
+    assert event_kinds(heard[0]) == [(EventKind.RENEWED, 0, 9)]
+    assert writer.batches == []
+
+
+async def test_events_only_delta_waits_for_earlier_unfinished_changes(autojump_clock):
+    pipeline = CommitPipeline(Writer(), "state", wall_clock=lambda: 0)
+    leader = acquired_leader()
+    pipeline.record(leader, None, Cause.INITIALISED)
+    renewed = leader.engine.stage_acknowledge("m", [AckRange(0, 9, (RENEW,))], now=1)
+    version = pipeline.record(leader, renewed.delta, Cause.ACKNOWLEDGED, renewed)
+    assert version == 2 and leader.durable < version
+    assert await pipeline.write_once()
+    await pipeline.durable(leader, version)
+
+
+async def test_note_delivered_tells_subscribers_without_a_write(autojump_clock):
+    pipeline = CommitPipeline(Writer(), "state", wall_clock=lambda: 0)
+    heard = listening(pipeline)
+    engine = SharePartition(PartitionConfig(), 0)
+    result = engine.acquire("m", [BatchHeader(0, 4), BatchHeader(5, 5, is_control=True), BatchHeader(6, 9)],
+                            now=0, max_records=100)
+    pipeline.note_delivered(KEY, result.delivered)
+    pipeline.note_delivered(KEY, ())  # nothing handed over: nothing heard
+    assert [(c.cause, c.delta) for c in heard] == [(Cause.DELIVERED, None)]
+    assert [(e.kind, e.first_offset, e.last_offset, e.member_id, e.delivery_count) for e in heard[0].events] == [
+        (EventKind.ACQUIRED, 0, 4, "m", 1), (EventKind.ACQUIRED, 6, 9, "m", 1)]
+    assert not pipeline.busy
+
+
+async def test_dead_lettered_change_publishes_dead_lettered_then_archived(autojump_clock):
+    pipeline = CommitPipeline(Writer(), "state", wall_clock=lambda: 0)
+    heard = listening(pipeline)
+    engine = SharePartition(PartitionConfig(dead_letter=True), 0)
+    engine.acquire("m", [BatchHeader(0, 9)], now=0, max_records=100)
+    leader = Leader(KEY, engine, create_timestamp=0)
+    staged = engine.stage_acknowledge("m", [AckRange(0, 1, (REJECT,))], now=1)
+    pipeline.record(leader, staged.delta, Cause.ACKNOWLEDGED, staged)
+    assert await pipeline.write_once()
+    assert event_kinds(heard[-1]) == [(EventKind.REJECTED, 0, 1), (EventKind.ARCHIVING, 0, 1)]
+    version = pipeline.record(leader, engine.finish_archiving(0, 1, dead_lettered=True), Cause.DEAD_LETTERED)
+    assert event_kinds(heard[-1]) == [(EventKind.DEAD_LETTERED, 0, 1), (EventKind.ARCHIVED, 0, 1)]
+    assert await pipeline.write_once()
+    await pipeline.durable(leader, version)
+    assert engine.start_offset == 2

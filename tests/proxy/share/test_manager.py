@@ -332,6 +332,29 @@ async def test_fetch_acquires_records_and_returns_the_broker_batches_unchanged(h
     assert result[TP].records == batch
 
 
+async def test_the_change_hook_hears_acquisitions_and_the_acknowledgements_once_durable(harness, autojump_clock):
+    from codec.share_events import EventKind
+    from proxy.share.commit import Cause
+
+    heard = []
+    harness.service.commits.subscribe(heard.append)
+    harness.cluster.append([b"a", b"b", b"c"])
+    member = harness.member("m")
+    await harness.join(member)
+    await harness.fetch(member)
+    delivered = [c for c in heard if c.cause is Cause.DELIVERED]
+    assert [(e.kind, e.first_offset, e.last_offset, e.delivery_count) for c in delivered for e in c.events] == [
+        (EventKind.ACQUIRED, 0, 2, 1)]
+    await harness.acknowledge(member, [(TP, 0, 2, int(AcknowledgeType.RENEW))])
+    writes = len(harness.writer.writes)
+    await harness.acknowledge(member, [(TP, 0, 2, int(AcknowledgeType.RENEW))])
+    assert len(harness.writer.writes) == writes  # a renewal persists nothing
+    await harness.acknowledge(member, [(TP, 0, 2, ACCEPT)])
+    published = [(c.cause, e.kind) for c in heard for e in c.events]
+    assert published[-1] == (Cause.COMMITTED, EventKind.ACCEPTED)
+    assert published.count((Cause.ACKNOWLEDGED, EventKind.RENEWED)) == 2
+
+
 async def test_members_acquire_disjoint_records(harness, autojump_clock):
     harness.cluster.append([b"a", b"b"])
     first, second = harness.member("one"), harness.member("two")

@@ -62,6 +62,24 @@ def test_acknowledgements_by_type_and_archiving_by_reason_from_a_real_delta():
         assert counts.archived == {"rejected": 1, "delivery_limit": 2}
 
 
+def test_with_a_dead_letter_queue_archiving_is_counted_once_not_again_when_dead_lettered():
+    events = ShareEventCounts()
+    engine = SharePartition(PartitionConfig(delivery_count_limit=2, dead_letter=True), 0)
+    acquire(engine, 0, 4)
+    engine.acknowledge("m1", [AckRange(0, 1, (RELEASE,))], now=1)
+    acquire(engine, 0, 1, now=2)  # 0-1 on their last delivery
+    ranges = [AckRange(0, 1, (RELEASE,)), AckRange(2, 2, (REJECT,))]
+    staged = engine.stage_acknowledge("m1", ranges, now=3)
+    events.acknowledged(KEY, ranges, staged.delta)
+    engine.commit(staged.change_id)
+    expired = engine.expire(now=10**9)  # 3-4: first delivery, released, not archived
+    events.on_change(Change(KEY, Cause.LOCK_EXPIRED, expired))
+    counts = events.groups["orders-group"]
+    assert counts.archived == {"rejected": 1, "delivery_limit": 2}
+    events.on_change(Change(KEY, Cause.DEAD_LETTERED, engine.finish_archiving(0, 2, dead_lettered=True)))
+    assert counts.archived == {"rejected": 1, "delivery_limit": 2}
+
+
 def test_lock_expiry_and_member_release_from_the_change_hook():
     events = ShareEventCounts()
     engine = engine_with(10, limit=2)

@@ -5,7 +5,10 @@ invalid), progress marks (draft KIP KAFKA-20458), clock advances (lock expiry, t
 rebalance-grace expiry), member departures, log truncation, snapshots and restarts from persisted
 state. After every step the engine must agree with the model and keep the invariants of KIP-932:
 the window tiles [SPSO, SPEO), SPSO never passes a held (ACQUIRED or IN_PROGRESS) record, and no
-delivery is counted twice (IN_PROGRESS paths never change the count).
+delivery is counted twice (IN_PROGRESS paths never change the count). With a dead-letter queue
+(KIP-1191) rejected and limit-archived records go to ARCHIVING: never acquired again, never passed by
+the SPSO, kept (through log truncation and restarts) until finish_archiving moves them to ARCHIVED
+with their delivery counts unchanged.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from codec.share_events import EventKind
 from proxy.share.partition import (
     AckRange,
     AcquireMode,
@@ -98,8 +102,10 @@ class PartitionMachine(RuleBasedStateMachine):
         read_committed=st.booleans(),
         # Just above the staleness threshold (max extension often wins), or far above it.
         max_extension=st.sampled_from([9_000, 30_000]),
+        dead_letter=st.booleans(),
     )
-    def setup(self, log: GeneratedLog, limit: int, locks: int, read_committed: bool, max_extension: int) -> None:
+    def setup(self, log: GeneratedLog, limit: int, locks: int, read_committed: bool, max_extension: int,
+              dead_letter: bool) -> None:
         self.log = log
         self.max_ms = max_extension
         self.config = PartitionConfig(
@@ -110,7 +116,10 @@ class PartitionMachine(RuleBasedStateMachine):
             in_progress_staleness_threshold_ms=STALE_MS,
             in_progress_max_lock_extension_ms=max_extension,
             in_progress_rebalance_grace_ms=GRACE_MS,
+            dead_letter=dead_letter,
         )
+        # ARCHIVING offsets as last seen; they leave only through finish_archiving.
+        self.archiving: set[int] = set()
         self.never = log.undeliverable_always | (log.aborted_offsets if read_committed else frozenset())
         self.p = SharePartition(self.config, 0)
         self.snapshot = self.p.snapshot()
@@ -403,6 +412,29 @@ class PartitionMachine(RuleBasedStateMachine):
             self._drop_holding(offset)
         assert (stale.records if stale is not None else 0) == stale_model
 
+    @precondition(lambda self: self.p.archiving_count > 0)
+    @rule(data=st.data())
+    def finish_archiving(self, data):
+        runs = self.p.archiving()
+        run = data.draw(st.sampled_from(runs), label="run")
+        first = data.draw(st.integers(run.first_offset - 2, run.last_offset), label="first")
+        last = data.draw(st.integers(max(first, run.first_offset), run.last_offset + 2), label="last")
+        dead_lettered = data.draw(st.booleans(), label="dead_lettered")
+        finishing = {o for o in self.archiving if first <= o <= last}
+        counts = {o: self.p.record_state(o)[1] for o in finishing}
+        delta = self.p.finish_archiving(first, last, dead_lettered=dead_lettered)
+        assert delta is not None
+        self._record(delta)
+        for offset in finishing:
+            if offset >= self.p.start_offset:  # (below it the engine keeps nothing)
+                assert self.p.record_state(offset) == (RecordState.ARCHIVED, counts[offset], None)
+        archived = {o for e in delta.events if e.kind is EventKind.ARCHIVED for o in range(e.first_offset, e.last_offset + 1)}
+        lettered = {o for e in delta.events if e.kind is EventKind.DEAD_LETTERED
+                    for o in range(e.first_offset, e.last_offset + 1)}
+        assert archived == finishing and lettered == (finishing if dead_lettered else set())
+        self.archiving -= finishing
+        self.finished |= finishing
+
     @rule(data=st.data())
     def truncate_log(self, data):
         candidates = [b.base_offset for b in self.log.batches if b.base_offset > self.log_start]
@@ -411,7 +443,8 @@ class PartitionMachine(RuleBasedStateMachine):
         new_start = data.draw(st.sampled_from(candidates[:10]))
         self.log_start = new_start
         self._record(self.p.advance_log_start(new_start))
-        for offset in [o for o in self.holder if o < self.p.start_offset]:
+        # (ARCHIVING records may hold the SPSO below the new log start.)
+        for offset in [o for o in self.holder if o < max(new_start, self.p.start_offset)]:
             self._drop_holding(offset)
 
     @rule()
@@ -442,9 +475,17 @@ class PartitionMachine(RuleBasedStateMachine):
         assert p.start_offset >= self.highest_start, "SPSO moved backwards"
         self.highest_start = p.start_offset
         assert p.start_offset <= p.end_offset
-        assert p.in_flight_count <= self.config.max_record_locks
+        # Records waiting for their dead-letter write hold the window even past the log start.
+        assert p.in_flight_count <= self.config.max_record_locks or p.archiving_count
+        archiving = {o for r in p.archiving() for o in range(r.first_offset, r.last_offset + 1)}
+        assert p.archiving_count == len(archiving)  # nothing is staged between steps
+        assert self.archiving <= archiving, "ARCHIVING records left without finish_archiving"
+        assert not archiving or self.config.dead_letter
+        assert all(o >= p.start_offset for o in archiving)
+        self.archiving = archiving
         cursor = p.start_offset
         for index, (first, last, state, count, member) in enumerate(p.in_flight()):
+            assert (state is RecordState.ARCHIVING) == (first in archiving)
             assert first == cursor, "in-flight batches must tile [SPSO, SPEO)"
             cursor = last + 1
             if index == 0:
@@ -458,8 +499,8 @@ class PartitionMachine(RuleBasedStateMachine):
                     assert self.holder.get(offset) == member and offset in self.progress
                 else:
                     assert offset not in self.holder
-                if state in TERMINAL_STATES:
-                    self.finished.add(offset)
+                if state in TERMINAL_STATES or state is RecordState.ARCHIVING:
+                    self.finished.add(offset)  # never delivered again
                 elif self.count.get(offset, 0) >= self.config.delivery_count_limit:
                     assert state in (RecordState.ACQUIRED, RecordState.IN_PROGRESS), \
                         f"{offset} at the limit yet {state.name}"
