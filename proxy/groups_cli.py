@@ -46,12 +46,11 @@ EXIT_UNREACHABLE = 3
 EXIT_NO_EXTENSION = 4
 
 # Record states as the wire carries them (codec.share_state.DeliveryState: KIP-932's and the
-# draft's IN_PROGRESS), one column each; ARCHIVING is never in flight for long and has none.
+# draft's IN_PROGRESS, KIP-1191's ARCHIVING: records waiting for their dead-letter write), one column each.
 STATE_NAMES = {int(state): state.name for state in DeliveryState}
-STATE_COLUMNS: tuple[tuple[int, str], ...] = tuple(
-    (int(state), state.name) for state in DeliveryState if state is not DeliveryState.ARCHIVING)
+STATE_COLUMNS: tuple[tuple[int, str], ...] = tuple((int(state), state.name) for state in DeliveryState)
 API_KEY_ENV = ENV_PREFIX + "DESCRIBE_IN_FLIGHT_API_KEY"  # the same variable `serve` reads
-# What --state accepts: every state the wire can carry (ARCHIVING is accepted and matches nothing).
+# What --state accepts: every state the wire can carry.
 _STATE_CHOICES = tuple(state.name for state in DeliveryState)
 
 

@@ -51,8 +51,7 @@ from proxy.share.states import RecordState
 log = structlog.get_logger(__name__)
 
 IN_PROGRESS = RecordState.IN_PROGRESS
-# State ids a request may filter on: every id the wire carries (ARCHIVING, 3, is accepted and
-# never matches: the proxy has no dead-letter step).
+# State ids a request may filter on: every id the wire carries (ARCHIVING, 3: a dead-letter write pending).
 KNOWN_STATE_IDS = frozenset(int(state) for state in DeliveryState)
 NO_FILTER = -1
 

@@ -40,7 +40,8 @@ def test_rows_count_records_by_state_sorted_by_topic_and_partition():
     assert [(r.topic, r.partition) for r in rows][1:] == [("orders", 0), ("orders", 1)]
     orders0 = rows[1]
     assert (orders0.start_offset, orders0.end_offset, orders0.in_flight) == (4, 10, 6)
-    assert orders0.counts == {"AVAILABLE": 2, "ACQUIRED": 3, "ACKNOWLEDGED": 0, "ARCHIVED": 1, "IN_PROGRESS": 0}
+    assert orders0.counts == {"AVAILABLE": 2, "ACQUIRED": 3, "ACKNOWLEDGED": 0, "ARCHIVING": 0, "ARCHIVED": 1,
+                              "IN_PROGRESS": 0}
     assert rows[2].in_flight == 0 and rows[2].error is None
     assert rows[0].error == "UNKNOWN_TOPIC_OR_PARTITION: Topic id gone."
 
@@ -52,11 +53,11 @@ def test_table_has_one_aligned_line_per_share_partition_and_an_error_column_only
     clean = groups_cli.render_table("g", rows[1:]).splitlines()
 
     assert lines[0].split() == ["GROUP", "TOPIC", "PARTITION", "START-OFFSET", "END-OFFSET", "IN-FLIGHT", "AVAILABLE",
-                                "ACQUIRED", "ACKNOWLEDGED", "ARCHIVED", "IN_PROGRESS", "ERROR"]
+                                "ACQUIRED", "ACKNOWLEDGED", "ARCHIVING", "ARCHIVED", "IN_PROGRESS", "ERROR"]
     assert lines[1].split()[2:6] == ["0", "-", "-", "0"]
     assert "UNKNOWN_TOPIC_OR_PARTITION" in lines[1]
-    assert clean[1].split() == ["g", "orders", "0", "4", "10", "6", "2", "3", "0", "1", "0"]
-    assert clean[2].split() == ["g", "orders", "1", "100", "100", "0", "0", "0", "0", "0", "0"]
+    assert clean[1].split() == ["g", "orders", "0", "4", "10", "6", "2", "3", "0", "0", "1", "0"]
+    assert clean[2].split() == ["g", "orders", "1", "100", "100", "0", "0", "0", "0", "0", "0", "0"]
     assert clean[0].index("START-OFFSET") == clean[1].index("4 ")  # columns line up
 
 
@@ -70,8 +71,8 @@ def test_json_carries_the_same_values():
     assert document["group"] == "g"
     orders0 = document["partitions"][1]
     assert orders0 == {"topic": "orders", "partition": 0, "start_offset": 4, "end_offset": 10, "in_flight": 6,
-                       "records_by_state": {"AVAILABLE": 2, "ACQUIRED": 3, "ACKNOWLEDGED": 0, "ARCHIVED": 1,
-                                            "IN_PROGRESS": 0},
+                       "records_by_state": {"AVAILABLE": 2, "ACQUIRED": 3, "ACKNOWLEDGED": 0, "ARCHIVING": 0,
+                                            "ARCHIVED": 1, "IN_PROGRESS": 0},
                        "error": None}
 
 
