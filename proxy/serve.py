@@ -89,6 +89,8 @@ def share_settings(config: ProxyConfig):
         upstream_connections=config.share_upstream_connections,
         long_poll_connections=config.share_long_poll_connections,
         metrics_per_partition=config.metrics_per_partition,
+        dead_letter_auto_create_topics=config.errors_deadletterqueue_auto_create_topics_enable,
+        dead_letter_topic_name_prefix=config.errors_deadletterqueue_topic_name_prefix,
     )
 
 

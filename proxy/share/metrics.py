@@ -29,3 +29,10 @@ STATE_TOPIC_REFUSALS = Counter(
 STATE_REPLAY_SECONDS = Gauge("ksp_share_state_replay_seconds",
                              "Seconds start-up took to create/replay the state topic and rebuild the engines")
 STATE_REPLAY_RECORDS = Gauge("ksp_share_state_replay_records", "State-topic records read by the start-up replay")
+# KIP-1191 dead-letter queues (proxy/share/dead_letters.py, docs/dead-letters.md).
+DEAD_LETTER_RECORDS = Counter("ksp_share_dead_letter_records", "Dead letters written to share groups' DLQ topics",
+                              ["group", "reason"])
+DEAD_LETTER_FAILURES = Counter("ksp_share_dead_letter_failures",
+                               "Records archived without a dead letter: the DLQ topic failed Kafka's checks, none is "
+                               "configured any more, or the topic refused them", ["group", "reason"])
+RECORDS_ARCHIVING = Gauge("ksp_share_records_archiving", "Records ARCHIVING: their dead-letter write pending")

@@ -19,6 +19,7 @@ from proxy.server import Proxy
 from proxy.share import metrics, observe, state_store
 from proxy.share.admin_routes import admin_routes, register_admin_versions
 from proxy.share.cluster import Cluster
+from proxy.share.dead_letters import DeadLetterCluster, DeadLetterSettings, DeadLetterWriter
 from proxy.share.coordinator import CoordinatorConfig, ShareGroupConfig, ShareGroupLimits, parse_auto_offset_reset
 from proxy.share.group_configs import GroupConfigs, group_config_routes
 from proxy.share.group_admin import GroupAdmin
@@ -34,6 +35,7 @@ from proxy.share.in_flight import in_flight_routes, in_flight_version_range
 from proxy.share.progress import extension_features, progress_routes, progress_version_range
 from proxy.share.routes import served_version_ranges, share_routes
 from proxy.share.state_topic_guard import StateTopics, state_topic_routes
+from proxy.share.supervise import supervised
 
 log = structlog.get_logger(__name__)
 
@@ -82,6 +84,8 @@ class ShareSettings:
     upstream_connections: int = 32  # per broker: ListOffsets, ListGroups, record reads
     long_poll_connections: int = 8  # per broker: Fetch long polls, apart so they cannot starve the above
     metrics_per_partition: bool = False  # share-group series per share-partition too (--metrics-per-partition)
+    dead_letter_auto_create_topics: bool = False  # errors.deadletterqueue.auto.create.topics.enable
+    dead_letter_topic_name_prefix: str = "dlq."  # errors.deadletterqueue.topic.name.prefix
 
     def coordinator_config(self) -> CoordinatorConfig:
         limits = ShareGroupLimits(
@@ -187,6 +191,12 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
     # before anything is served.
     service.restore(recovered)
     await nursery.start(service.run)
+    # KIP-1191: ARCHIVING records (announced, or left by the replay just done) get their dead letters.
+    dead_letters = DeadLetterWriter(
+        service, DeadLetterCluster(bootstrap, delivery_timeout_ms=settings.state_write_timeout_ms),
+        DeadLetterSettings(auto_create_topics=settings.dead_letter_auto_create_topics,
+                           topic_name_prefix=settings.dead_letter_topic_name_prefix))
+    nursery.start_soon(supervised, "dead-letters", dead_letters.run)
     # Share-group metrics: event counts from the change hook, gauges computed at scrape time.
     observe.register(service, per_partition=settings.metrics_per_partition)
     proxy.routes.update(share_routes(service))
