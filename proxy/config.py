@@ -140,6 +140,9 @@ class ProxyConfig:
     share_events_linger_ms: int = 100
     share_events_retention_ms: int = 604_800_000
     share_events_partitions: int = 1
+    # KIP-1191 dead-letter queues (docs/dead-letters.md): Kafka's broker configs of the same names.
+    errors_deadletterqueue_auto_create_topics_enable: bool = False
+    errors_deadletterqueue_topic_name_prefix: str = "dlq."
 
     @property
     def effective_advertised_host(self) -> str:
@@ -232,6 +235,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_share_session_partitions", int, "share-partitions one share session may hold; a ShareFetch beyond it gets SHARE_SESSION_LIMIT_REACHED (default 10000; no Kafka counterpart)", "N"),
     Option("describe_in_flight_api_key", int, "API key the extension RPC DescribeShareGroupInFlight is served under (default 82, the draft KIP's; must be a Kafka API key flexible from v0 that the proxy does not serve otherwise)", "KEY"),
     Option("mark_in_progress_api_key", int, "API key the extension RPC MarkInProgress is served under (default 81, the draft KIP's; must be a Kafka API key flexible from v0 that the proxy does not serve otherwise, and differ from --describe-in-flight-api-key)", "KEY"),
+    Option("errors_deadletterqueue_auto_create_topics_enable", parse_bool, "create a share group's missing dead-letter topic (with errors.deadletterqueue.group.enable=true) instead of archiving without a dead letter (Kafka's errors.deadletterqueue.auto.create.topics.enable, default off; docs/dead-letters.md)", flag_is_switch=True),
+    Option("errors_deadletterqueue_topic_name_prefix", str, "dead-letter topic names must start with this; \"\" for no restriction (Kafka's errors.deadletterqueue.topic.name.prefix, default dlq.)", "PREFIX"),
     Option("max_share_session_partitions_total", int, "share-partitions all share sessions together may hold; beyond it SHARE_SESSION_LIMIT_REACHED (default 200000)", "N"),
     Option("share_events_enable", parse_bool, "publish the share-group event log (default true; --share-events-enable false turns it off; docs/event-log.md)", "BOOL"),
     Option("share_events_topic", str, "topic of the share-group event log, created if missing (default __share_group_events)", "TOPIC"),

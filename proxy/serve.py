@@ -95,6 +95,8 @@ def share_settings(config: ProxyConfig):
         share_events_linger_ms=config.share_events_linger_ms,
         share_events_retention_ms=config.share_events_retention_ms,
         share_events_partitions=config.share_events_partitions,
+        dead_letter_auto_create_topics=config.errors_deadletterqueue_auto_create_topics_enable,
+        dead_letter_topic_name_prefix=config.errors_deadletterqueue_topic_name_prefix,
     )
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "ShareGroupLimits",
     "altered_overrides",
     "describe_group_config",
+    "is_share_group_key",
     "parse_auto_offset_reset",
 ]
 
@@ -103,6 +104,18 @@ class ShareGroupLimits:
 
 
 _ISOLATION_LEVELS = ("read_uncommitted", "read_committed")
+_STRINGS = frozenset({"auto_offset_reset", "isolation_level", "dead_letter_topic"})
+_BOOLEANS = frozenset({"dead_letter_copy_record"})
+
+
+def _parse_boolean(name: str, raw: object) -> bool:
+    """A BOOLEAN group config as Kafka's ConfigDef parses it: true / false, any case."""
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in ("true", "false"):
+        return text == "true"
+    raise GroupConfigError(f"Invalid value {raw} for configuration {name}: Expected value to be either true or false")
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +133,9 @@ class ShareGroupConfig:
     in_progress_staleness_threshold_ms: int = 90_000
     in_progress_max_lock_extension_ms: int = 1_800_000
     in_progress_rebalance_grace_ms: int = 5_000
+    # KIP-1191 dead-letter queue (docs/dead-letters.md): empty topic name = no DLQ.
+    dead_letter_topic: str = ""
+    dead_letter_copy_record: bool = False
 
     #: Kafka's group-config names -> field names.
     NAMES = {
@@ -133,6 +149,8 @@ class ShareGroupConfig:
         "share.in.progress.staleness.threshold.ms": "in_progress_staleness_threshold_ms",
         "share.in.progress.max.lock.extension.ms": "in_progress_max_lock_extension_ms",
         "share.in.progress.rebalance.grace.ms": "in_progress_rebalance_grace_ms",
+        "errors.deadletterqueue.topic.name": "dead_letter_topic",
+        "errors.deadletterqueue.copy.record.enable": "dead_letter_copy_record",
     }
 
     def with_overrides(self, overrides: Mapping[str, str | int]) -> ShareGroupConfig:
@@ -146,6 +164,10 @@ class ShareGroupConfig:
                 changes[attr] = parse_auto_offset_reset(str(raw))
             elif attr == "isolation_level":
                 changes[attr] = str(raw).strip().lower()
+            elif attr == "dead_letter_topic":
+                changes[attr] = str(raw).strip()
+            elif attr in _BOOLEANS:
+                changes[attr] = _parse_boolean(name, raw)
             else:
                 try:
                     changes[attr] = int(str(raw).strip())
@@ -175,6 +197,9 @@ class ShareGroupConfig:
                 "share.in.progress.max.lock.extension.ms must be greater than or equal to "
                 "share.in.progress.staleness.threshold.ms "
                 f"({self.in_progress_max_lock_extension_ms} < {self.in_progress_staleness_threshold_ms})")
+        if self.dead_letter_topic.startswith("__"):
+            # Kafka's GroupConfig check: internal topics can never be a DLQ.
+            raise GroupConfigError("errors.deadletterqueue.topic.name: DLQ topic name must not start with '__'")
         if self.isolation_level not in _ISOLATION_LEVELS:
             raise GroupConfigError(f"share.isolation.level must be one of {', '.join(_ISOLATION_LEVELS)}, "
                                    f"not {self.isolation_level!r}")
@@ -221,6 +246,12 @@ def _bound_name(broker_name: str, which: str) -> str:
     return broker_name.replace("group.share.", f"group.share.{which}.", 1)
 
 
+def is_share_group_key(name: str) -> bool:
+    """A group config only share groups use: ``share.*`` and KIP-1191's ``errors.deadletterqueue.*``
+    (an alteration setting one on an unknown id is the proxy's, not the cluster's)."""
+    return name.startswith("share.") or name.startswith("errors.deadletterqueue.")
+
+
 #: Other group configs Kafka 4.x knows. Setting one on a share group the proxy serves is refused
 #: (it would have no effect); Kafka itself keeps one GroupConfig for every group type.
 OTHER_KAFKA_GROUP_CONFIGS = frozenset({
@@ -228,7 +259,6 @@ OTHER_KAFKA_GROUP_CONFIGS = frozenset({
     "streams.session.timeout.ms", "streams.heartbeat.interval.ms", "streams.num.standby.replicas",
     "streams.initial.rebalance.delay.ms", "streams.assignment.interval.ms",
     "share.assignment.interval.ms", "share.renew.acknowledge.enable",
-    "errors.deadletterqueue.topic.name", "errors.deadletterqueue.copy.record.enable",
 })
 
 _DOCS = {
@@ -247,6 +277,12 @@ _DOCS = {
                                                "marked (runaway-worker detection).",
     "share.in.progress.rebalance.grace.ms": "How long the fresh IN_PROGRESS records of a member that left stay its "
                                             "own before they are released.",
+    "errors.deadletterqueue.topic.name": "The name of the topic to be used as the dead-letter queue (DLQ) topic for "
+                                         "this share group. If blank (the default), the group does not have a DLQ "
+                                         "topic.",
+    "errors.deadletterqueue.copy.record.enable": "When writing onto the dead-letter queue topic, whether to copy the "
+                                                 "original record onto the DLQ topic, or just write a record "
+                                                 "containing the context information headers.",
 }
 
 #: Kafka's own defaults for every share group config (its broker configs' defaults).
@@ -264,6 +300,7 @@ class ConfigSource(enum.IntEnum):
 class ConfigType(enum.IntEnum):
     """DescribeConfigs ``ConfigType`` ids (Kafka's DescribeConfigsResponse.ConfigType)."""
 
+    BOOLEAN = 1
     STRING = 2
     INT = 3
 
@@ -290,7 +327,14 @@ class DescribedConfig:
 
 
 def _value_text(config: ShareGroupConfig, name: str) -> str:
-    return str(getattr(config, ShareGroupConfig.NAMES[name]))
+    value = getattr(config, ShareGroupConfig.NAMES[name])
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _config_type(attr: str) -> ConfigType:
+    if attr in _BOOLEANS:
+        return ConfigType.BOOLEAN
+    return ConfigType.STRING if attr in _STRINGS else ConfigType.INT
 
 
 def describe_group_config(
@@ -324,7 +368,7 @@ def describe_group_config(
             value=synonyms[0][1],
             source=synonyms[0][2],
             synonyms=tuple(synonyms),
-            config_type=ConfigType.STRING if attr in ("auto_offset_reset", "isolation_level") else ConfigType.INT,
+            config_type=_config_type(attr),
             documentation=_DOCS[name],
         ))
     return described

@@ -8,7 +8,8 @@ for the group resources that are its own and passes everything else to the clust
 
 * a GROUP resource is the proxy's when the id is one of its share groups, or the proxy already
   holds configs for it (set before the group's first member arrived), or -- IncrementalAlterConfigs
-  only -- the request sets a ``share.*`` key on an id that is not an upstream group (checked with
+  only -- the request sets a ``share.*`` or ``errors.deadletterqueue.*`` (KIP-1191, share groups
+  only) key on an id that is not an upstream group (checked with
   ListGroups, as a share group's first heartbeat is: one group-id namespace);
 * everything else passes through: other resource types, upstream (consumer, classic, streams)
   groups and their ``consumer.*`` keys, and DescribeConfigs of ids the proxy knows nothing of.
@@ -46,7 +47,7 @@ from proxy.route_split import AnswerView, build, constant, item_type, split_requ
 from proxy.share import state_store
 from proxy.share.commit import CommitPipeline
 from proxy.share.coordinator import ShareGroupCoordinator
-from proxy.share.group_config import GroupConfigError, altered_overrides, describe_group_config
+from proxy.share.group_config import GroupConfigError, altered_overrides, describe_group_config, is_share_group_key
 
 log = structlog.get_logger(__name__)
 
@@ -90,7 +91,7 @@ class GroupConfigs:
     async def serves_alteration(self, group_id: str, names: list[str]) -> bool:
         if self.holds(group_id):
             return True
-        if not any(name.startswith("share.") for name in names):
+        if not any(is_share_group_key(name) for name in names):
             return False
         try:
             return await self.upstream_group_type(group_id) is None

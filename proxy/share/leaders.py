@@ -107,6 +107,7 @@ def partition_config(group: ShareGroupConfig) -> PartitionConfig:
         in_progress_staleness_threshold_ms=group.in_progress_staleness_threshold_ms,
         in_progress_max_lock_extension_ms=group.in_progress_max_lock_extension_ms,
         in_progress_rebalance_grace_ms=group.in_progress_rebalance_grace_ms,
+        dead_letter=bool(group.dead_letter_topic),
     )
 
 

@@ -35,3 +35,10 @@ EVENTS_DROPPED = Counter("ksp_share_events_dropped",
                          "Share-group events not published: buffer_full, delivery_failed, encode_failed", ["reason"])
 EVENTS_BUFFERED = Gauge("ksp_share_events_buffered",
                         "Share-group events held for the event topic (buffer and producer queue together)")
+# KIP-1191 dead-letter queues (proxy/share/dead_letters.py, docs/dead-letters.md).
+DEAD_LETTER_RECORDS = Counter("ksp_share_dead_letter_records", "Dead letters written to share groups' DLQ topics",
+                              ["group", "reason"])
+DEAD_LETTER_FAILURES = Counter("ksp_share_dead_letter_failures",
+                               "Records archived without a dead letter: the DLQ topic failed Kafka's checks, none is "
+                               "configured any more, or the topic refused them", ["group", "reason"])
+RECORDS_ARCHIVING = Gauge("ksp_share_records_archiving", "Records ARCHIVING: their dead-letter write pending")

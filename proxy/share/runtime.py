@@ -19,6 +19,7 @@ from proxy.server import Proxy
 from proxy.share import metrics, observe, state_store
 from proxy.share.admin_routes import admin_routes, register_admin_versions
 from proxy.share.cluster import Cluster
+from proxy.share.dead_letters import DeadLetterCluster, DeadLetterSettings, DeadLetterWriter
 from proxy.share.event_log import EventLog, EventLogSettings, EventSink, ensure_event_topic
 from proxy.share.coordinator import CoordinatorConfig, ShareGroupConfig, ShareGroupLimits, parse_auto_offset_reset
 from proxy.share.group_configs import GroupConfigs, group_config_routes
@@ -91,6 +92,8 @@ class ShareSettings:
     share_events_linger_ms: int = 100
     share_events_retention_ms: int = 604_800_000
     share_events_partitions: int = 1
+    dead_letter_auto_create_topics: bool = False  # errors.deadletterqueue.auto.create.topics.enable
+    dead_letter_topic_name_prefix: str = "dlq."  # errors.deadletterqueue.topic.name.prefix
 
     def event_log_settings(self) -> EventLogSettings:
         return EventLogSettings(
@@ -229,6 +232,12 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
         # Subscribed before the service runs, so no settled change is missed.
         _start_event_log(service, settings.event_log_settings(), bootstrap, cluster, nursery)
     await nursery.start(service.run)
+    # KIP-1191: ARCHIVING records (announced, or left by the replay just done) get their dead letters.
+    dead_letters = DeadLetterWriter(
+        service, DeadLetterCluster(bootstrap, delivery_timeout_ms=settings.state_write_timeout_ms),
+        DeadLetterSettings(auto_create_topics=settings.dead_letter_auto_create_topics,
+                           topic_name_prefix=settings.dead_letter_topic_name_prefix))
+    nursery.start_soon(supervised, "dead-letters", dead_letters.run)
     # Share-group metrics: event counts from the change hook, gauges computed at scrape time.
     observe.register(service, per_partition=settings.metrics_per_partition)
     proxy.routes.update(share_routes(service))

@@ -229,3 +229,22 @@ def test_share_event_log_flags_reach_the_share_settings():
 def test_bad_event_log_flags_are_refused(flags):
     with pytest.raises(ConfigError):
         parse(["--upstream", "k:1", *flags])
+
+
+def test_dead_letter_flags_default_to_kafkas_broker_configs_and_reach_the_share_settings(tmp_path):
+    from proxy.serve import share_settings
+
+    defaults = share_settings(parse(["--upstream", "k:1"]))
+    assert (defaults.dead_letter_auto_create_topics, defaults.dead_letter_topic_name_prefix) == (False, "dlq.")
+    flags = share_settings(parse(["--upstream", "k:1", "--errors-deadletterqueue-auto-create-topics-enable",
+                                  "--errors-deadletterqueue-topic-name-prefix", ""]))
+    assert (flags.dead_letter_auto_create_topics, flags.dead_letter_topic_name_prefix) == (True, "")
+    environ = {"KSP_ERRORS_DEADLETTERQUEUE_AUTO_CREATE_TOPICS_ENABLE": "true",
+               "KSP_ERRORS_DEADLETTERQUEUE_TOPIC_NAME_PREFIX": "dead."}
+    from_env = share_settings(parse(["--upstream", "k:1"], environ=environ))
+    assert (from_env.dead_letter_auto_create_topics, from_env.dead_letter_topic_name_prefix) == (True, "dead.")
+    toml = tmp_path / "proxy.toml"
+    toml.write_text('errors-deadletterqueue-auto-create-topics-enable = true\n'
+                    'errors_deadletterqueue_topic_name_prefix = "x."\n')
+    from_file = share_settings(parse(["--upstream", "k:1", "--config", str(toml)]))
+    assert (from_file.dead_letter_auto_create_topics, from_file.dead_letter_topic_name_prefix) == (True, "x.")

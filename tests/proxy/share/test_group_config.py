@@ -190,3 +190,51 @@ def test_in_progress_overrides_are_set_through_the_coordinator_and_refused_as_a_
     with pytest.raises(GroupConfigError, match="must be greater than or equal to share.in.progress.staleness"):
         coordinator.set_group_config("g", {"share.in.progress.staleness.threshold.ms": "6000"})
     assert coordinator.group_config("g").in_progress_staleness_threshold_ms == 2_000
+
+
+def test_dead_letter_configs_default_to_no_dlq_and_are_set_per_group():
+    assert (ShareGroupConfig().dead_letter_topic, ShareGroupConfig().dead_letter_copy_record) == ("", False)
+    config = ShareGroupConfig().with_overrides({"errors.deadletterqueue.topic.name": " dlq.orders ",
+                                                "errors.deadletterqueue.copy.record.enable": "TRUE"}).validate()
+    assert (config.dead_letter_topic, config.dead_letter_copy_record) == ("dlq.orders", True)
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    ({"errors.deadletterqueue.topic.name": "__dlq"},
+     "errors.deadletterqueue.topic.name: DLQ topic name must not start with '__'"),
+    ({"errors.deadletterqueue.copy.record.enable": "yes"},
+     "Invalid value yes for configuration errors.deadletterqueue.copy.record.enable: "
+     "Expected value to be either true or false"),
+])
+def test_dead_letter_configs_are_checked_as_kafka_checks_them_at_alter_time(overrides, expected):
+    with pytest.raises(GroupConfigError) as error:
+        ShareGroupConfig().with_overrides(overrides).validate()
+    assert str(error.value) == expected
+    assert error.value.code == ErrorCode.invalid_config
+
+
+def test_a_topic_name_outside_the_prefix_is_accepted_at_alter_time():
+    # Kafka checks the broker's prefix only when it writes (the record is archived regardless).
+    config = ShareGroupConfig().with_overrides({"errors.deadletterqueue.topic.name": "orders-dlq"}).validate()
+    assert config.dead_letter_topic == "orders-dlq"
+
+
+def test_dead_letter_configs_are_described_with_their_types():
+    described = {d.name: d for d in describe_group_config(
+        {"errors.deadletterqueue.topic.name": "dlq.orders"}, ShareGroupConfig())}
+    topic = described["errors.deadletterqueue.topic.name"]
+    assert (topic.value, topic.source, topic.config_type) == ("dlq.orders", ConfigSource.GROUP_CONFIG,
+                                                              ConfigType.STRING)
+    copy = described["errors.deadletterqueue.copy.record.enable"]
+    assert (copy.value, copy.source, copy.config_type) == ("false", ConfigSource.DEFAULT_CONFIG, ConfigType.BOOLEAN)
+    assert copy.documentation
+
+
+def test_dead_letter_configs_can_be_altered_on_a_share_group():
+    changes = altered_overrides({}, [("errors.deadletterqueue.topic.name", AlterOp.SET, "dlq.x"),
+                                     ("errors.deadletterqueue.copy.record.enable", AlterOp.SET, "true")])
+    assert changes == {"errors.deadletterqueue.topic.name": "dlq.x", "errors.deadletterqueue.copy.record.enable": "true"}
+    coordinator = ShareGroupCoordinator()
+    with pytest.raises(GroupConfigError, match="must not start with '__'"):
+        coordinator.set_group_config("g", {"errors.deadletterqueue.topic.name": "__consumer_offsets"})
+    assert coordinator.group_config("g").dead_letter_topic == ""

@@ -125,7 +125,8 @@ async def test_describe_of_a_share_group_is_answered_by_the_proxy_with_sources()
         assert h.broker is None  # nothing went upstream
         (result,) = answer.results
         configs = {c.name: c for c in result.configs}
-        assert len(configs) == 10  # Kafka's seven share.* configs and the three share.in.progress.* ones
+        # Kafka's seven share.* configs, the three share.in.progress.* ones and KIP-1191's two errors.deadletterqueue.*
+        assert len(configs) == 12
         limit = configs["share.delivery.count.limit"]
         assert (limit.value, int(limit.config_source), int(limit.config_type)) == ("3", 8, 3)
         assert [(s.name, s.value, int(s.source)) for s in limit.synonyms] == [
@@ -318,4 +319,18 @@ async def test_legacy_alter_configs_replaces_a_share_groups_whole_config():
             "share.auto.offset.reset": "earliest", "share.delivery.count.limit": "6"}
         assert coordinator.group_config_overrides("sg-other") == {"share.delivery.count.limit": "4"}
         assert len(commits.queued) == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_dead_letter_keys_on_a_new_group_id_are_the_proxys_and_checked_as_kafka_does():
+    h, coordinator, commits = harness()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(h.connection.serve)
+        await h.client.send_frame(frame_of(alter_request(
+            [(GROUP_RESOURCE, "fresh", [("errors.deadletterqueue.topic.name", SET, "__consumer_offsets")])])))
+        answer = decode_response(INCREMENTAL_ALTER_CONFIGS, 1, await h.client.receive_frame())
+        assert h.broker is None  # never forwarded: the cluster would accept it and nobody apply it
+        assert [(r.error_code, r.error_message) for r in answer.responses] == [
+            (ErrorCode.invalid_config, "errors.deadletterqueue.topic.name: DLQ topic name must not start with '__'")]
+        assert coordinator.group_config_overrides("fresh") == {} and commits.queued == []
         nursery.cancel_scope.cancel()

@@ -33,7 +33,9 @@ import org.apache.kafka.common.serialization.StringDeserializer;
  * next ShareFetch; sync/async: ShareAcknowledge after every poll). Explicit-mode behaviour:
  * {@code --renew true} renews every record once (AcknowledgeType.RENEW) and accepts it when the
  * client hands it back; {@code --release P:O,...} releases those records on their first delivery;
- * {@code --reject P:O,...} rejects them; {@code --abandon-after-polls N} closes right after the Nth
+ * {@code --reject P:O,...} rejects them; {@code --release-always P:O,...} releases those records on
+ * every delivery (so they reach the group's delivery count limit), counting one finished when it
+ * is released at delivery {@code --delivery-limit L}; {@code --abandon-after-polls N} closes right after the Nth
  * non-empty poll leaving its records unacknowledged (reported as "abandoned", not "deliveries").
  */
 final class ShareConsume {
@@ -59,8 +61,10 @@ final class ShareConsume {
         boolean renew = Boolean.parseBoolean(args.get("renew", "false"));
         Set<String> toRelease = keys(args.get("release", ""));
         Set<String> toReject = keys(args.get("reject", ""));
-        if (!explicit && (renew || !toRelease.isEmpty() || !toReject.isEmpty())) {
-            throw new IllegalArgumentException("--renew, --release and --reject need --ack-mode explicit");
+        Set<String> toReleaseAlways = keys(args.get("release-always", ""));
+        int deliveryLimit = args.getInt("delivery-limit", 0);
+        if (!explicit && (renew || !toRelease.isEmpty() || !toReject.isEmpty() || !toReleaseAlways.isEmpty())) {
+            throw new IllegalArgumentException("--renew, --release, --release-always and --reject need --ack-mode explicit");
         }
 
         Properties config = new Properties();
@@ -152,6 +156,8 @@ final class ShareConsume {
                     if (fate == Fate.RENEWING) {
                         renewReturns++; // the client hands a renewed record back to be finished
                         type = AcknowledgeType.ACCEPT;
+                    } else if (toReleaseAlways.contains(key)) {
+                        type = AcknowledgeType.RELEASE; // every time, until the delivery limit archives it
                     } else if (fate == null && renew) {
                         type = AcknowledgeType.RENEW;
                     } else if (fate == null && toRelease.contains(key)) {
@@ -170,6 +176,9 @@ final class ShareConsume {
                         case RELEASE -> {
                             released++;
                             fates.put(key, Fate.RELEASED);
+                            if (toReleaseAlways.contains(key) && deliveryCount == deliveryLimit) {
+                                finished++; // archived at the limit: never delivered again
+                            }
                         }
                         case REJECT -> {
                             rejected++;

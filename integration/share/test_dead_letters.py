@@ -1,0 +1,375 @@
+"""KIP-1191 dead-letter queues through the proxy, on a real broker (docs/dead-letters.md).
+
+Share consumers (confluent_kafka's ShareConsumer and Kafka's Java KafkaShareConsumer) reject a known
+set of records and release others until they reach a delivery count limit of 2; the group's DLQ
+topic must then hold exactly those records, with Kafka's six headers, in partition = source
+partition mod DLQ partitions, and with the original key and value when copy is on. Kafka's topic
+checks archive regardless (counted); a proxy killed with SIGKILL between ARCHIVING and the DLQ
+write loses none of them.
+
+Kafka 3.9 has no topic config ``errors.deadletterqueue.group.enable``: there the documented
+behaviour is asserted instead (the check is skipped, auto-created topics do not carry it).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+import trio
+from confluent_kafka import AcknowledgeType, Consumer, Producer, TopicPartition
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+)
+from kio.index import load_request_schema
+from kio.schema.errors import ErrorCode
+from kio.schema.incremental_alter_configs.v1.request import AlterableConfig, AlterConfigsResource
+
+from integration.share.conftest import (
+    EXPLICIT,
+    durable_state,
+    metric,
+    scrape_metrics,
+    share_consumer,
+    wait_until,
+    wire_call,
+)
+from proxy.localkafka.broker import free_port
+from proxy.share.states import RecordState
+
+pytestmark = pytest.mark.integration
+
+SOURCE_PARTITIONS = 3
+DLQ_PARTITIONS = 2
+RECORDS_PER_PARTITION = 10
+LIMIT = 2
+REJECTED_MESSAGE = "Offset rejected by client."
+LIMIT_MESSAGE = "Offset delivery count exceeded the threshold."
+# (partition, offset): rejected on first delivery / released on every delivery until the limit.
+REJECT = {(0, 1), (0, 2), (1, 5), (2, 9)}
+RELEASE_ALWAYS = {(0, 7), (1, 0), (2, 3)}
+
+
+def is_kafka_44(kafka) -> bool:
+    return tuple(int(x) for x in kafka.version.split(".")[:2]) >= (4, 4)
+
+
+def key_of(partition: int, offset: int) -> bytes:
+    return f"k-{partition}-{offset}".encode()
+
+
+def value_of(partition: int, offset: int) -> bytes:
+    return f"v-{partition}-{offset}".encode()
+
+
+def produce_keyed(bootstrap: str, topic: str, partitions: int = SOURCE_PARTITIONS,
+                  per_partition: int = RECORDS_PER_PARTITION) -> None:
+    """Offsets 0..per_partition-1 in each partition, key k-P-O and value v-P-O (checked in the copies)."""
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
+    for partition in range(partitions):
+        for offset in range(per_partition):
+            producer.produce(topic, key=key_of(partition, offset), value=value_of(partition, offset),
+                             partition=partition)
+    assert producer.flush(30) == 0
+
+
+def alter_group(bootstrap: str, group: str, configs: dict[str, str]) -> tuple[ErrorCode, str | None]:
+    """IncrementalAlterConfigs SET on the GROUP resource through the proxy (the wire request Kafka's
+    admin tools send; kio, so it reads the same on 3.9 and 4.4); returns (error code, message)."""
+    request = load_request_schema(44, 1)(
+        resources=(AlterConfigsResource(resource_type=32, resource_name=group, configs=tuple(
+            AlterableConfig(name=k, config_operation=0, value=v) for k, v in configs.items())),),
+        validate_only=False)
+    (result,) = trio.run(wire_call, bootstrap, request).responses
+    return result.error_code, result.error_message
+
+
+def dlq_group(bootstrap: str, group: str, dlq_topic: str, *, copy: bool) -> None:
+    assert alter_group(bootstrap, group, {"share.delivery.count.limit": str(LIMIT), "share.auto.offset.reset": "earliest",
+                                   "errors.deadletterqueue.topic.name": dlq_topic,
+                                   "errors.deadletterqueue.copy.record.enable": str(copy).lower()}) == (
+        ErrorCode.none, None)
+
+
+def create_dlq_topic(create_topic, kafka, name: str, partitions: int = DLQ_PARTITIONS,
+                     config: dict[str, str] | None = None) -> str:
+    """A DLQ topic, marked errors.deadletterqueue.group.enable=true where the broker knows the config."""
+    marked = {"errors.deadletterqueue.group.enable": "true"} if is_kafka_44(kafka) else {}
+    return create_topic(name, partitions=partitions, config={**marked, **(config or {})})
+
+
+def consume_rejecting(bootstrap: str, group: str, topic: str, reject: set, release_always: set,
+                      total: int, timeout: float = 60.0) -> dict[tuple[int, int], list[int]]:
+    """confluent_kafka ShareConsumer, explicit mode: reject `reject`, release `release_always` every
+    time (until the limit archives them), accept the rest; until every record is finished.
+    Returns (partition, offset) -> delivery counts seen."""
+    consumer = share_consumer(bootstrap, group, topic, EXPLICIT)
+    seen: dict[tuple[int, int], list[int]] = {}
+    finished: set[tuple[int, int]] = set()
+    deadline = time.monotonic() + timeout
+    try:
+        while len(finished) < total:
+            assert time.monotonic() < deadline, f"finished {len(finished)} of {total}: {sorted(seen.items())}"
+            messages = consumer.poll(0.5)
+            for message in messages:
+                assert message.error() is None, message.error()
+                record = (message.partition(), message.offset())
+                count = message.delivery_count()
+                seen.setdefault(record, []).append(count)
+                if record in reject:
+                    consumer.acknowledge(message, AcknowledgeType.REJECT)
+                    finished.add(record)
+                elif record in release_always:
+                    consumer.acknowledge(message, AcknowledgeType.RELEASE)
+                    if count >= LIMIT:
+                        finished.add(record)
+                else:
+                    consumer.acknowledge(message, AcknowledgeType.ACCEPT)
+                    finished.add(record)
+            if messages:
+                failed = {tp: e for tp, e in consumer.commit_sync(30).items() if e is not None}
+                assert not failed, failed
+    finally:
+        consumer.close()
+    return seen
+
+
+def read_topic(bootstrap: str, topic: str, partitions: int) -> list:
+    """Every record of `topic` now (from the beginning to the end offsets), as confluent Messages."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"dlq-reader-{uuid.uuid4().hex[:8]}",
+                         "enable.auto.commit": False})
+    try:
+        ends = {}
+        for partition in range(partitions):
+            _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+            ends[partition] = high
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        got, deadline = [], time.monotonic() + 30
+        positions = {p: 0 for p in range(partitions)}
+        while any(positions[p] < ends[p] for p in ends):
+            assert time.monotonic() < deadline, f"read {len(got)} of {sum(ends.values())}"
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            assert message.error() is None, message.error()
+            got.append(message)
+            positions[message.partition()] = message.offset() + 1
+        return got
+    finally:
+        consumer.close()
+
+
+def dead_letter_rows(messages) -> set[tuple]:
+    """(DLQ partition, key, value, headers as a dict-tuple) of each dead letter."""
+    rows = set()
+    for message in messages:
+        headers = tuple(sorted((k, v.decode()) for k, v in (message.headers() or [])))
+        rows.add((message.partition(), message.key(), message.value(), headers))
+    return rows
+
+
+def expected_rows(topic: str, group: str, *, copy: bool, reject=REJECT, release_always=RELEASE_ALWAYS) -> set:
+    rows = set()
+    for records, count, message in ((reject, 1, REJECTED_MESSAGE), (release_always, LIMIT, LIMIT_MESSAGE)):
+        for partition, offset in records:
+            headers = tuple(sorted({
+                "__dlq.errors.topic": topic, "__dlq.errors.partition": str(partition),
+                "__dlq.errors.offset": str(offset), "__dlq.errors.group": group,
+                "__dlq.errors.delivery.count": str(count), "__dlq.errors.message": message,
+            }.items()))
+            rows.add((partition % DLQ_PARTITIONS, key_of(partition, offset) if copy else None,
+                      value_of(partition, offset) if copy else None, headers))
+    return rows
+
+
+def wait_for_dead_letters(bootstrap: str, dlq_topic: str, count: int, timeout: float = 60.0) -> list:
+    messages: list = []
+
+    def enough() -> bool:
+        nonlocal messages
+        messages = read_topic(bootstrap, dlq_topic, DLQ_PARTITIONS)
+        return len(messages) >= count
+
+    wait_until(enough, timeout, lambda: f"{count} dead letters in {dlq_topic}, have {len(messages)}", interval=0.5)
+    time.sleep(1.0)  # nothing more may follow
+    return read_topic(bootstrap, dlq_topic, DLQ_PARTITIONS)
+
+
+def all_finished(bootstrap: str, state_topic: str, group: str) -> bool:
+    """Every source partition's durable SPSO at its end with nothing in flight (ARCHIVING passed)."""
+    state = durable_state(bootstrap, state_topic, group)
+    return all(p in state and state[p].start_offset == RECORDS_PER_PARTITION and not state[p].state_batches
+               for p in range(SOURCE_PARTITIONS))
+
+
+@pytest.fixture
+def source(kafka, create_topic, names) -> str:
+    topic = create_topic(names.topic, partitions=SOURCE_PARTITIONS)
+    produce_keyed(kafka.bootstrap, topic)
+    return topic
+
+
+# ----- the records reach the DLQ with Kafka's headers ---------------------------------------------
+
+
+@pytest.mark.parametrize("copy", [True, False], ids=["copy", "headers-only"])
+def test_rejected_and_delivery_limit_records_are_dead_lettered_exactly(kafka, share_proxy, create_topic, source,
+                                                                       names, copy):
+    port = free_port()
+    proxy = share_proxy("--metrics-port", str(port))
+    dlq = create_dlq_topic(create_topic, kafka, f"dlq.{names.topic}")
+    dlq_group(proxy.bootstrap, names.group, dlq, copy=copy)
+    seen = consume_rejecting(proxy.bootstrap, names.group, source, REJECT, RELEASE_ALWAYS,
+                             SOURCE_PARTITIONS * RECORDS_PER_PARTITION)
+    assert {r: seen[r] for r in RELEASE_ALWAYS} == {r: [1, 2] for r in RELEASE_ALWAYS}
+    letters = wait_for_dead_letters(kafka.bootstrap, dlq, len(REJECT) + len(RELEASE_ALWAYS))
+    assert len(letters) == len(REJECT) + len(RELEASE_ALWAYS)
+    assert dead_letter_rows(letters) == expected_rows(source, names.group, copy=copy)
+    assert all(m.timestamp()[0] == 1 for m in letters)  # CreateTime, stamped by the writer
+    wait_until(lambda: all_finished(kafka.bootstrap, proxy.state_topic, names.group), 30,
+               "SPSO past the dead-lettered records")
+    samples = scrape_metrics(port)
+    assert metric(samples, "ksp_share_dead_letter_records_total", group=names.group, reason="rejected") == len(REJECT)
+    assert metric(samples, "ksp_share_dead_letter_records_total", group=names.group,
+                  reason="delivery_limit") == len(RELEASE_ALWAYS)
+    assert metric(samples, "ksp_share_records_archiving") == 0
+
+
+@pytest.mark.java
+def test_the_java_share_consumer_rejecting_and_releasing_fills_the_dlq_the_same(kafka, share_proxy, create_topic,
+                                                                                 source, names):
+    from integration.java.build import run_driver
+
+    proxy = share_proxy()
+    dlq = create_dlq_topic(create_topic, kafka, f"dlq.{names.topic}")
+    dlq_group(proxy.bootstrap, names.group, dlq, copy=True)
+    summary = run_driver(
+        "share-consume", timeout=120, bootstrap=proxy.bootstrap, group=names.group, topic=source,
+        timeout_ms=60_000, count=SOURCE_PARTITIONS * RECORDS_PER_PARTITION, ack_mode="explicit", commit="sync",
+        reject=",".join(f"{p}:{o}" for p, o in sorted(REJECT)),
+        release_always=",".join(f"{p}:{o}" for p, o in sorted(RELEASE_ALWAYS)), delivery_limit=LIMIT)
+    assert "error" not in summary, summary
+    assert summary["ack_errors"] == [] and summary["duplicates"] == 0
+    letters = wait_for_dead_letters(kafka.bootstrap, dlq, len(REJECT) + len(RELEASE_ALWAYS))
+    assert dead_letter_rows(letters) == expected_rows(source, names.group, copy=True)
+    wait_until(lambda: all_finished(kafka.bootstrap, proxy.state_topic, names.group), 30,
+               "SPSO past the dead-lettered records")
+
+
+# ----- Kafka's checks: archived regardless, counted ------------------------------------------------
+
+
+def reject_all_and_expect_no_dead_letters(kafka, proxy, port: int, source: str, group: str, reason: str) -> None:
+    everything = {(p, o) for p in range(SOURCE_PARTITIONS) for o in range(RECORDS_PER_PARTITION)}
+    consume_rejecting(proxy.bootstrap, group, source, everything, set(), len(everything))
+    wait_until(lambda: all_finished(kafka.bootstrap, proxy.state_topic, group), 30,
+               "records archived regardless of the failed DLQ check")
+    samples = scrape_metrics(port)
+    assert metric(samples, "ksp_share_dead_letter_failures_total", group=group, reason=reason) == len(everything)
+    assert metric(samples, "ksp_share_dead_letter_records_total", group=group, reason="rejected") in (None, 0)
+    assert "Failed to write to DLQ, proceeding to ARCHIVED regardless" in proxy.log_tail(lines=400)
+
+
+def test_a_name_outside_the_prefix_archives_regardless(kafka, share_proxy, create_topic, source, names):
+    port = free_port()
+    proxy = share_proxy("--metrics-port", str(port))
+    dlq = create_dlq_topic(create_topic, kafka, f"elsewhere.{names.topic}")
+    dlq_group(proxy.bootstrap, names.group, dlq, copy=False)
+    reject_all_and_expect_no_dead_letters(kafka, proxy, port, source, names.group, "prefix_mismatch")
+    assert read_topic(kafka.bootstrap, dlq, DLQ_PARTITIONS) == []
+
+
+def test_an_internal_topic_name_is_refused_at_alter_time(share_proxy, names):
+    proxy = share_proxy()
+    assert alter_group(proxy.bootstrap, names.group, {"errors.deadletterqueue.topic.name": "__consumer_offsets"}) == (
+        ErrorCode.invalid_config, "errors.deadletterqueue.topic.name: DLQ topic name must not start with '__'")
+
+
+def test_a_missing_topic_without_auto_create_archives_regardless(kafka, share_proxy, source, names):
+    port = free_port()
+    proxy = share_proxy("--metrics-port", str(port))
+    dlq = f"dlq.{names.topic}"
+    dlq_group(proxy.bootstrap, names.group, dlq, copy=False)
+    reject_all_and_expect_no_dead_letters(kafka, proxy, port, source, names.group, "topic_missing")
+    assert dlq not in AdminClient({"bootstrap.servers": kafka.bootstrap}).list_topics(timeout=10).topics
+
+
+def test_an_existing_topic_not_marked_as_a_dlq(kafka, share_proxy, create_topic, source, names):
+    port = free_port()
+    proxy = share_proxy("--metrics-port", str(port))
+    dlq = create_topic(f"dlq.{names.topic}", partitions=DLQ_PARTITIONS)  # no errors.deadletterqueue.group.enable
+    dlq_group(proxy.bootstrap, names.group, dlq, copy=False)
+    if is_kafka_44(kafka):
+        reject_all_and_expect_no_dead_letters(kafka, proxy, port, source, names.group, "topic_not_enabled")
+        assert read_topic(kafka.bootstrap, dlq, DLQ_PARTITIONS) == []
+    else:
+        # Kafka 3.9 has no such topic config: the check cannot be made and is skipped (documented).
+        consume_rejecting(proxy.bootstrap, names.group, source, REJECT, set(), SOURCE_PARTITIONS * RECORDS_PER_PARTITION)
+        letters = wait_for_dead_letters(kafka.bootstrap, dlq, len(REJECT))
+        assert dead_letter_rows(letters) == expected_rows(source, names.group, copy=False, release_always=set())
+        assert "errors.deadletterqueue.group.enable" in proxy.log_tail(lines=400)
+
+
+def test_auto_create_makes_the_topic_marked_and_uses_it(kafka, share_proxy, source, names):
+    proxy = share_proxy("--errors-deadletterqueue-auto-create-topics-enable")
+    dlq = f"dlq.{names.topic}"
+    dlq_group(proxy.bootstrap, names.group, dlq, copy=True)
+    consume_rejecting(proxy.bootstrap, names.group, source, REJECT, set(), SOURCE_PARTITIONS * RECORDS_PER_PARTITION)
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    wait_until(lambda: dlq in admin.list_topics(timeout=10).topics, 30, f"{dlq} created")
+    partitions = len(admin.list_topics(dlq, timeout=10).topics[dlq].partitions)  # the broker's default
+    resource = ConfigResource(ConfigResource.Type.TOPIC, dlq)
+    configs = admin.describe_configs([resource])[resource].result(timeout=30)
+    assert configs["message.timestamp.type"].value == "CreateTime"
+    if is_kafka_44(kafka):
+        assert configs["errors.deadletterqueue.group.enable"].value == "true"
+    else:
+        assert "errors.deadletterqueue.group.enable" not in configs  # Kafka 3.9 refuses the config
+    wait_until(lambda: len(read_topic(kafka.bootstrap, dlq, partitions)) >= len(REJECT), 30, "dead letters")
+    letters = read_topic(kafka.bootstrap, dlq, partitions)
+    assert sorted((int(dict(m.headers())["__dlq.errors.partition"]), int(dict(m.headers())["__dlq.errors.offset"]))
+                  for m in letters) == sorted(REJECT)
+    assert {(m.partition(), m.key(), m.value()) for m in letters} == {
+        (p % partitions, key_of(p, o), value_of(p, o)) for p, o in REJECT}
+
+
+# ----- kill -9 between ARCHIVING and the DLQ write -------------------------------------------------
+
+
+def test_a_proxy_killed_between_archiving_and_the_dlq_write_loses_none(kafka, share_proxy, create_topic, source,
+                                                                       names):
+    """The DLQ topic wants 2 in-sync replicas on a 1-broker cluster: every acks=all write fails with
+    NOT_ENOUGH_REPLICAS (retriable) so the records stay ARCHIVING; the proxy dies with SIGKILL; the
+    topic is fixed; a proxy on the same state topic writes every one of them, once."""
+    proxy = share_proxy("--state-write-timeout-ms", "5000")
+    dlq = create_dlq_topic(create_topic, kafka, f"dlq.{names.topic}", config={"min.insync.replicas": "2"})
+    dlq_group(proxy.bootstrap, names.group, dlq, copy=True)
+    consume_rejecting(proxy.bootstrap, names.group, source, REJECT, set(), SOURCE_PARTITIONS * RECORDS_PER_PARTITION)
+
+    def archiving_durably() -> set[tuple[int, int]]:
+        state = durable_state(kafka.bootstrap, proxy.state_topic, names.group)
+        return {(p, offset) for p, snapshot in state.items() for batch in snapshot.state_batches
+                if batch.delivery_state == RecordState.ARCHIVING
+                for offset in range(batch.first_offset, batch.last_offset + 1)}
+
+    wait_until(lambda: archiving_durably() == REJECT, 30, lambda: f"ARCHIVING on the state topic: {archiving_durably()}")
+    time.sleep(2)  # the writer is trying now (and failing)
+    proxy.kill()
+    assert read_topic(kafka.bootstrap, dlq, DLQ_PARTITIONS) == []
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    resource = ConfigResource(ConfigResource.Type.TOPIC, dlq, incremental_configs=[
+        ConfigEntry("min.insync.replicas", "1", incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([resource])[resource].result(timeout=30)
+    restarted = share_proxy(state_topic=proxy.state_topic)
+    letters = wait_for_dead_letters(kafka.bootstrap, dlq, len(REJECT))
+    offsets = [(int(dict(m.headers())["__dlq.errors.partition"]), int(dict(m.headers())["__dlq.errors.offset"]))
+               for m in letters]
+    assert set(offsets) == REJECT  # none missing
+    assert len(offsets) - len(set(offsets)) == 0  # no write succeeded before the kill: no duplicates
+    assert dead_letter_rows(letters) == expected_rows(source, names.group, copy=True, release_always=set())
+    wait_until(lambda: all_finished(kafka.bootstrap, restarted.state_topic, names.group), 30,
+               "ARCHIVED with the SPSO past them")
