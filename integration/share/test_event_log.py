@@ -102,7 +102,8 @@ def topic_exists(bootstrap: str, topic: str) -> bool:
 
 
 def expected_history(a: str, b: str) -> dict[int, list[tuple]]:
-    """(kind, member, delivery count, reason) per offset; member None: not checked (archiving)."""
+    """(kind, member, delivery count, reason) per offset. ARCHIVED names the member whose action
+    archived the records (the engine's choice, docs/event-log.md)."""
     acquired_by_a = (EventKind.ACQUIRED, a, 1, ArchiveReason.NONE)
     expected = {}
     for offset in range(0, 5):
@@ -112,11 +113,11 @@ def expected_history(a: str, b: str) -> dict[int, list[tuple]]:
                             (EventKind.ACQUIRED, b, 2, ArchiveReason.NONE), (EventKind.ACCEPTED, b, 2, ArchiveReason.NONE)]
     for offset in range(10, 15):
         expected[offset] = [acquired_by_a, (EventKind.REJECTED, a, 1, ArchiveReason.NONE),
-                            (EventKind.ARCHIVED, None, 1, ArchiveReason.REJECTED)]
+                            (EventKind.ARCHIVED, a, 1, ArchiveReason.REJECTED)]
     for offset in range(15, 20):
         expected[offset] = [acquired_by_a, (EventKind.LOCK_EXPIRED, a, 1, ArchiveReason.NONE),
                             (EventKind.ACQUIRED, b, 2, ArchiveReason.NONE), (EventKind.RELEASED, b, 2, ArchiveReason.NONE),
-                            (EventKind.ARCHIVED, None, 2, ArchiveReason.DELIVERY_LIMIT)]
+                            (EventKind.ARCHIVED, b, 2, ArchiveReason.DELIVERY_LIMIT)]
     return expected
 
 
@@ -166,7 +167,7 @@ def test_a_scripted_run_gives_exactly_the_expected_events_per_offset(kafka, shar
     member_a = history[0][0].member_id
     member_b = history[5][2].member_id if len(history[5]) > 2 else None
     assert member_a and member_b and member_a != member_b
-    observed = {offset: [(e.kind, e.member_id if e.kind != EventKind.ARCHIVED else None, e.delivery_count, e.reason)
+    observed = {offset: [(e.kind, e.member_id, e.delivery_count, e.reason)
                          for e in events] for offset, events in sorted(history.items())}
     assert observed == expected_history(member_a, member_b)
     # Timestamps are wall-clock ms, in order per offset.
@@ -337,3 +338,60 @@ def test_kill_9_loses_only_events_inside_the_documented_bound(kafka, share_proxy
           f"{len(published & set(accepted))} with events; "
           f"{len(set(accepted) - published)} events lost inside the bound")
 
+
+
+# ----- a dead-letter queue ------------------------------------------------------------------------
+
+
+def test_with_a_dead_letter_queue_rejects_and_the_delivery_limit_go_through_archiving(kafka, share_proxy,
+                                                                                       create_topic, names):
+    """REJECTED -> ARCHIVING -> DEAD_LETTERED -> ARCHIVED (reason REJECTED), and a release at the limit
+    RELEASED -> ARCHIVING -> DEAD_LETTERED -> ARCHIVED (reason DELIVERY_LIMIT); the DLQ holds them."""
+    from integration.share.test_dead_letters import (
+        LIMIT,
+        consume_rejecting,
+        create_dlq_topic,
+        dlq_group,
+        produce_keyed,
+        read_topic,
+    )
+
+    topic_name = events_topic()
+    proxy = share_proxy("--share-events-topic", topic_name, "--share-events-linger-ms", str(LINGER_MS))
+    source = create_topic(names.topic)
+    produce_keyed(kafka.bootstrap, source, partitions=1, per_partition=10)
+    dlq = create_dlq_topic(create_topic, kafka, f"dlq.{names.topic}", partitions=1)
+    dlq_group(proxy.bootstrap, names.group, dlq, copy=False)
+    rejected, released_always = {1, 2}, {7}
+    consume_rejecting(proxy.bootstrap, names.group, source, {(0, o) for o in rejected},
+                      {(0, o) for o in released_always}, 10)
+    wait_until(lambda: len(read_topic(kafka.bootstrap, dlq, 1)) >= 3, 30, "3 dead letters")
+
+    def expected(m: str) -> dict[int, list[tuple]]:
+        none = ArchiveReason.NONE
+        history = {o: [(EventKind.ACQUIRED, m, 1, none), (EventKind.ACCEPTED, m, 1, none)]
+                   for o in range(10) if o not in rejected | released_always}
+        for o in rejected:
+            # ARCHIVING names the member that rejected; the dead-letter writer's finish_archiving acts
+            # for nobody, so DEAD_LETTERED and ARCHIVED carry no member.
+            history[o] = [(EventKind.ACQUIRED, m, 1, none), (EventKind.REJECTED, m, 1, none),
+                          (EventKind.ARCHIVING, m, 1, ArchiveReason.REJECTED),
+                          (EventKind.DEAD_LETTERED, None, 1, ArchiveReason.REJECTED),
+                          (EventKind.ARCHIVED, None, 1, ArchiveReason.REJECTED)]
+        for o in released_always:
+            history[o] = [(EventKind.ACQUIRED, m, 1, none), (EventKind.RELEASED, m, 1, none),
+                          (EventKind.ACQUIRED, m, LIMIT, none), (EventKind.RELEASED, m, LIMIT, none),
+                          (EventKind.ARCHIVING, m, LIMIT, ArchiveReason.DELIVERY_LIMIT),
+                          (EventKind.DEAD_LETTERED, None, LIMIT, ArchiveReason.DELIVERY_LIMIT),
+                          (EventKind.ARCHIVED, None, LIMIT, ArchiveReason.DELIVERY_LIMIT)]
+        return history
+
+    def complete(batches):
+        history = per_offset(batches, names.group)
+        return all(len(history[o]) >= len(events) for o, events in expected("m").items())
+
+    history = per_offset(read_events(kafka.bootstrap, topic_name, enough=complete), names.group)
+    member = history[0][0].member_id
+    observed = {o: [(e.kind, e.member_id, e.delivery_count, e.reason) for e in events]
+                for o, events in sorted(history.items())}
+    assert observed == expected(member)
