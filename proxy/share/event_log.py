@@ -8,7 +8,7 @@ the commit pipeline's change hook and hears ``Change.events`` -- the events that
 events when records are handed out). The hook appends the change's events, as they are, with the
 wall clock of that moment to its share-partition's buffer and returns: O(1) (O(events) only when
 the bound cuts a change), no I/O, never raises into a commit. It runs inside every commit, so it
-builds nothing per event: per-event work there cost acknowledgements ~13% when events do not
+builds nothing per event: per-event work there cost ~12% of acknowledgement throughput when events do not
 merge (docs/benchmarks.md).
 
 A trio task flushes every ``linger_ms``: per share-partition it merges adjacent events that
