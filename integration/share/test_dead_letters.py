@@ -5,7 +5,7 @@ set of records and release others until they reach a delivery count limit of 2; 
 topic must then hold exactly those records, with Kafka's six headers, in partition = source
 partition mod DLQ partitions, and with the original key and value when copy is on. Kafka's topic
 checks archive regardless (counted); a proxy killed with SIGKILL between ARCHIVING and the DLQ
-write loses none of them.
+write (the DLQ topic's broker down, on this module's own two-broker cluster) loses none of them.
 
 Kafka 3.9 has no topic config ``errors.deadletterqueue.group.enable``: there the documented
 behaviour is asserted instead (the check is skipped, auto-created topics do not carry it).
@@ -15,22 +15,21 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import trio
 from confluent_kafka import AcknowledgeType, Consumer, Producer, TopicPartition
-from confluent_kafka.admin import (
-    AdminClient,
-    AlterConfigOpType,
-    ConfigEntry,
-    ConfigResource,
-)
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
 from kio.schema.incremental_alter_configs.v1.request import AlterableConfig, AlterConfigsResource
 
+from integration.kafka_fixtures import kafka_version
 from integration.share.conftest import (
     EXPLICIT,
+    ProxyStarter,
     durable_state,
     metric,
     scrape_metrics,
@@ -38,7 +37,7 @@ from integration.share.conftest import (
     wait_until,
     wire_call,
 )
-from proxy.localkafka.broker import free_port
+from proxy.localkafka import LocalKafka, free_port
 from proxy.share.states import RecordState
 
 pytestmark = pytest.mark.integration
@@ -338,38 +337,100 @@ def test_auto_create_makes_the_topic_marked_and_uses_it(kafka, share_proxy, sour
 
 
 # ----- kill -9 between ARCHIVING and the DLQ write -------------------------------------------------
+#
+# A real transient failure of the dead-letter write, the same on every Kafka version: the DLQ topic
+# lives only on broker 2 of a two-broker cluster, and broker 2 is down. (A DLQ topic with
+# min.insync.replicas=2 on one broker is no such failure: Kafka 4.4 accepts acks=all writes to it.)
+# The cluster is this module's own, so stopping a broker disturbs no other test.
 
 
-def test_a_proxy_killed_between_archiving_and_the_dlq_write_loses_none(kafka, share_proxy, create_topic, source,
-                                                                       names):
-    """The DLQ topic wants 2 in-sync replicas on a 1-broker cluster: every acks=all write fails with
-    NOT_ENOUGH_REPLICAS (retriable) so the records stay ARCHIVING; the proxy dies with SIGKILL; the
-    topic is fixed; a proxy on the same state topic writes every one of them, once."""
-    proxy = share_proxy("--state-write-timeout-ms", "5000")
-    dlq = create_dlq_topic(create_topic, kafka, f"dlq.{names.topic}", config={"min.insync.replicas": "2"})
+@pytest.fixture(scope="module")
+def node_one(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
+    """Broker 1 of this module's own cluster (combined controller + broker)."""
+    with LocalKafka(version=kafka_version(), data_dir=tmp_path_factory.mktemp("dlq-node1")) as one:
+        yield one
+
+
+@pytest.fixture
+def node_two(node_one: LocalKafka, tmp_path: Path) -> Iterator[LocalKafka]:
+    """Broker 2, joining `node_one`, NOT started: the test starts it once the topics that must live on
+    broker 1 exist. A fixed port and data directory, so a restart is the same broker at the same address."""
+    two = LocalKafka(version=node_one.version, data_dir=tmp_path / "dlq-node2", node_id=2, join=node_one,
+                     port=free_port())
+    yield two
+    two.stop()
+
+
+@pytest.fixture
+def node_one_proxies(node_one: LocalKafka, tmp_path: Path) -> Iterator[ProxyStarter]:
+    starter = ProxyStarter(node_one.bootstrap, tmp_path)
+    yield starter
+    starter.stop_all()
+
+
+def leaders(bootstrap: str, topic: str) -> dict[int, int]:
+    """partition -> leader node (-1: none) of `topic`, from the cluster's metadata."""
+    found = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10).topics.get(topic)
+    if found is None or found.error is not None:
+        return {}
+    return {partition: info.leader for partition, info in found.partitions.items()}
+
+
+def create_topic_on(bootstrap: str, name: str, nodes: list[list[int]], config: dict[str, str] | None = None) -> str:
+    """`name` with an explicit replica assignment (one list of nodes per partition); waits for the leaders."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(name, num_partitions=len(nodes), replica_assignment=nodes, config=config or {})])[name].result(timeout=30)
+    wanted = {partition: replicas[0] for partition, replicas in enumerate(nodes)}
+    wait_until(lambda: leaders(bootstrap, name) == wanted, 30, lambda: f"{name} led by {wanted}: {leaders(bootstrap, name)}")
+    return name
+
+
+def test_a_proxy_killed_between_archiving_and_the_dlq_write_loses_none(node_one, node_two, node_one_proxies, names):
+    """The DLQ topic's partitions are all on broker 2, and broker 2 is down: every dead-letter write
+    times out (retriable) so the records stay ARCHIVING; the proxy dies with SIGKILL; broker 2 comes
+    back; a proxy on the same state topic writes every one of them, once."""
+    bootstrap = node_one.bootstrap
+    port = free_port()
+    # The state topic is created now, on broker 1 (the only one): it stays up throughout.
+    proxy = node_one_proxies("--state-write-timeout-ms", "5000", "--metrics-port", str(port))
+    source = create_topic_on(bootstrap, names.topic, [[1]] * SOURCE_PARTITIONS)
+    produce_keyed(bootstrap, source)
+    read_topic(bootstrap, source, SOURCE_PARTITIONS)  # __consumer_offsets (the readers' coordinator) on broker 1 too
+    node_two.start()
+    dlq = create_topic_on(bootstrap, f"dlq.{names.topic}", [[2]] * DLQ_PARTITIONS,
+                          {"errors.deadletterqueue.group.enable": "true"} if is_kafka_44(node_one) else {})
     dlq_group(proxy.bootstrap, names.group, dlq, copy=True)
+    node_two.stop()
+    wait_until(lambda: set(leaders(bootstrap, dlq).values()) == {-1}, 60,
+               lambda: f"{dlq} leaderless: {leaders(bootstrap, dlq)}")
+
     consume_rejecting(proxy.bootstrap, names.group, source, REJECT, set(), SOURCE_PARTITIONS * RECORDS_PER_PARTITION)
 
     def archiving_durably() -> set[tuple[int, int]]:
-        state = durable_state(kafka.bootstrap, proxy.state_topic, names.group)
+        state = durable_state(bootstrap, proxy.state_topic, names.group)
         return {(p, offset) for p, snapshot in state.items() for batch in snapshot.state_batches
                 if batch.delivery_state == RecordState.ARCHIVING
                 for offset in range(batch.first_offset, batch.last_offset + 1)}
 
     wait_until(lambda: archiving_durably() == REJECT, 30, lambda: f"ARCHIVING on the state topic: {archiving_durably()}")
-    time.sleep(2)  # the writer is trying now (and failing)
+    # The writer tried (a delivery timeout of 5 s) and failed, and is retrying: nothing written.
+    wait_until(lambda: "dead-letter write not done; retrying" in proxy.log_tail(lines=2000), 30,
+               lambda: f"a failed dead-letter write in the proxy log:\n{proxy.log_tail()}", interval=0.5)
+    samples = scrape_metrics(port)
+    assert metric(samples, "ksp_share_records_archiving") == len(REJECT)
+    assert metric(samples, "ksp_share_dead_letter_records_total", group=names.group, reason="rejected") in (None, 0)
     proxy.kill()
-    assert read_topic(kafka.bootstrap, dlq, DLQ_PARTITIONS) == []
-    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
-    resource = ConfigResource(ConfigResource.Type.TOPIC, dlq, incremental_configs=[
-        ConfigEntry("min.insync.replicas", "1", incremental_operation=AlterConfigOpType.SET)])
-    admin.incremental_alter_configs([resource])[resource].result(timeout=30)
-    restarted = share_proxy(state_topic=proxy.state_topic)
-    letters = wait_for_dead_letters(kafka.bootstrap, dlq, len(REJECT))
+
+    node_two.start()  # the same node id, data directory and port
+    wait_until(lambda: set(leaders(bootstrap, dlq).values()) == {2}, 60,
+               lambda: f"{dlq} led by broker 2 again: {leaders(bootstrap, dlq)}")
+    assert read_topic(bootstrap, dlq, DLQ_PARTITIONS) == []  # no write got through before the kill
+    restarted = node_one_proxies(state_topic=proxy.state_topic)
+    letters = wait_for_dead_letters(bootstrap, dlq, len(REJECT))
     offsets = [(int(dict(m.headers())["__dlq.errors.partition"]), int(dict(m.headers())["__dlq.errors.offset"]))
                for m in letters]
     assert set(offsets) == REJECT  # none missing
     assert len(offsets) - len(set(offsets)) == 0  # no write succeeded before the kill: no duplicates
     assert dead_letter_rows(letters) == expected_rows(source, names.group, copy=True, release_always=set())
-    wait_until(lambda: all_finished(kafka.bootstrap, restarted.state_topic, names.group), 30,
+    wait_until(lambda: all_finished(bootstrap, restarted.state_topic, names.group), 30,
                "ARCHIVED with the SPSO past them")
