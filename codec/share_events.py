@@ -17,6 +17,7 @@ import enum
 import functools
 import struct
 import uuid
+from collections.abc import Sequence
 
 from .errors import ShareEventError
 
@@ -172,6 +173,24 @@ def encode_event_value(topic: str, events: tuple[ShareEvent, ...] | list[ShareEv
             append(_NO_TAGGED_FIELDS)
     except (struct.error, UnicodeError) as error:
         raise ShareEventError(f"cannot encode event {event!r} of {topic}: {error}") from error
+    append(_NO_TAGGED_FIELDS)
+    return b"".join(parts)
+
+
+def encode_event_rows(topic: str, rows: Sequence[Sequence]) -> bytes:
+    """:func:`encode_event_value` for plain rows in :data:`EventRow`'s field order (kind,
+    first_offset, last_offset, member_id, delivery_count, reason, timestamp_ms): the same bytes,
+    without building a ShareEvent per event (the publisher encodes what it merged as lists)."""
+    parts = [_INT16.pack(EVENT_VALUE_VERSION), _compact_string(topic), _uvarint(len(rows) + 1)]
+    append, head, tail, string = parts.append, _EVENT_HEAD.pack, _EVENT_TAIL.pack, _compact_string
+    try:
+        for kind, first_offset, last_offset, member_id, delivery_count, reason, timestamp_ms in rows:
+            append(head(kind, first_offset, last_offset))
+            append(string(member_id))
+            append(tail(delivery_count, reason, timestamp_ms))
+            append(_NO_TAGGED_FIELDS)
+    except (struct.error, UnicodeError) as error:
+        raise ShareEventError(f"cannot encode an event row of {topic}: {error}") from error
     append(_NO_TAGGED_FIELDS)
     return b"".join(parts)
 

@@ -24,7 +24,7 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from confluent_kafka import ShareConsumer
+from confluent_kafka import AcknowledgeType, ShareConsumer
 
 from integration.bench.passthrough import produce
 from integration.kafka_fixtures import ProxyProcess, create_topics, unique_name
@@ -34,8 +34,13 @@ from proxy.localkafka.broker import free_port
 IDLE_STOP_S = 5.0
 
 
-def consume_and_acknowledge(bootstrap: str, topic: str, records: int) -> tuple[float, int, list[float]]:
-    """(seconds first record -> last commit, records, commit_sync round trips in seconds)."""
+def consume_and_acknowledge(bootstrap: str, topic: str, records: int,
+                            release_every: int = 0) -> tuple[float, int, list[float]]:
+    """(seconds first record -> last commit, records accepted, commit_sync round trips in seconds).
+
+    ``release_every`` N > 0: every Nth offset is released on its first delivery (accepted when it
+    comes back), so acknowledgements alternate types and the events no longer merge into one range
+    per poll -- the event log's worst case, about one event per record."""
     consumer = ShareConsumer({"bootstrap.servers": bootstrap, "group.id": unique_name("bench-events"),
                               "share.acknowledgement.mode": "explicit"})
     consumer.subscribe([topic])
@@ -49,15 +54,20 @@ def consume_and_acknowledge(bootstrap: str, topic: str, records: int) -> tuple[f
             if not batch:
                 continue
             first = first or time.monotonic()
+            accepted = 0
             for message in batch:
-                consumer.acknowledge(message)
+                if release_every and message.offset() % release_every == 0 and message.delivery_count() == 1:
+                    consumer.acknowledge(message, AcknowledgeType.RELEASE)
+                else:
+                    consumer.acknowledge(message)
+                    accepted += 1
             started = time.perf_counter()
             results = consumer.commit_sync(30)
             round_trips.append(time.perf_counter() - started)
             failed = [tp for tp, error in results.items() if error is not None]
             if failed:
                 raise RuntimeError(f"acknowledgement failed: {failed}")
-            got += len(batch)
+            got += accepted
             last = idle_since = time.monotonic()
     finally:
         consumer.close()
@@ -82,6 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=20_000, help="records per run")
     parser.add_argument("--rounds", type=int, default=3, help="runs per proxy, alternating")
     parser.add_argument("--size", type=int, default=256)
+    parser.add_argument("--release-every", type=int, default=0,
+                        help="release every Nth offset once (many small events: the event log's worst case)")
     parser.add_argument("--kafka-version", default=DEFAULT_VERSION)
     parser.add_argument("--json", type=Path, help="also write the numbers here")
     args = parser.parse_args(argv)
@@ -109,7 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     topic = unique_name("event-log-bench")
                     create_topics(kafka.bootstrap, [topic], partitions=1)
                     produce(kafka.bootstrap, topic, args.records, args.size, "none")
-                    seconds, got, trips = consume_and_acknowledge(proxy.bootstrap, topic, args.records)
+                    seconds, got, trips = consume_and_acknowledge(proxy.bootstrap, topic, args.records,
+                                                                  args.release_every)
                     runs[name]["seconds"] += seconds
                     runs[name]["records"] += got
                     runs[name]["trips"] += trips
@@ -127,7 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "commit_p50_on_over_off": round(results["on"]["commit_p50_ms"] / results["off"]["commit_p50_ms"], 3),
         "commit_p99_on_over_off": round(results["on"]["commit_p99_ms"] / results["off"]["commit_p99_ms"], 3),
     }
-    print(f"\n{args.rounds} rounds x {args.records} records x {args.size} B per proxy, alternating, one broker "
+    releasing = f", every {args.release_every}th offset released once" if args.release_every else ""
+    print(f"\n{args.rounds} rounds x {args.records} records x {args.size} B per proxy{releasing}, alternating, one broker "
           f"(Apache Kafka {args.kafka_version}); {time.monotonic() - started:.0f} s in all")
     print(f"{'event log':10} {'records':>8} {'records/s':>10} {'commits':>8} {'p50 ms':>8} {'p99 ms':>8}")
     for name in ("on", "off"):

@@ -210,8 +210,12 @@ def test_values_outside_the_proxys_bounds_are_refused_and_validate_only_changes_
         "share.session.timeout.ms",
         # The draft KIP's IN_PROGRESS configs (docs/in-progress.md).
         "share.in.progress.staleness.threshold.ms", "share.in.progress.max.lock.extension.ms",
-        "share.in.progress.rebalance.grace.ms"])
+        "share.in.progress.rebalance.grace.ms",
+        # KIP-1191's dead-letter configs (docs/dead-letters.md).
+        "errors.deadletterqueue.topic.name", "errors.deadletterqueue.copy.record.enable"])
     assert described["share.in.progress.staleness.threshold.ms"][:2] == ("90000", DEFAULT_CONFIG)
+    assert described["errors.deadletterqueue.topic.name"][:2] == ("", DEFAULT_CONFIG)
+    assert described["errors.deadletterqueue.copy.record.enable"][:2] == ("false", DEFAULT_CONFIG)
 
 
 def test_one_request_naming_the_state_topic_a_share_group_and_a_topic_gets_all_three_right(

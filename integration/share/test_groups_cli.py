@@ -125,11 +125,11 @@ def test_cli_describe_counts_in_flight_records_by_state(proxy, consumed):
     assert table.returncode == 0, table.stderr
     header, row = table.stdout.splitlines()
     assert header.split() == ["GROUP", "TOPIC", "PARTITION", "START-OFFSET", "END-OFFSET", "IN-FLIGHT",
-                              "AVAILABLE", "ACQUIRED", "ACKNOWLEDGED", "ARCHIVED", "IN_PROGRESS"]
+                              "AVAILABLE", "ACQUIRED", "ACKNOWLEDGED", "ARCHIVING", "ARCHIVED", "IN_PROGRESS"]
     cells = row.split()
     assert cells[:6] == [group, topic, "0", "4", "10", "6"]
-    available, acquired, acknowledged, archived, in_progress = map(int, cells[6:])
-    assert (available + acquired, acknowledged, archived, in_progress) == (5, 0, 1, 0)
+    available, acquired, acknowledged, archiving, archived, in_progress = map(int, cells[6:])
+    assert (available + acquired, acknowledged, archiving, archived, in_progress) == (5, 0, 0, 1, 0)
     assert acquired >= 3
     assert as_json.returncode == 0, as_json.stderr
     [partition] = json.loads(as_json.stdout)["partitions"]

@@ -523,7 +523,12 @@ class DeadLetterWriter:
         cluster = self.service.cluster
         info = cluster.snapshot.topics_by_name.get(topic)
         if info is None or refresh:
-            await self.service.refresher.refresh_if_due("dead-letters")
+            # A refresh that ran before the topic was created would call it missing, and a missing
+            # topic without auto-create archives regardless: only a refresh begun after this miss may
+            # decide (refresh_if_due alone re-uses one from the last interval).
+            refresher = self.service.refresher
+            await trio.sleep_until(refresher.last_refresh + refresher.min_interval_s)
+            await refresher.refresh_if_due("dead-letters")
             info = cluster.snapshot.topics_by_name.get(topic)
         if info is None:
             return TopicFacts(exists=False)

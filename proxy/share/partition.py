@@ -576,6 +576,9 @@ class _Lock:
                      last_progress=self.last_progress, grace_deadline=self.grace_deadline, member_id=self.member_id)
 
 
+_NO_OPEN_EVENTS: list = [None] * (max(EventKind) + 1)  # shared, never written: no event yet
+
+
 class _Changes:
     """Persisted-state changes and events collected during one operation."""
 
@@ -589,7 +592,7 @@ class _Changes:
         # the latest entry of each kind, which the next event of that kind extends when it
         # continues it (so per-offset moves of a batch still give one event per kind).
         self._events: list[list] = []
-        self._open: list[list | None] = [None] * 16
+        self._open: list[list | None] = _NO_OPEN_EVENTS  # copied on the first event
 
     def add(self, first: int, last: int, state: RecordState, delivery_count: int,
             progress: tuple[int, int, str | None] = (-1, -1, None), reason: ArchiveReason = _NO_REASON) -> None:
@@ -605,6 +608,8 @@ class _Changes:
     def note(self, kind: EventKind, kind_id: int, first: int, last: int, member_id: str | None,
              delivery_count: int, reason: ArchiveReason = _NO_REASON) -> None:
         """One event over [first, last] (coalesced with the latest of its kind when contiguous)."""
+        if self._open is _NO_OPEN_EVENTS:
+            self._open = [None] * len(_NO_OPEN_EVENTS)
         prev = self._open[kind_id]
         if prev is not None and prev[2] + 1 == first and prev[4] == delivery_count and prev[3] == member_id \
                 and prev[5] is reason:
@@ -620,6 +625,8 @@ class _Changes:
 
     @property
     def events(self) -> tuple[RecordEvent, ...]:
+        if not self._events:
+            return ()
         return tuple(RecordEvent(*entry) for entry in self._events)
 
 
@@ -1858,11 +1865,10 @@ class SharePartition:
     def _apply_batch(
         self, batch: _InFlightBatch, row: _Row, member_id: str | None, lock_id: int, changes: _Changes | None
     ) -> None:
-        former = batch.member_id
+        acting = member_id if member_id is not None else batch.member_id  # (the former holder)
         self._transit(batch, row, member_id, lock_id, batch.first_offset, batch.last_offset)
         if changes is not None:
-            self._note(changes, batch, row, batch.first_offset, batch.last_offset,
-                       member_id if member_id is not None else former)
+            self._note(changes, batch, row, batch.first_offset, batch.last_offset, acting)
         if batch.state is _AVAILABLE and batch.first_offset < self._available_hint:
             self._available_hint = batch.first_offset
 
@@ -1875,33 +1881,55 @@ class SharePartition:
         lock_id: int,
         changes: _Changes | None,
     ) -> None:
-        former = holder.member_id
+        acting = member_id if member_id is not None else holder.member_id  # (the former holder)
         self._transit(holder, row, member_id, lock_id, offset, offset)
         if changes is not None:
-            self._note(changes, holder, row, offset, offset, member_id if member_id is not None else former)
+            self._note(changes, holder, row, offset, offset, acting)
         if holder.state is _AVAILABLE and offset < self._available_hint:
             self._available_hint = offset
 
     def _note(self, changes: _Changes, holder: _InFlightBatch | _OffsetState, row: _Row, first: int, last: int,
               member_id: str | None) -> None:
         """Collect what one move of [first, last] persists and the events it makes: the event
-        itself (the member that acted, or the former holder), then ARCHIVING / ARCHIVED with why."""
+        itself (the member that acted, or the former holder), then ARCHIVING / ARCHIVED with why.
+        (The common case -- a persisted move extending the previous run and event -- is inlined:
+        this runs per offset when a batch is acknowledged offset by offset.)"""
         state, count = holder.state, holder.delivery_count
-        archived = state is _ARCHIVED or state is _ARCHIVING
+        if state is _ARCHIVED or state is _ARCHIVING:
+            self._note_archived(changes, holder, row, first, last, member_id)
+            return
         if _PERSISTED[state]:
-            changes.add(first, last, state, count, self._progress_of(holder),
-                        holder.reason if state is _ARCHIVING else _NO_REASON)
+            progress = self._progress_of(holder) if _PROGRESS_HELD[state] else _NOT_IN_PROGRESS
+            runs = changes._runs
+            prev = runs[-1] if runs else None
+            if prev is not None and prev[1] + 1 == first and prev[2] is state and prev[3] == count \
+                    and (prev[4], prev[5], prev[6]) == progress and prev[7] is _NO_REASON:
+                prev[1] = last
+            else:
+                runs.append([first, last, state, count, *progress, _NO_REASON])
+        kind = row.kind
+        if kind is not None:
+            entry = changes._open[row.kind_id]  # (the shared empty list before the first event)
+            if entry is not None and entry[2] + 1 == first and entry[4] == count and entry[3] == member_id \
+                    and entry[5] is _NO_REASON:
+                entry[2] = last
+            else:
+                changes.note(kind, row.kind_id, first, last, member_id, count)
+
+    def _note_archived(self, changes: _Changes, holder: _InFlightBatch | _OffsetState, row: _Row, first: int,
+                       last: int, member_id: str | None) -> None:
+        state, count, reason = holder.state, holder.delivery_count, holder.reason
+        changes.add(first, last, state, count, _NOT_IN_PROGRESS, reason if state is _ARCHIVING else _NO_REASON)
         kind = row.kind
         if kind is not None:
             # The action itself carries no reason (its ARCHIVING / ARCHIVED event does), except
             # DEAD_LETTERED, which says what the dead-letter record said.
             changes.note(kind, row.kind_id, first, last, member_id, count,
-                         holder.reason if kind is _DEAD_LETTERED_KIND else _NO_REASON)
-        if archived:
-            if state is _ARCHIVING:
-                changes.note(_ARCHIVING_KIND, _ARCHIVING_KIND_ID, first, last, member_id, count, holder.reason)
-            else:
-                changes.note(_ARCHIVED_KIND, _ARCHIVED_KIND_ID, first, last, member_id, count, holder.reason)
+                         reason if kind is _DEAD_LETTERED_KIND else _NO_REASON)
+        if state is _ARCHIVING:
+            changes.note(_ARCHIVING_KIND, _ARCHIVING_KIND_ID, first, last, member_id, count, reason)
+        else:
+            changes.note(_ARCHIVED_KIND, _ARCHIVED_KIND_ID, first, last, member_id, count, reason)
 
     def _transit(
         self,
@@ -1919,19 +1947,18 @@ class SharePartition:
         count = holder.delivery_count + move.delivery_delta
         new_state = move.new_state
         n = last - first + 1
-        reason = _NO_REASON
         if move.archive_at_limit and count >= self._delivery_count_limit:
             new_state = _ARCHIVED
-            reason = _DELIVERY_LIMIT
-        if new_state is _ARCHIVED:
+            holder.reason = _DELIVERY_LIMIT
+        elif new_state is _ARCHIVED:
             if holder.state is _ARCHIVING:  # its dead-letter write is done: the reason stays
-                reason = holder.reason
                 self._archiving_records -= n
             else:
-                reason = reason or move.archive_reason
-                if self.config.dead_letter and reason in DEAD_LETTER_REASONS:
-                    new_state = _ARCHIVING  # KIP-1191: dead-lettered first, then ARCHIVED
-                    self._archiving_records += n
+                holder.reason = move.archive_reason
+        if new_state is _ARCHIVED and holder.state is not _ARCHIVING and self.config.dead_letter \
+                and holder.reason in DEAD_LETTER_REASONS:
+            new_state = _ARCHIVING  # KIP-1191: dead-lettered first, then ARCHIVED
+            self._archiving_records += n
         # The first record to enter IN_PROGRESS starts the sweep clock (a refresh does not restart it).
         sweep_starts = not self._in_progress_records
         if self._staging and _PERSISTED[new_state]:
@@ -1951,8 +1978,6 @@ class SharePartition:
             self._detach(holder, n)
         holder.state = new_state
         holder.delivery_count = count
-        if reason is not _NO_REASON:
-            holder.reason = reason
         if _HOLDS_OWNER[new_state]:
             if not move.keeps_owner or member_id is None:
                 raise AssertionError(f"a move to {new_state.name} must name the member")

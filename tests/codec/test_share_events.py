@@ -21,6 +21,7 @@ from codec.share_events import (
     decode_event_key,
     decode_event_rows,
     encode_event_batch,
+    encode_event_rows,
     schema_classes,
 )
 
@@ -88,6 +89,13 @@ def _reference_entities(batch):
                               timestamp=i64(e.timestamp_ms))
         for e in batch.events))
     return key, value
+
+
+@given(batches)
+def test_rows_encode_to_the_same_bytes_as_events(batch):
+    rows = [(e.kind, e.first_offset, e.last_offset, e.member_id, e.delivery_count, e.reason, e.timestamp_ms)
+            for e in batch.events]
+    assert encode_event_rows(batch.topic, rows) == encode_event_batch(batch)[1]
 
 
 @SETTINGS

@@ -457,7 +457,10 @@ def test_member_departure_undoes_the_delivery_count_and_never_archives():
     fetch(p, log, "m1", max_records=10)  # 0-9 on its last attempt (count 2 = limit)
     fetch(p, log, "m2", max_records=10)
     assert p.record_state(0) == (ACQUIRED, 2, "m1")
-    assert p.release_member("m1") == StateDelta(-1, (pb(0, 9, AVAILABLE, 1),))
+    released = p.release_member("m1")
+    assert released == StateDelta(-1, (pb(0, 9, AVAILABLE, 1),))
+    # The event log hears the former holder and the count after the release (docs/event-log.md).
+    assert released.events == (RecordEvent(EventKind.MEMBER_RELEASED, 0, 9, "m1", 1),)
     assert p.record_state(0) == (AVAILABLE, 1, None)
     assert p.record_state(10) == (ACQUIRED, 1, "m2")
     assert p.release_member("m1") is None
