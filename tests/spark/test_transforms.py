@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from spark import decode, transforms
 
@@ -166,7 +166,7 @@ def test_with_payloads_joins_originals_and_keeps_missing_ones(spark: SparkSessio
     ]
 
 
-def dead_letters(spark: SparkSession, rows: list[tuple]) -> "DataFrame":  # noqa: F821
+def dead_letters(spark: SparkSession, rows: list[tuple]) -> DataFrame:
     return spark.createDataFrame(rows, transforms.DEAD_LETTER_DDL)
 
 

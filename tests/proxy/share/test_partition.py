@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from codec.share_events import ArchiveReason, EventKind
+from codec.share_events import EventKind
 from proxy.share.partition import (
     INVALID_RECORD_STATE,
     INVALID_REQUEST,
