@@ -29,6 +29,7 @@ from kio.schema.index import api_key_map, schema_name_map
 from kio.static.constants import EntityType
 
 from codec.errors import HeaderError
+from codec.varint import write_uvarint
 
 API_VERSIONS_KEY: Final = 18
 CONTROLLED_SHUTDOWN_KEY: Final = 7
@@ -139,17 +140,6 @@ def _read_uvarint(buf: bytes, offset: int) -> tuple[int, int]:
     raise HeaderError("varint longer than 5 bytes")
 
 
-def _write_uvarint(value: int) -> bytes:
-    if not 0 <= value <= 0xFFFFFFFF:
-        raise HeaderError(f"varint out of range: {value}")
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _read_tagged_fields(buf: bytes, offset: int) -> tuple[TaggedFields, int]:
     count, offset = _read_uvarint(buf, offset)
     fields = []
@@ -167,9 +157,9 @@ def _read_tagged_fields(buf: bytes, offset: int) -> tuple[TaggedFields, int]:
 
 
 def _write_tagged_fields(fields: TaggedFields) -> bytes:
-    parts = [_write_uvarint(len(fields))]
+    parts = [write_uvarint(len(fields))]
     for tag, value in fields:
-        parts += (_write_uvarint(tag), _write_uvarint(len(value)), value)
+        parts += (write_uvarint(tag), write_uvarint(len(value)), value)
     return b"".join(parts)
 
 

@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Sequence
 
 from .errors import ShareEventError
+from .varint import write_uvarint
 
 
 class EventKind(enum.IntEnum):
@@ -133,22 +134,13 @@ class UnsupportedEventVersion(ShareEventError):
         super().__init__(f"share event {what} version {version} is not supported")
 
 
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _compact_string(text: str | None) -> bytes:
     if text is None:
         return b"\x00"
     data = text.encode("utf-8")
     if len(data) > _MAX_STRING_BYTES:
         raise ShareEventError(f"string of {len(data)} bytes is longer than {_MAX_STRING_BYTES}")
-    return _uvarint(len(data) + 1) + data
+    return write_uvarint(len(data) + 1) + data
 
 
 def encode_event_key(group_id: str, topic_id: uuid.UUID, partition: int) -> bytes:
@@ -163,7 +155,7 @@ def encode_event_key(group_id: str, topic_id: uuid.UUID, partition: int) -> byte
 
 def encode_event_value(topic: str, events: tuple[ShareEvent, ...] | list[ShareEvent]) -> bytes:
     """The value of one event record: the source topic's name and the events, oldest first."""
-    parts = [_INT16.pack(EVENT_VALUE_VERSION), _compact_string(topic), _uvarint(len(events) + 1)]
+    parts = [_INT16.pack(EVENT_VALUE_VERSION), _compact_string(topic), write_uvarint(len(events) + 1)]
     append, head, tail, string = parts.append, _EVENT_HEAD.pack, _EVENT_TAIL.pack, _compact_string
     try:
         for event in events:
@@ -181,7 +173,7 @@ def encode_event_rows(topic: str, rows: Sequence[Sequence]) -> bytes:
     """:func:`encode_event_value` for plain rows in :data:`EventRow`'s field order (kind,
     first_offset, last_offset, member_id, delivery_count, reason, timestamp_ms): the same bytes,
     without building a ShareEvent per event (the publisher encodes what it merged as lists)."""
-    parts = [_INT16.pack(EVENT_VALUE_VERSION), _compact_string(topic), _uvarint(len(rows) + 1)]
+    parts = [_INT16.pack(EVENT_VALUE_VERSION), _compact_string(topic), write_uvarint(len(rows) + 1)]
     append, head, tail, string = parts.append, _EVENT_HEAD.pack, _EVENT_TAIL.pack, _compact_string
     try:
         for kind, first_offset, last_offset, member_id, delivery_count, reason, timestamp_ms in rows:

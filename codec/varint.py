@@ -1,0 +1,21 @@
+"""Kafka's unsigned varint writer (compact lengths, tag numbers), shared by every encoder in codec/.
+
+Kept free of kio so the event-log codec (and through it the pure engine and Spark workers) can
+use it without loading kio's schema index.
+"""
+
+from __future__ import annotations
+
+from .errors import CodecError
+
+
+def write_uvarint(value: int) -> bytes:
+    """An unsigned varint of at most 32 bits (Kafka's UNSIGNED_VARINT)."""
+    if not 0 <= value <= 0xFFFFFFFF:
+        raise CodecError(f"varint out of range: {value}")
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
