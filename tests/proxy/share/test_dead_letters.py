@@ -25,7 +25,7 @@ from proxy.share.dead_letters import (
 )
 from proxy.share.leaders import Leader
 from proxy.share.manager import ShareService
-from proxy.share.partition import AckRange, ArchivingRun, BatchHeader, PartitionConfig, SharePartition
+from proxy.share.partition import AckRange, ArchivingRun, BatchHeader, SharePartition
 from proxy.share.states import AcknowledgeType, RecordState
 from tests.proxy.share.test_manager import TOPIC_ID, FakeCluster, FakeWriter
 
@@ -112,19 +112,6 @@ GROUP = "billing"
 REJECT_TYPE = int(AcknowledgeType.REJECT)
 
 
-def _engine_has_archiving() -> bool:
-    try:
-        _ = SharePartition(PartitionConfig(), 0).archiving_count
-    except NotImplementedError:
-        return False
-    return True
-
-
-# The engine's ARCHIVING API is a stub until branch i11-engine's behaviour is merged: skipped until then.
-needs_engine = pytest.mark.skipif(not _engine_has_archiving(),
-                                  reason="the engine's ARCHIVING behaviour (i11-engine) is not merged yet")
-
-
 class FakeDeadLetterCluster:
     """The DLQ side in memory: topics with their partitions and mark; `fail_next` transient rounds."""
 
@@ -193,7 +180,6 @@ async def run_until(service, writer_task, condition, timeout: float = 5.0) -> No
         nursery.cancel_scope.cancel()
 
 
-@needs_engine
 async def test_rejected_records_are_written_once_durable_then_archived_with_copies():
     service, writer, dlq = service_with("dlq.billing")
     leader = reject(service, partition=1, first=2, last=3)
@@ -207,7 +193,6 @@ async def test_rejected_records_are_written_once_durable_then_archived_with_copi
     assert writer.writes, "the ARCHIVING state was written before the dead letters"
 
 
-@needs_engine
 async def test_transient_failures_are_retried_until_written_and_nothing_is_lost():
     service, _writer, dlq = service_with("dlq.billing")
     dlq.fail_next = 3
@@ -218,7 +203,6 @@ async def test_transient_failures_are_retried_until_written_and_nothing_is_lost(
     assert dlq.fail_next == 0
 
 
-@needs_engine
 @pytest.mark.parametrize(("topic", "dlq_partitions", "marked"), [
     ("elsewhere.billing", 2, True),  # prefix
     ("dlq.billing", 2, False),  # not marked as a DLQ topic
