@@ -65,6 +65,51 @@ def parse_bool(text: str | bool) -> bool:
     raise ConfigError(f"not a boolean: {text!r}")
 
 
+class Secret:
+    """A password or key passphrase: usable through :attr:`value`, never shown by repr/str, so a
+    logged config or exception cannot carry it."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: str) -> None:
+        self.value = str(value)
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other.value == self.value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+
+def parse_choice(*choices: str) -> Callable[[Any], str]:
+    """A parser accepting one of `choices`, case-insensitively; returns the canonical spelling."""
+    canonical = {choice.lower(): choice for choice in choices}
+
+    def parse(text: Any) -> str:
+        key = str(text).strip().lower()
+        if key not in canonical:
+            raise ConfigError(f"{text!r} is not one of {', '.join(choices)}")
+        return canonical[key]
+
+    return parse
+
+
+def parse_optional_str(text: Any) -> str | None:
+    if text is None or str(text).strip() == "":
+        return None
+    return str(text)
+
+
+def parse_sasl_mechanism(text: Any) -> str | None:
+    value = parse_optional_str(text)
+    return value.strip().upper() if value else None
+
+
 def parse_optional_int(text: str | int | None) -> int | None:
     if text is None or (isinstance(text, str) and text.strip() in ("", "none")):
         return None
@@ -143,6 +188,44 @@ class ProxyConfig:
     # KIP-1191 dead-letter queues (docs/dead-letters.md): Kafka's broker configs of the same names.
     errors_deadletterqueue_auto_create_topics_enable: bool = False
     errors_deadletterqueue_topic_name_prefix: str = "dlq."
+    # Security (docs/security.md). Names follow librdkafka's properties, prefixed by side.
+    # Client side: the proxy's listeners serve TLS when a certificate is configured.
+    listener_ssl_certificate_location: str | None = None
+    listener_ssl_key_location: str | None = None
+    listener_ssl_key_password: Secret | None = None
+    listener_ssl_ca_location: str | None = None
+    listener_ssl_client_auth: str = "none"  # none | requested | required (mTLS)
+    listener_ssl_min_version: str = "TLSv1.2"
+    listener_ssl_cipher_suites: str | None = None  # OpenSSL cipher list; None: Python's secure defaults
+    listener_ssl_handshake_timeout_ms: int = 10_000
+    listener_ssl_reload_interval_ms: int = 10_000
+    # Upstream side: every connection to the brokers (clients' pass-through and the proxy's own).
+    upstream_security_protocol: str = "PLAINTEXT"  # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
+    upstream_ssl_ca_location: str | None = None  # None: the system's trusted CAs
+    upstream_ssl_certificate_location: str | None = None
+    upstream_ssl_key_location: str | None = None
+    upstream_ssl_key_password: Secret | None = None
+    upstream_ssl_endpoint_identification_algorithm: str = "https"  # https | none
+    # The proxy's own service credentials (clients authenticate themselves, passed through).
+    upstream_sasl_mechanism: str | None = None  # PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512
+    upstream_sasl_username: str | None = None
+    upstream_sasl_password: Secret | None = None
+    # Share operations authorized by the cluster's own ACLs, asked on the client's own connection.
+    share_authorization: str = "auto"  # auto | cluster | off
+    share_authorization_cache_ms: int = 5_000
+
+    @property
+    def listener_tls(self) -> bool:
+        """The listeners serve TLS (a certificate is configured)."""
+        return self.listener_ssl_certificate_location is not None
+
+    @property
+    def upstream_tls(self) -> bool:
+        return self.upstream_security_protocol in ("SSL", "SASL_SSL")
+
+    @property
+    def upstream_sasl(self) -> bool:
+        return self.upstream_security_protocol in ("SASL_PLAINTEXT", "SASL_SSL")
 
     @property
     def effective_advertised_host(self) -> str:
@@ -244,7 +327,35 @@ OPTIONS: tuple[Option, ...] = (
     Option("share_events_linger_ms", int, "how often the event log publishes what it buffered (default 100)", "MS"),
     Option("share_events_retention_ms", int, "retention.ms of the event topic when the proxy creates it (default 604800000, 7 days)", "MS"),
     Option("share_events_partitions", int, "partitions of the event topic when the proxy creates it (default 1)", "N"),
+    # Security (docs/security.md).
+    Option("listener_ssl_certificate_location", parse_optional_str, "PEM certificate (chain) the listeners serve; setting it makes every listener TLS (default: plaintext listeners)", "FILE"),
+    Option("listener_ssl_key_location", parse_optional_str, "PEM private key of the listener certificate (default: in the certificate file)", "FILE"),
+    Option("listener_ssl_key_password", Secret, "passphrase of an encrypted listener key (or --listener-ssl-key-password-file)", "PASSWORD"),
+    Option("listener_ssl_ca_location", parse_optional_str, "PEM CA bundle client certificates are verified against (with --listener-ssl-client-auth)", "FILE"),
+    Option("listener_ssl_client_auth", parse_choice("none", "requested", "required"), "client certificates: none, requested (verified when sent) or required (mTLS) (default none)", "MODE"),
+    Option("listener_ssl_min_version", parse_choice("TLSv1.2", "TLSv1.3"), "lowest TLS version the listeners accept (default TLSv1.2)", "VERSION"),
+    Option("listener_ssl_cipher_suites", parse_optional_str, "OpenSSL cipher list for TLS 1.2 on the listeners (default: Python's secure default list)", "CIPHERS"),
+    Option("listener_ssl_handshake_timeout_ms", int, "a client's TLS handshake must finish within this, or its connection is closed (default 10000)", "MS"),
+    Option("listener_ssl_reload_interval_ms", int, "how often the listener certificate, key and CA files are checked for changes; changed files serve new connections (default 10000; SIGHUP reloads at once)", "MS"),
+    Option("upstream_security_protocol", parse_choice("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"), "how the proxy connects to the brokers: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL (default PLAINTEXT); clients' SASL passes through on their own upstream connections", "PROTOCOL"),
+    Option("upstream_ssl_ca_location", parse_optional_str, "PEM CA bundle the brokers' certificates are verified against (default: the system's trusted CAs)", "FILE"),
+    Option("upstream_ssl_certificate_location", parse_optional_str, "PEM client certificate the proxy presents to the brokers (optional)", "FILE"),
+    Option("upstream_ssl_key_location", parse_optional_str, "PEM private key of the upstream client certificate", "FILE"),
+    Option("upstream_ssl_key_password", Secret, "passphrase of an encrypted upstream key (or --upstream-ssl-key-password-file)", "PASSWORD"),
+    Option("upstream_ssl_endpoint_identification_algorithm", parse_choice("https", "none"), "https: verify broker host names against their certificates; none: do not (default https)", "ALGORITHM"),
+    Option("upstream_sasl_mechanism", parse_sasl_mechanism, "SASL mechanism of the proxy's own connections: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (required with SASL_*)", "MECHANISM"),
+    Option("upstream_sasl_username", parse_optional_str, "the proxy's own SASL user name (its service principal)", "USER"),
+    Option("upstream_sasl_password", Secret, "the proxy's own SASL password (or --upstream-sasl-password-file); never logged", "PASSWORD"),
+    Option("share_authorization", parse_choice("auto", "cluster", "off"), "authorize share operations by the cluster's ACLs, asked on the client's own connection: cluster (always), off (never), auto (when the cluster has an authorizer; default)", "MODE"),
+    Option("share_authorization_cache_ms", int, "how long one connection's authorization answers are reused (default 5000)", "MS"),
 )
+
+#: Secrets that may also be read from a file: option name -> flag/env/TOML name of the file variant.
+SECRET_FILES = {
+    "listener_ssl_key_password": "listener_ssl_key_password_file",
+    "upstream_ssl_key_password": "upstream_ssl_key_password_file",
+    "upstream_sasl_password": "upstream_sasl_password_file",
+}
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -261,6 +372,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(option.flag, dest=option.name, action="store_true", default=argparse.SUPPRESS, help=help_text)
         else:
             parser.add_argument(option.flag, dest=option.name, metavar=option.metavar, default=argparse.SUPPRESS, help=help_text)
+    for secret, file_name in SECRET_FILES.items():
+        parser.add_argument("--" + file_name.replace("_", "-"), dest=file_name, metavar="FILE", default=argparse.SUPPRESS,
+                            help=f"read {secret.replace('_', '-')} from this file (trailing newline ignored); "
+                                 f"env {ENV_PREFIX}{file_name.upper()}")
 
 
 def load_config(
@@ -279,7 +394,7 @@ def load_config(
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"cannot read config file {file_path}: {exc}") from exc
         file_values = {key.replace("-", "_"): value for key, value in raw.items()}
-        known = {option.name for option in OPTIONS}
+        known = {option.name for option in OPTIONS} | set(SECRET_FILES.values())
         unknown = sorted(set(file_values) - known)
         if unknown:
             raise ConfigError(f"unknown keys in {file_path}: {', '.join(unknown)}")
@@ -300,11 +415,27 @@ def load_config(
             raise
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"invalid value for {option.name} from {source}: {raw_value!r}") from exc
+    for secret, file_option in SECRET_FILES.items():
+        path = given.get(file_option) or environ.get(ENV_PREFIX + file_option.upper()) or file_values.get(file_option)
+        if not path:
+            continue
+        if secret in values:
+            raise ConfigError(f"{secret} and {file_option} are both given; use one")
+        values[secret] = Secret(_read_secret_file(str(path), file_option))
     if "upstream" not in values:
         raise ConfigError(f"--upstream (or {ENV_PREFIX}UPSTREAM) is required")
     config = ProxyConfig(**values)
     _validate(config)
     return config
+
+
+def _read_secret_file(path: str, option: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read().rstrip("\r\n")
+    except OSError as exc:
+        # The path may be shown; the content never is.
+        raise ConfigError(f"cannot read {option} {path}: {exc.strerror or exc}") from None
 
 
 def _validate(config: ProxyConfig) -> None:
@@ -339,10 +470,54 @@ def _validate(config: ProxyConfig) -> None:
     if config.state_topic_partitions < 1:
         raise ConfigError("state_topic_partitions must be at least 1")
     _validate_share_events(config)
+    _validate_security(config)
     _validate_extension_keys(config.mark_in_progress_api_key, config.describe_in_flight_api_key)
     base = config.effective_broker_port_base
     if base is not None and not 0 < base <= 65535:
         raise ConfigError(f"broker port base {base} out of range")
+
+
+SERVICE_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+def _validate_security(config: ProxyConfig) -> None:
+    """Combinations that cannot work are refused here; whether the files exist and parse is
+    checked when the TLS contexts are built at start-up (proxy/security.py)."""
+    if config.listener_ssl_key_location and not config.listener_tls:
+        raise ConfigError("listener_ssl_key_location needs listener_ssl_certificate_location")
+    if config.listener_ssl_client_auth != "none":
+        if not config.listener_tls:
+            raise ConfigError(f"listener_ssl_client_auth {config.listener_ssl_client_auth} needs TLS listeners "
+                              "(listener_ssl_certificate_location)")
+        if not config.listener_ssl_ca_location:
+            raise ConfigError(f"listener_ssl_client_auth {config.listener_ssl_client_auth} needs listener_ssl_ca_location "
+                              "(the CA client certificates are verified against)")
+    if config.listener_ssl_handshake_timeout_ms < 1:
+        raise ConfigError("listener_ssl_handshake_timeout_ms must be at least 1")
+    if config.listener_ssl_reload_interval_ms < 0:
+        raise ConfigError("listener_ssl_reload_interval_ms must not be negative (0: reload on SIGHUP only)")
+    if config.upstream_ssl_key_location and not config.upstream_ssl_certificate_location:
+        raise ConfigError("upstream_ssl_key_location needs upstream_ssl_certificate_location")
+    if not config.upstream_tls:
+        for name in ("upstream_ssl_ca_location", "upstream_ssl_certificate_location"):
+            if getattr(config, name):
+                raise ConfigError(f"{name} is set but upstream_security_protocol is {config.upstream_security_protocol} "
+                                  "(use SSL or SASL_SSL)")
+    if config.upstream_sasl:
+        missing = [name for name in ("upstream_sasl_mechanism", "upstream_sasl_username", "upstream_sasl_password")
+                   if getattr(config, name) is None]
+        if missing:
+            raise ConfigError(f"upstream_security_protocol {config.upstream_security_protocol} needs the proxy's own "
+                              f"credentials: {', '.join(missing)}")
+        if config.upstream_sasl_mechanism not in SERVICE_SASL_MECHANISMS:
+            raise ConfigError(f"upstream_sasl_mechanism {config.upstream_sasl_mechanism!r}: the proxy's own connections "
+                              f"support {', '.join(SERVICE_SASL_MECHANISMS)} (clients' own SASL, OAUTHBEARER included, "
+                              "passes through whatever the mechanism)")
+    elif config.upstream_sasl_mechanism or config.upstream_sasl_username or config.upstream_sasl_password:
+        raise ConfigError(f"upstream SASL credentials are set but upstream_security_protocol is "
+                          f"{config.upstream_security_protocol} (use SASL_PLAINTEXT or SASL_SSL)")
+    if config.share_authorization_cache_ms < 0:
+        raise ConfigError("share_authorization_cache_ms must not be negative")
 
 
 def _validate_share_events(config: ProxyConfig) -> None:

@@ -248,3 +248,52 @@ def test_dead_letter_flags_default_to_kafkas_broker_configs_and_reach_the_share_
                     'errors_deadletterqueue_topic_name_prefix = "x."\n')
     from_file = share_settings(parse(["--upstream", "k:1", "--config", str(toml)]))
     assert (from_file.dead_letter_auto_create_topics, from_file.dead_letter_topic_name_prefix) == (True, "x.")
+
+
+# -- security options (docs/security.md) ---------------------------------------------------
+
+def test_security_defaults_are_plaintext_and_authorization_auto():
+    config = load_config({"upstream": "k:9092"}, environ={})
+    assert not config.listener_tls and not config.upstream_tls and not config.upstream_sasl
+    assert config.upstream_security_protocol == "PLAINTEXT"
+    assert config.share_authorization == "auto"
+
+
+def test_upstream_sasl_needs_the_proxy_own_credentials():
+    with pytest.raises(ConfigError, match="upstream_sasl_password"):
+        load_config({"upstream": "k:9092", "upstream_security_protocol": "sasl_ssl",
+                     "upstream_sasl_mechanism": "scram-sha-512", "upstream_sasl_username": "proxy"}, environ={})
+
+
+def test_sasl_password_from_a_file_is_never_shown(tmp_path):
+    secret_file = tmp_path / "password"
+    secret_file.write_text("hunter2-secret\n")
+    config = load_config({"upstream": "k:9092", "upstream_security_protocol": "SASL_SSL",
+                          "upstream_sasl_mechanism": "scram-sha-512", "upstream_sasl_username": "proxy"},
+                         environ={"KSP_UPSTREAM_SASL_PASSWORD_FILE": str(secret_file)})
+    assert config.upstream_sasl_mechanism == "SCRAM-SHA-512"
+    assert config.upstream_sasl_password.value == "hunter2-secret"
+    assert "hunter2" not in repr(config) and "hunter2" not in str(config)
+
+
+def test_password_and_password_file_together_are_refused(tmp_path):
+    secret_file = tmp_path / "password"
+    secret_file.write_text("x")
+    with pytest.raises(ConfigError, match="both given"):
+        load_config({"upstream": "k:9092", "upstream_security_protocol": "SASL_PLAINTEXT",
+                     "upstream_sasl_mechanism": "PLAIN", "upstream_sasl_username": "proxy",
+                     "upstream_sasl_password": "y", "upstream_sasl_password_file": str(secret_file)}, environ={})
+
+
+def test_oauthbearer_is_refused_for_the_proxy_own_connections():
+    with pytest.raises(ConfigError, match="passes through"):
+        load_config({"upstream": "k:9092", "upstream_security_protocol": "SASL_SSL", "upstream_sasl_mechanism": "OAUTHBEARER",
+                     "upstream_sasl_username": "p", "upstream_sasl_password": "q"}, environ={})
+
+
+def test_mtls_needs_a_ca_and_tls_listeners():
+    with pytest.raises(ConfigError, match="listener_ssl_ca_location"):
+        load_config({"upstream": "k:9092", "listener_ssl_certificate_location": "c.pem",
+                     "listener_ssl_client_auth": "required"}, environ={})
+    with pytest.raises(ConfigError, match="needs TLS listeners"):
+        load_config({"upstream": "k:9092", "listener_ssl_client_auth": "required"}, environ={})
