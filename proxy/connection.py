@@ -265,6 +265,12 @@ class ClientConnection:
         #: on first use and dropped with the connection: a reconnect starts with nothing cached.
         self.authorization = None
 
+    def authorizer(self, create: Callable[[], Any]) -> Any:
+        """The connection's authorization state (proxy.share.authorization), created on first use."""
+        if self.authorization is None:
+            self.authorization = create()
+        return self.authorization
+
     # -- lifecycle ------------------------------------------------------------
 
     def stop_reading(self) -> None:
