@@ -261,6 +261,7 @@ class ClientConnection:
         self._sasl_done = trio.Event()
         self._sasl_done.set()
         self._calls_failed: str | None = None
+        self._calls_waiting = 0
         #: Per-connection state of the authorization module (proxy.share.authorization), created
         #: on first use and dropped with the connection: a reconnect starts with nothing cached.
         self.authorization = None
@@ -407,9 +408,9 @@ class ClientConnection:
             return True
         if not self._awaiting_upstream:
             return False
-        oldest = self._awaiting_upstream[0]
-        # A call's caller may be what the writer waits for (a local handler asking the cluster).
-        return oldest is self._writer_waits_for or isinstance(oldest, UpstreamCall)
+        # While a call waits, read on: its caller may be what the writer waits for (a local
+        # handler asking the cluster), and responses queued before the call must come off first.
+        return self._awaiting_upstream[0] is self._writer_waits_for or self._calls_waiting > 0
 
     def _fail_calls(self, reason: str) -> None:
         """Wake every call still waiting on upstream with an error (the connection is going)."""
@@ -502,10 +503,18 @@ class ClientConnection:
                 upstream = await self._ensure_upstream()
                 payload = encode_call(request, header.correlation_id, header.client_id)
                 self._awaiting_upstream.append(call)
+                self._calls_waiting += 1
                 self.budget.notify()
-                await _send(upstream, payload)
+                try:
+                    await _send(upstream, payload)
+                except BaseException:
+                    self._calls_waiting -= 1
+                    raise
                 break
-        await call.ready.wait()
+        try:
+            await call.ready.wait()
+        finally:
+            self._calls_waiting -= 1
         if call.error is not None:
             raise UpstreamError(call.error)
         frame, call.payload = call.payload, None

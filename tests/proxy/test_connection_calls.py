@@ -214,3 +214,30 @@ def test_call_response_decodes_with_kio():
     frame = heartbeat_response(7, 30)
     entity, _ = entity_reader(load_response_schema(HEARTBEAT, 4))(frame, 5)
     assert int(entity.error_code) == 30
+
+
+async def test_over_budget_a_call_behind_forwarded_responses_still_completes(autojump_clock):
+    # The writer waits for the local answer, which waits for its call, which is queued upstream
+    # behind a forwarded response while the connection holds more than its byte budget.
+    release = trio.Event()
+    route = Recorded(before_call=release)
+    h = Harness(routes={LOCAL_API: ServeLocally(route.handler)}, max_bytes=1000)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(h.connection.serve)
+        await h.client.send_frame(request(1, LOCAL_API, 1))
+        await h.client.send_frame(request(2))
+        await h.client.send_frame(request(3))
+        assert [correlation_of(await h.broker_receive()) for _ in range(2)] == [2, 3]
+        await h.broker.send_frame(response(2, b"x" * 2000))  # now over budget
+        await trio.sleep(1)
+        assert h.connection.budget.exhausted
+        release.set()
+        call = await h.broker_receive()
+        assert is_call(call)
+        await h.broker.send_frame(response(3, b"small"))
+        await h.broker.send_frame(heartbeat_response(correlation_of(call), 0))
+        with trio.fail_after(10):
+            assert await h.client.receive_frame() == response(1, b"code=0")
+            assert await h.client.receive_frame() == response(2, b"x" * 2000)
+            assert await h.client.receive_frame() == response(3, b"small")
+        await h.client_side.aclose()
