@@ -217,10 +217,14 @@ class LocalKafka:
         return client_properties(self.security, self.bootstrap, self.ca_path, user)
 
     def java_properties(self, user: str = SUPER_USER) -> dict[str, str]:
-        """Kafka Java client settings to reach this broker as `user` (PEM truststore, SCRAM JAAS)."""
+        """Kafka Java client security settings for `user` (PEM truststore, SCRAM JAAS).
+
+        Without `bootstrap.servers` (unlike `client_config`): they go on top of a client's own
+        settings, e.g. a Java driver pointed at the proxy (`property=kafka.java_properties("alice")`).
+        """
         if self.security is None:
-            return {"bootstrap.servers": self.bootstrap}
-        return java_client_properties(self.security, self.bootstrap, self.ca_path, user)
+            return {"security.protocol": "PLAINTEXT"}
+        return java_client_properties(self.security, self.ca_path, user)
 
     def start(self) -> LocalKafka:
         if self._process is not None:

@@ -191,10 +191,13 @@ def client_properties(security: str, bootstrap: str, ca_path: Path | None, user:
     return props
 
 
-def java_client_properties(security: str, bootstrap: str, ca_path: Path | None, user: str = SUPER_USER) -> dict[str, str]:
-    """Kafka Java client settings for `user` (also what `--command-config` files hold)."""
+def java_client_properties(security: str, ca_path: Path | None, user: str = SUPER_USER) -> dict[str, str]:
+    """Kafka Java client security settings for `user` (what `--command-config` files hold).
+
+    No `bootstrap.servers`: these settings are applied over a client's own (the Java drivers
+    apply them last), and must not silently point a client meant for the proxy at the broker.
+    """
     props = {
-        "bootstrap.servers": bootstrap,
         "security.protocol": listener_name(security),
         "sasl.mechanism": SCRAM_MECHANISM,
         "sasl.jaas.config": scram_jaas(user),

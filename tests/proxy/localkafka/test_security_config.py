@@ -169,7 +169,8 @@ def test_librdkafka_settings_per_user() -> None:
 
 
 def test_java_settings_trust_the_ca_as_a_pem_truststore() -> None:
-    props = java_client_properties("sasl_ssl", "127.0.0.1:9", CA, "bob")
+    props = java_client_properties("sasl_ssl", CA, "bob")
+    assert "bootstrap.servers" not in props  # applied over a client's own: it must not redirect it
     assert props["security.protocol"] == "SASL_SSL"
     assert props["sasl.jaas.config"] == scram_jaas("bob")
     assert 'username="bob" password="bob-secret"' in props["sasl.jaas.config"]
@@ -177,10 +178,10 @@ def test_java_settings_trust_the_ca_as_a_pem_truststore() -> None:
 
 
 def test_properties_file_reads_back_as_written_and_keeps_values_readable() -> None:
-    props = java_client_properties("sasl_ssl", "127.0.0.1:9", CA) | {"odd key=:": " lead\\back\nline"}
+    props = java_client_properties("sasl_ssl", CA) | {"odd key=:": " lead\\back\nline", "url": "h:1"}
     text = java_properties_text(props)
     assert parse_java_properties(text) == props
-    assert "bootstrap.servers=127.0.0.1:9\n" in text  # ':' and '=' need no escape in values
+    assert "url=h:1\n" in text  # ':' and '=' need no escape in values
     assert f"sasl.jaas.config={scram_jaas('admin')}\n" in text
 
 
@@ -202,6 +203,7 @@ def test_none_means_a_plaintext_broker_whose_client_config_is_just_the_bootstrap
     assert kafka.security is None
     assert (kafka.ca_path, kafka.client_config_path, kafka.certificates) == (None, None, None)
     assert kafka.client_config("alice") == {"bootstrap.servers": "127.0.0.1:19092"}
+    assert kafka.java_properties("alice") == {"security.protocol": "PLAINTEXT"}
 
 
 def parse_local_kafka(argv: list[str]) -> argparse.Namespace:
