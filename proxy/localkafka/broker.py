@@ -283,6 +283,11 @@ class LocalKafka:
             self.controller_port = free_port()
         log_dir = self.data_dir / "kraft"
         if self.security is not None:
+            if (log_dir / "meta.properties").exists() and not (self.data_dir / "tls").is_dir():
+                raise LocalKafkaError(
+                    f"{self.data_dir} holds storage formatted without security (no SCRAM users); "
+                    f"use a fresh data directory for a secured broker"
+                )
             self._prepare_security()
         settings = self._settings(log_dir)
         config = self.data_dir / "server.properties"

@@ -236,3 +236,12 @@ def test_ready_line_adds_the_ca_and_client_config_only_when_secured(tmp_path: Pa
     no_tls.port = 1234
     no_tls.client_config_path = tmp_path / "c.properties"
     assert local_kafka_cli.ready_line(no_tls) == f"ready bootstrap=127.0.0.1:1234 version=4.4.0 client-config={tmp_path / 'c.properties'}"
+
+
+def test_storage_formatted_without_security_is_not_reused_for_a_secured_broker(tmp_path: Path) -> None:
+    (tmp_path / "kraft").mkdir()
+    (tmp_path / "kraft" / "meta.properties").write_text("cluster.id=abc\n")
+    kafka = LocalKafka("4.4.0", security="sasl_ssl", data_dir=tmp_path)
+    with pytest.raises(LocalKafkaError, match="formatted without security"):
+        kafka._prepare_directory()
+    assert not (tmp_path / "tls").exists()
