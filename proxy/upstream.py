@@ -49,6 +49,9 @@ class FramedStream:
     def __init__(self, stream: trio.abc.Stream, max_frame_size: int) -> None:
         self.stream = stream
         self._decoder = FrameDecoder(max_frame_size)
+        # trio time after which the broker ends this connection's SASL session (KIP-368
+        # connections.max.reauth.ms); None: no limit. Pools stop reusing a connection before then.
+        self.session_expires_at: float | None = None
 
     async def receive_frame(self) -> bytes | None:
         """Next frame payload; None at a clean end of stream.
@@ -106,7 +109,11 @@ async def open_upstream(
     if authenticate and security is not None and security.sasl is not None:
         try:
             with trio.fail_after(timeout):
-                await sasl_authenticate(framed, security.sasl, address)
+                lifetime_ms = await sasl_authenticate(framed, security.sasl, address)
+            if lifetime_ms > 0:
+                # Re-authentication is not implemented: retire the connection well before the
+                # broker would close it (at 85% of the session lifetime).
+                framed.session_expires_at = trio.current_time() + 0.85 * lifetime_ms / 1000
         except trio.TooSlowError:
             await trio.aclose_forcefully(framed.stream)
             raise UpstreamError(f"upstream {address}: SASL authentication as user "
@@ -187,9 +194,10 @@ _SASL_AUTHENTICATE_MAX = 2
 _UNSUPPORTED_SASL_MECHANISM = 33
 
 
-async def sasl_authenticate(stream: FramedStream, credentials: ServiceCredentials, address: HostPort) -> None:
+async def sasl_authenticate(stream: FramedStream, credentials: ServiceCredentials, address: HostPort) -> int:
     """Authenticate `stream` with the proxy's service credentials (Kafka's SASL framing, KIP-152:
-    SaslHandshake v1, then the mechanism's tokens in SaslAuthenticate requests).
+    SaslHandshake v1, then the mechanism's tokens in SaslAuthenticate requests). Returns the
+    session lifetime the broker granted in ms (0: unlimited; KIP-368).
 
     :class:`UpstreamAuthenticationError` names the broker, mechanism, user and Kafka's message.
     """
@@ -214,10 +222,16 @@ async def sasl_authenticate(stream: FramedStream, credentials: ServiceCredential
         raise failure(f"SaslHandshake refused: {_error_name(code)} (is this listener SASL_PLAINTEXT/SASL_SSL?)")
     request_type = load_request_schema(SASL_AUTHENTICATE, authenticate_version)
 
+    lifetime_ms = 0
+
     async def exchange(token: bytes) -> bytes:
+        nonlocal lifetime_ms
         response = await client.call(request_type(auth_bytes=token))
         if int(response.error_code):
             raise failure(response.error_message or _error_name(int(response.error_code)))
+        lifetime = getattr(response, "session_lifetime", None)  # v1+
+        if lifetime is not None:
+            lifetime_ms = int(lifetime.total_seconds() * 1000)
         return bytes(response.auth_bytes)
 
     password = credentials.password.value
@@ -231,6 +245,7 @@ async def sasl_authenticate(stream: FramedStream, credentials: ServiceCredential
             scram.verify_server_final(server_final)
     except SaslError as exc:
         raise failure(str(exc)) from None
+    return lifetime_ms
 
 
 def _highest_common(broker: tuple[int, int] | None, known_max: int, *, minimum: int) -> int | None:
@@ -300,6 +315,11 @@ class UpstreamClient:
         request = schema(**{f.name: () if f.name == "topics" else False for f in dataclasses.fields(schema)})
         response = await self.call(request)
         return [(int(b.node_id), b.host, int(b.port)) for b in response.brokers]
+
+    def session_expired(self) -> bool:
+        """True once the broker's SASL session lifetime for this connection is (nearly) over."""
+        expires_at = self._stream.session_expires_at
+        return expires_at is not None and trio.current_time() >= expires_at
 
     async def aclose(self) -> None:
         await self._stream.aclose()

@@ -199,6 +199,10 @@ class Cluster:
             pool = pools[node_id] = _BrokerPool(address, limit)
         async with pool.slots:
             client = pool.idle.pop() if pool.idle else None
+            while client is not None and client.session_expired():
+                # The broker would close it at the end of its SASL session: retire it first.
+                await trio.aclose_forcefully(client)
+                client = pool.idle.pop() if pool.idle else None
             if client is None:
                 stream = await open_upstream(address, timeout=self._connect_timeout,
                                              max_frame_size=self._max_frame_size,

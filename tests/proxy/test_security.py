@@ -306,3 +306,24 @@ def test_librdkafka_config_has_only_what_is_set(files):
                                     upstream_sasl_username="proxy", upstream_sasl_password="pw")) == {
         "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.username": "proxy",
         "sasl.password": "pw"}
+
+
+# ----- share-proxy serve --------------------------------------------------------------------------
+
+def test_serve_exits_2_with_one_line_naming_a_certificate_that_does_not_load(files):
+    import subprocess
+    import sys
+
+    missing = str(files.directory / "missing.pem")
+    root = Path(__file__).resolve().parents[2]
+    result = subprocess.run(
+        [sys.executable, "-c", "import sys; from proxy.cli import main; sys.exit(main())", "serve",
+         "--upstream", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--listener-ssl-certificate-location", missing,
+         "--listener-ssl-key-password", KEY_PASSWORD],
+        capture_output=True, text=True, timeout=60, cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"share-proxy: cannot read listener certificate {missing}: No such file or directory"]
+    assert result.stdout == ""
+    assert KEY_PASSWORD not in result.stderr

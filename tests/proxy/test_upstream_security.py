@@ -6,6 +6,7 @@ The real thing -- Kafka's SCRAM-SHA-512 over SASL_SSL -- is in integration/secur
 
 from __future__ import annotations
 
+import datetime
 import functools
 import ssl
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ class FakeBroker:
     tls: ssl.SSLContext | None = None
     mechanisms: tuple[str, ...] = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")
     port: int = 0
+    session_lifetime_ms: int = 0  # KIP-368: what SaslAuthenticate v1+ reports
     seen: list[list[int]] = field(default_factory=list)  # API keys asked, per connection
     authenticated: list[str] = field(default_factory=list)
 
@@ -93,7 +95,8 @@ class FakeBroker:
             if failure:
                 return response_frame(build(schema, error_code=ErrorCode.sasl_authentication_failed,
                                             error_message=failure), cid)
-            return response_frame(build(schema, auth_bytes=reply), cid)
+            extra = {"session_lifetime": datetime.timedelta(milliseconds=self.session_lifetime_ms)} if version else {}
+            return response_frame(build(schema, auth_bytes=reply, **extra), cid)
         return cid.to_bytes(4, "big") + b"echo"
 
     def _sasl_step(self, state: dict, token: bytes) -> tuple[bytes, str | None]:
@@ -150,11 +153,23 @@ async def test_sasl_ssl_with_scram_sha_512_authenticates_and_the_connection_is_u
     stream = await open_upstream(address, timeout=5, max_frame_size=1 << 20, security=security(ca_path=pki.ca_path),
                                  authenticate=True)
     assert isinstance(stream.stream, trio.SSLStream)
+    assert stream.session_expires_at is None  # the broker grants an unlimited session
     versions = await UpstreamClient(stream).api_versions()  # the connection goes on after SASL
     assert versions[ECHO_API] == (0, 4)
     await stream.aclose()
     assert broker.authenticated == ["proxy"]
     assert broker.seen[0][:5] == [API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE, SASL_AUTHENTICATE, API_VERSIONS]
+
+
+async def test_a_session_lifetime_marks_when_the_connection_must_be_retired(nursery):
+    broker = FakeBroker(session_lifetime_ms=100_000)
+    address = await broker.start(nursery)
+    limited = await open_upstream(address, timeout=5, max_frame_size=1 << 20, security=security("SASL_PLAINTEXT"),
+                                    authenticate=True)
+    assert limited.session_expires_at is not None
+    assert 84 < limited.session_expires_at - trio.current_time() <= 85
+    assert not UpstreamClient(limited).session_expired()
+    await limited.aclose()
 
 
 @pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "PLAIN"])

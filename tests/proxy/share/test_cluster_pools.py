@@ -31,7 +31,8 @@ class FakeBroker:
     def __init__(self, nursery: trio.Nursery) -> None:
         self.nursery = nursery
         self.connections = 0
-        self.opened_with: list[tuple[object, bool]] = []  # (security, authenticate) of every connection
+        self.opened_with: list[tuple[object, bool]] = []
+        self.session_lifetime_s: float | None = None  # (security, authenticate) of every connection
         self.fetches: list[tuple[int, int, float]] = []  # (partition, offset, max wait s)
 
     async def connect(self, address: HostPort, *, timeout: float, max_frame_size: int, security=None,
@@ -40,7 +41,10 @@ class FakeBroker:
         self.connections += 1
         self.opened_with.append((security, authenticate))
         self.nursery.start_soon(self._serve, FramedStream(broker_end, 1 << 20))
-        return FramedStream(proxy_end, max_frame_size)
+        framed = FramedStream(proxy_end, max_frame_size)
+        if self.session_lifetime_s is not None:  # as open_upstream marks a SASL session with a lifetime
+            framed.session_expires_at = trio.current_time() + self.session_lifetime_s
+        return framed
 
     async def _serve(self, stream: FramedStream) -> None:
         try:
@@ -192,4 +196,16 @@ async def test_pool_connections_are_the_proxys_own_secured_and_authenticated(bro
     assert await cluster.list_offset(TOPIC, 0, LATEST_TIMESTAMP) == 42
     await long_poll(cluster, 1, wait_ms=10)
     assert broker.opened_with == [(security, True), (security, True)]  # prompt pool, long-poll pool
+    nursery.cancel_scope.cancel()
+
+
+async def test_a_connection_whose_sasl_session_is_ending_is_retired_not_reused(broker, nursery, autojump_clock):
+    broker.session_lifetime_s = 60.0
+    cluster = make_cluster()
+    for _ in range(3):
+        assert await cluster.list_offset(TOPIC, 0, LATEST_TIMESTAMP) == 42
+    assert broker.connections == 1  # reused while the session lasts
+    await trio.sleep(61)
+    assert await cluster.list_offset(TOPIC, 0, LATEST_TIMESTAMP) == 42
+    assert broker.connections == 2  # the broker would have closed the old one: a new one instead
     nursery.cancel_scope.cancel()
