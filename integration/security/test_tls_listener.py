@@ -8,21 +8,22 @@ with mTLS required, a client without a trusted certificate cannot connect.
 
 from __future__ import annotations
 
+import signal
 import socket
 import time
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from integration.security.tls_fixtures import Pki, listener_flags, tls_client
-from integration.share.conftest import (  # noqa: F401 - fixtures used by name
+from integration.share import conftest as share_fixtures
+from integration.share.conftest import (
     EXPLICIT,
     ProxyStarter,
     acknowledge_all,
-    create_topic,
     metric,
-    names,
     poll_until,
     scrape_metrics,
     share_consumer,
@@ -31,6 +32,10 @@ from integration.share.conftest import (  # noqa: F401 - fixtures used by name
 from proxy.localkafka import free_port
 
 pytestmark = pytest.mark.integration
+
+# The share-group fixtures, used here by name.
+create_topic = share_fixtures.create_topic
+names = share_fixtures.names
 
 HANDSHAKE_TIMEOUT_MS = 1500
 
@@ -175,3 +180,29 @@ def test_mtls_required_refuses_clients_without_a_trusted_certificate(starter, pk
     trusted = tls_client(proxy.bootstrap, pki.ca_path, pki.issue("app"))
     assert len(produce_through(trusted, topic, 5)) == 5
     assert topic in AdminClient(trusted).list_topics(timeout=10).topics
+
+
+def test_sighup_reloads_the_listener_certificate_for_new_connections(starter, pki, create_topic, names, tmp_path):
+    topic = create_topic(names.topic)
+    certificate, key = pki.issue("sighup-proxy", "127.0.0.1")
+    metrics_port = free_port()
+    proxy = starter(*listener_flags(certificate, key, "--listener-ssl-reload-interval-ms", "0",
+                                    "--metrics-port", str(metrics_port)))
+    old_ca = tls_client(proxy.bootstrap, pki.ca_path)
+    assert len(produce_through(old_ca, topic, 3, "before")) == 3
+
+    renewed = Pki(tmp_path)  # a renewal from another CA, written over the configured files
+    new_certificate, new_key = renewed.issue("renewed", "127.0.0.1")
+    Path(certificate).write_bytes(Path(new_certificate).read_bytes())
+    Path(key).write_bytes(Path(new_key).read_bytes())
+    # Interval 0: nothing is reloaded until SIGHUP.
+    assert topic in AdminClient(old_ca).list_topics(timeout=10).topics
+
+    proxy.process.send_signal(signal.SIGHUP)
+    new_ca = tls_client(proxy.bootstrap, renewed.ca_path)
+    wait_until(lambda: (metric(scrape_metrics(metrics_port), "ksp_tls_reloads_total", result="success") or 0) >= 1,
+               10, "the reload after SIGHUP")
+    assert len(produce_through(new_ca, topic, 3, "after")) == 3
+    with pytest.raises(KafkaException):  # the old CA no longer verifies the proxy
+        AdminClient({**old_ca, "socket.timeout.ms": 3000}).list_topics(timeout=5)
+    assert proxy.process.poll() is None  # SIGHUP does not stop the proxy
