@@ -34,9 +34,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     """On failure, attach where the broker logs and the tail of the proxy's log to the report."""
     report = yield
     if report.failed and isinstance(item, pytest.Function):
-        broker = item.funcargs.get("kafka")
-        if isinstance(broker, LocalKafka) and broker.log_path is not None:
-            report.sections.append(("kafka", f"Apache Kafka {broker.version} log: {broker.log_path}"))
+        for name in ("kafka", "secured_kafka"):
+            broker = item.funcargs.get(name)
+            if isinstance(broker, LocalKafka) and broker.log_path is not None:
+                report.sections.append((name, f"Apache Kafka {broker.version} log: {broker.log_path}"))
         running = item.funcargs.get("proxy")
         if isinstance(running, ProxyProcess):
             tail = "\n".join(running.log_text().splitlines()[-60:])
@@ -62,6 +63,19 @@ def native_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafk
     if not supports_share_groups(version):
         pytest.skip(f"Apache Kafka {version} has no native share groups (KIP-932 needs 4.x)")
     with LocalKafka(version=version, share_groups=True, data_dir=tmp_path_factory.mktemp("native-kafka")) as broker:
+        yield broker
+
+
+@pytest.fixture(scope="session")
+def secured_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
+    """A SASL_SSL broker (SCRAM-SHA-512 users admin, alice, bob; StandardAuthorizer; no ACLs yet).
+
+    Started only by the tests that ask for it. `.client_config(user)` gives confluent-kafka
+    settings, `.java_properties(user)` Java ones, `.ca_path` the CA, `.certificates.issue(...)`
+    more certificates from the same CA; `integration.security_fixtures.grant/revoke` set ACLs.
+    """
+    data_dir = tmp_path_factory.mktemp("secured-kafka")
+    with LocalKafka(version=kafka_version(), security="sasl_ssl", data_dir=data_dir) as broker:
         yield broker
 
 

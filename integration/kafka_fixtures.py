@@ -155,8 +155,9 @@ def unique_name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
-def admin_client(bootstrap: str) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 10000})
+def admin_client(bootstrap: str, client_config: dict[str, str] | None = None) -> AdminClient:
+    """An AdminClient on `bootstrap`; `client_config` adds settings (a secured broker's credentials)."""
+    return AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 10000, **(client_config or {})})
 
 
 def create_topics(
@@ -165,9 +166,13 @@ def create_topics(
     partitions: int = 1,
     config: dict[str, str] | None = None,
     timeout: float = 30.0,
+    client_config: dict[str, str] | None = None,
 ) -> list[str]:
-    """Create topics (directly against `bootstrap`) and wait until every partition has a leader."""
-    admin = admin_client(bootstrap)
+    """Create topics (directly against `bootstrap`) and wait until every partition has a leader.
+
+    `client_config`: extra AdminClient settings, e.g. `kafka.client_config()` for a secured broker.
+    """
+    admin = admin_client(bootstrap, client_config)
     topics = list(names)
     futures = admin.create_topics(
         [NewTopic(name, num_partitions=partitions, replication_factor=1, config=config or {}) for name in topics],
@@ -179,8 +184,14 @@ def create_topics(
     return topics
 
 
-def create_topic(bootstrap: str, name: str, partitions: int = 1, config: dict[str, str] | None = None) -> str:
-    return create_topics(bootstrap, [name], partitions, config)[0]
+def create_topic(
+    bootstrap: str,
+    name: str,
+    partitions: int = 1,
+    config: dict[str, str] | None = None,
+    client_config: dict[str, str] | None = None,
+) -> str:
+    return create_topics(bootstrap, [name], partitions, config, client_config=client_config)[0]
 
 
 def wait_for_leaders(admin: AdminClient, topics: Sequence[str], partitions: int, timeout: float = 30.0) -> None:

@@ -86,13 +86,34 @@ def classpath() -> str:
     return f"{CLASSES}:{CLASSPATH_FILE.read_text().strip()}"
 
 
+def flag_arguments(flags: dict[str, object]) -> list[str]:
+    """`--name value` pairs (underscores become dashes). A list, tuple or dict value repeats the
+    flag: `property={"security.protocol": "SASL_SSL"}` or `property=["a=b"]` gives `--property a=b`."""
+    arguments: list[str] = []
+    for name, value in flags.items():
+        flag = f"--{name.replace('_', '-')}"
+        if isinstance(value, dict):
+            items: list[object] = [f"{key}={item}" for key, item in value.items()]
+        elif isinstance(value, (list, tuple)):
+            items = list(value)
+        else:
+            items = [value]
+        for item in items:
+            arguments += [flag, str(item)]
+    return arguments
+
+
 def driver_command(subcommand: str, **flags: object) -> list[str]:
-    """`java ... io.ksp.driver.Main <subcommand> --flag value ...` (underscores become dashes)."""
+    """`java ... io.ksp.driver.Main <subcommand> --flag value ...` (see `flag_arguments`).
+
+    Every subcommand that builds a client takes `command_config=<properties file>` and repeated
+    `property=...` client settings, applied last (e.g. `property=kafka.java_properties("alice")`).
+    """
     build()
     java = shutil.which("java")
     if java is None:
         raise JavaDriverError("`java` (JDK 17+) is not on PATH")
-    arguments = [item for name, value in flags.items() for item in (f"--{name.replace('_', '-')}", str(value))]
+    arguments = flag_arguments(flags)
     return [java, "-XX:TieredStopAtLevel=1", "-cp", classpath(), MAIN_CLASS, subcommand, *arguments]
 
 

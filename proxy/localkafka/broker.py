@@ -11,6 +11,13 @@ A second, broker-only node can join a started one (``LocalKafka(node_id=2, join=
 uses the first node's controller and is formatted (each start, no template) with the first
 node's cluster id. Two brokers let partitions be led by different nodes.
 
+A secured node (``LocalKafka(security="sasl_ssl" | "sasl_plaintext")``) gets a CA and a
+broker certificate in `<data-dir>/tls/` (`certs.Certificates`), SCRAM-SHA-512 users written into
+the storage at format time, the StandardAuthorizer, and a Java client properties file for admin
+(`client_config_path`). The raw probe cannot authenticate, so a secured node's readiness is a
+confluent-kafka AdminClient logged in as admin listing the broker; ApiVersions (which Kafka answers
+before authentication) still reports the APIs and finalized features.
+
 `stop()` sends SIGTERM to the broker's process group, waits, and falls back to SIGKILL.
 Every started broker is also stopped at interpreter exit, and (when started from the main
 thread) the JVM gets SIGKILL from the kernel if this Python process dies first.
@@ -31,14 +38,20 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from proxy.localkafka.certs import Certificates
 from proxy.localkafka.config import (
     HOST,
     NODE_ID,
+    SECURITY_MODES,
     SHARE_FEATURE,
+    SUPER_USER,
     BrokerSettings,
     broker_properties,
+    client_properties,
     format_command,
     format_features,
+    java_client_properties,
+    java_properties_text,
     random_cluster_id,
     render_properties,
     supports_share_groups,
@@ -51,7 +64,7 @@ from proxy.localkafka.jars import (
     package_file,
     version_dir,
 )
-from proxy.localkafka.probe import probe, share_group_heartbeat_error
+from proxy.localkafka.probe import api_versions, probe, share_group_heartbeat_error
 
 DEFAULT_VERSION = "4.4.0"
 # KIP-932 share-group APIs: ShareGroupHeartbeat, ShareGroupDescribe, ShareFetch, ShareAcknowledge.
@@ -112,9 +125,21 @@ class LocalKafka:
         stop_timeout: float = 30.0,
         node_id: int = NODE_ID,
         join: LocalKafka | None = None,
+        security: str | None = None,
     ) -> None:
         if share_groups and not supports_share_groups(version):
             raise LocalKafkaError(f"Apache Kafka {version} has no share groups (KIP-932 needs 4.x)")
+        if security == "none":
+            security = None
+        if security is not None and security not in SECURITY_MODES:
+            raise LocalKafkaError(f"security must be one of {', '.join(SECURITY_MODES)} or None, not {security!r}")
+        if security is not None and share_groups:
+            # The share-groups-off check sends a raw ShareGroupHeartbeat, which a SASL listener
+            # refuses before authentication; native share groups are for plaintext comparisons.
+            raise LocalKafkaError("native share groups are not offered on a secured local Kafka")
+        if security is not None and join is not None:
+            raise LocalKafkaError("a secured local Kafka is a single node (join= is not supported with security)")
+        self.security = security
         self.version = version
         self.share_groups = share_groups
         self.broker_id = node_id
@@ -140,6 +165,11 @@ class LocalKafka:
         self.api_keys: frozenset[int] = frozenset()
         self.finalized_features: dict[str, int] = {}
         self.killed = False
+        # Secured nodes only (None otherwise): the CA (also for minting the proxy's and clients'
+        # certificates), its PEM when the broker speaks TLS (sasl_ssl), the admin client-config file.
+        self.certificates: Certificates | None = None
+        self.ca_path: Path | None = None
+        self.client_config_path: Path | None = None
 
     # -- public surface -------------------------------------------------------------------
 
@@ -174,7 +204,27 @@ class LocalKafka:
 
     def __repr__(self) -> str:
         state = self.bootstrap if self.running else "stopped"
-        return f"LocalKafka(version={self.version!r}, share_groups={self.share_groups}, {state})"
+        security = f", security={self.security!r}" if self.security else ""
+        return f"LocalKafka(version={self.version!r}, share_groups={self.share_groups}{security}, {state})"
+
+    def client_config(self, user: str = SUPER_USER) -> dict[str, str]:
+        """confluent-kafka (librdkafka) settings to reach this broker as `user` (admin, alice, bob).
+
+        A plaintext broker needs only `bootstrap.servers`.
+        """
+        if self.security is None:
+            return {"bootstrap.servers": self.bootstrap}
+        return client_properties(self.security, self.bootstrap, self.ca_path, user)
+
+    def java_properties(self, user: str = SUPER_USER) -> dict[str, str]:
+        """Kafka Java client security settings for `user` (PEM truststore, SCRAM JAAS).
+
+        Without `bootstrap.servers` (unlike `client_config`): they go on top of a client's own
+        settings, e.g. a Java driver pointed at the proxy (`property=kafka.java_properties("alice")`).
+        """
+        if self.security is None:
+            return {"security.protocol": "PLAINTEXT"}
+        return java_client_properties(self.security, self.ca_path, user)
 
     def start(self) -> LocalKafka:
         if self._process is not None:
@@ -232,9 +282,19 @@ class LocalKafka:
         while self.controller_port == self.port:
             self.controller_port = free_port()
         log_dir = self.data_dir / "kraft"
+        if self.security is not None:
+            if (log_dir / "meta.properties").exists() and not (self.data_dir / "tls").is_dir():
+                raise LocalKafkaError(
+                    f"{self.data_dir} holds storage formatted without security (no SCRAM users); "
+                    f"use a fresh data directory for a secured broker"
+                )
+            self._prepare_security()
         settings = self._settings(log_dir)
         config = self.data_dir / "server.properties"
         config.write_text(render_properties(broker_properties(settings)))
+        if self.security is not None:
+            self.client_config_path = self.data_dir / "client-admin.properties"
+            self.client_config_path.write_text(java_properties_text(self.java_properties()))
         self.log_path = self.data_dir / "server.log"
         if self.join is not None:
             if not (log_dir / "meta.properties").exists():
@@ -242,6 +302,17 @@ class LocalKafka:
         elif not (log_dir / "meta.properties").exists():
             template = self._formatted_template()
             shutil.copytree(template, log_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns(FORMATTED_MARKER))
+
+    def _prepare_security(self) -> None:
+        """The CA (kept with a kept data dir) and the broker's PEM keystore: key and chain in one file."""
+        assert self.data_dir is not None
+        self.certificates = Certificates(self.data_dir / "tls")
+        if self.security == "sasl_ssl":
+            self.ca_path = self.certificates.ca_cert
+            cert, key = self.certificates.issue("broker", hosts=("localhost", HOST))
+            keystore = self.certificates.directory / "broker-keystore.pem"
+            keystore.write_bytes(key.read_bytes() + cert.read_bytes() + self.ca_path.read_bytes())
+            keystore.chmod(0o600)
 
     def _settings(self, log_dir: Path) -> BrokerSettings:
         return BrokerSettings(
@@ -253,6 +324,9 @@ class LocalKafka:
             auto_create_topics=self._auto_create_topics,
             node_id=self.broker_id,
             controller_voter=f"{self.join.broker_id}@{HOST}:{self.join.controller_port}" if self.join else None,
+            security=self.security,
+            keystore=self.certificates.directory / "broker-keystore.pem" if self.security == "sasl_ssl" and self.certificates else None,
+            truststore=self.ca_path if self.security == "sasl_ssl" else None,
         )
 
     def cluster_id(self) -> str:
@@ -270,9 +344,14 @@ class LocalKafka:
             raise LocalKafkaError(f"formatting KRaft storage failed (exit {result.returncode}):\n{output[-4000:]}")
 
     def _formatted_template(self) -> Path:
-        """KRaft storage formatted once per (version, share.version), shared by every start."""
+        """KRaft storage formatted once per (version, share.version, SCRAM users), shared by every start.
+
+        sasl_ssl and sasl_plaintext format the same storage (the SCRAM users are the only
+        difference a format makes), so they share the `-scram` template.
+        """
         share_level = 1 if self.share_groups else 0
-        template = version_dir(self.version) / f"formatted-node{self.broker_id}-share{share_level}"
+        users = "-scram" if self.security is not None else ""
+        template = version_dir(self.version) / f"formatted-node{self.broker_id}-share{share_level}{users}"
         if (template / FORMATTED_MARKER).exists():
             return template
         with _exclusive(template.parent / f".{template.name}.lock"):
@@ -290,7 +369,8 @@ class LocalKafka:
                     output = (result.stdout + result.stderr).strip()
                     raise LocalKafkaError(f"formatting KRaft storage failed (exit {result.returncode}):\n{output[-4000:]}")
                 features = " ".join(format_features(settings)) or "(no features)"
-                (staging / FORMATTED_MARKER).write_text(f"formatted for Kafka {self.version} with {features}\n")
+                scram = " and SCRAM users" if self.security is not None else ""
+                (staging / FORMATTED_MARKER).write_text(f"formatted for Kafka {self.version} with {features}{scram}\n")
                 shutil.rmtree(template, ignore_errors=True)
                 staging.rename(template)
         return template
@@ -329,6 +409,9 @@ class LocalKafka:
             _live.add(self)
 
     def _wait_until_ready(self) -> None:
+        if self.security is not None:
+            self._wait_until_ready_secured()
+            return
         deadline = time.monotonic() + self._startup_timeout
         last_error: Exception | None = None
         while time.monotonic() < deadline:
@@ -354,6 +437,45 @@ class LocalKafka:
             f"(last error: {last_error}); log {self.log_path}:\n{self.log_tail()}"
         )
 
+    def _wait_until_ready_secured(self) -> None:
+        """An AdminClient logged in as admin lists this broker; then ApiVersions (pre-authentication)."""
+        # Imported here: plaintext brokers (and `share-proxy local-kafka` without --security)
+        # never load librdkafka.
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import AdminClient
+
+        deadline = time.monotonic() + self._startup_timeout
+        last_error: Exception | None = None
+        admin = AdminClient(self.client_config() | {"socket.timeout.ms": "5000", "log_level": "0"})
+        while time.monotonic() < deadline:
+            assert self._process is not None
+            if self._process.poll() is not None:
+                raise LocalKafkaError(
+                    f"Kafka {self.version} exited with code {self._process.returncode} during start-up; "
+                    f"log {self.log_path}:\n{self.log_tail()}"
+                )
+            try:
+                metadata = admin.list_topics(timeout=2.0)
+            except KafkaException as error:
+                last_error = error
+            else:
+                if self.broker_id in metadata.brokers:
+                    try:
+                        info = api_versions(HOST, self.port, ca_path=self.ca_path)
+                    except (OSError, LocalKafkaError) as error:
+                        last_error = error
+                    else:
+                        self.api_keys = info.api_keys
+                        self.finalized_features = info.finalized_features
+                        return
+                else:
+                    last_error = LocalKafkaError(f"Metadata lists brokers {sorted(metadata.brokers)}, not {self.broker_id} yet")
+            time.sleep(0.1)
+        raise LocalKafkaError(
+            f"Kafka {self.version} did not answer admin on {self.bootstrap} within {self._startup_timeout:.0f}s "
+            f"(last error: {last_error}); log {self.log_path}:\n{self.log_tail()}"
+        )
+
     def _check_share_apis(self) -> None:
         """Make sure share groups are off (or on, when asked for) on this broker.
 
@@ -372,7 +494,9 @@ class LocalKafka:
             return
         if level >= 1:
             raise LocalKafkaError(f"Kafka {self.version} has share groups enabled ({SHARE_FEATURE}={level})")
-        if advertised:
+        # A secured listener refuses a ShareGroupHeartbeat before authentication; there the
+        # finalized feature level (share.version=0, read above from ApiVersions) is the check.
+        if advertised and self.security is None:
             error = share_group_heartbeat_error(HOST, self.port)
             if error != UNSUPPORTED_VERSION:
                 raise LocalKafkaError(

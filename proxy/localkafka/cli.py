@@ -23,7 +23,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("KSP_KAFKA_VERSION", DEFAULT_VERSION),
         help="Apache Kafka release to run (jars from Maven Central, cached); env KSP_KAFKA_VERSION",
     )
-    parser.add_argument("--port", type=int, default=0, help="client (PLAINTEXT) port on 127.0.0.1; 0 picks a free one")
+    parser.add_argument("--port", type=int, default=0, help="client port on 127.0.0.1 (PLAINTEXT, or the --security listener); 0 picks a free one")
     parser.add_argument("--controller-port", type=int, default=0, help="KRaft controller port; 0 picks a free one")
     parser.add_argument(
         "--share-groups",
@@ -36,10 +36,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="keep logs and KRaft storage here and reuse them on the next start; default: a temporary directory removed at exit",
     )
     parser.add_argument("--heap", default="512m", help="broker JVM maximum heap (-Xmx)")
-    parser.epilog = (
-        f"Prints one line 'ready bootstrap=127.0.0.1:PORT version=V' on stdout when the broker answers. "
-        f"Jar cache: {cache_root()} (env KSP_KAFKA_CACHE)."
+    parser.add_argument(
+        "--security",
+        choices=("none", "sasl_ssl", "sasl_plaintext"),
+        default="none",
+        help="secure the client listener: SASL over TLS (generated CA and certificates) or SASL without TLS; "
+        "SCRAM-SHA-512 users admin (super user), alice and bob with password NAME-secret, ACLs enforced "
+        "by the StandardAuthorizer; OAUTHBEARER is offered too, with Kafka's unsecured test validator",
     )
+    parser.epilog = (
+        f"Prints one line 'ready bootstrap=127.0.0.1:PORT version=V' on stdout when the broker answers; "
+        f"with --security it adds ' ca=<CA certificate PEM> client-config=<Kafka client properties for admin>' "
+        f"(sasl_plaintext has no TLS and prints no ca=). Jar cache: {cache_root()} (env KSP_KAFKA_CACHE)."
+    )
+
+
+def ready_line(kafka: LocalKafka) -> str:
+    """`ready bootstrap=HOST:PORT version=V`, plus ` ca=PATH client-config=PATH` when secured."""
+    line = f"ready bootstrap={kafka.bootstrap} version={kafka.version}"
+    if kafka.ca_path is not None:
+        line += f" ca={kafka.ca_path}"
+    if kafka.client_config_path is not None:
+        line += f" client-config={kafka.client_config_path}"
+    return line
 
 
 def _raise_shutdown(signum: int, frame: FrameType | None) -> None:
@@ -55,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
             port=args.port,
             controller_port=args.controller_port,
             heap=args.heap,
+            security=None if args.security == "none" else args.security,
         )
     except LocalKafkaError as error:
         print(f"local-kafka: {error}", file=sys.stderr)
@@ -62,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     previous = {sig: signal.signal(sig, _raise_shutdown) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         kafka.start()
-        print(f"ready bootstrap={kafka.bootstrap} version={kafka.version}", flush=True)
+        print(ready_line(kafka), flush=True)
         print(f"local-kafka: data {kafka.data_dir}, log {kafka.log_path}; stop with Ctrl-C or SIGTERM", file=sys.stderr, flush=True)
         code = kafka.wait()
         print(f"local-kafka: broker exited on its own with code {code}; log {kafka.log_path}:\n{kafka.log_tail()}", file=sys.stderr)

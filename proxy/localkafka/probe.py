@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import io
 import socket
+import ssl
 import struct
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from kio.schema.api_versions.v3.request import ApiVersionsRequest
@@ -44,8 +46,16 @@ class BrokerInfo:
 class _Connection:
     """One blocking connection; requests are sent one at a time, as a broker expects."""
 
-    def __init__(self, host: str, port: int, timeout: float) -> None:
-        self._sock = socket.create_connection((host, port), timeout=timeout)
+    def __init__(self, host: str, port: int, timeout: float, ca_path: Path | None = None) -> None:
+        sock = socket.create_connection((host, port), timeout=timeout)
+        if ca_path is not None:
+            try:
+                context = ssl.create_default_context(cafile=str(ca_path))
+                sock = context.wrap_socket(sock, server_hostname=host)
+            except BaseException:
+                sock.close()
+                raise
+        self._sock = sock
         self._correlation_id = 0
 
     def close(self) -> None:
@@ -87,6 +97,26 @@ class _Connection:
                 raise ConnectionError("broker closed the connection")
             data += chunk
         return bytes(data)
+
+
+def api_versions(host: str, port: int, timeout: float = 2.0, ca_path: Path | None = None) -> BrokerInfo:
+    """ApiVersions alone, over TLS when `ca_path` is given: Kafka answers it before SASL
+    authentication, so it works on secured listeners too (`broker_ids` is left empty)."""
+    connection = _Connection(host, port, timeout, ca_path)
+    try:
+        versions = connection.call(
+            ApiVersionsRequest(client_software_name="ksp-probe", client_software_version="1"),
+            ApiVersionsResponse,
+        )
+    finally:
+        connection.close()
+    if versions.error_code != 0:
+        raise LocalKafkaError(f"ApiVersions answered {versions.error_code!r}")
+    return BrokerInfo(
+        api_keys=frozenset(int(api.api_key) for api in versions.api_keys),
+        finalized_features={feature.name: int(feature.max_version_level) for feature in versions.finalized_features},
+        broker_ids=frozenset(),
+    )
 
 
 def probe(host: str, port: int, timeout: float = 2.0) -> BrokerInfo:

@@ -108,3 +108,22 @@ def test_missing_maven_or_jdk_is_named_with_how_to_install(
     (jdk / "bin" / "javac").write_text("")
     monkeypatch.setenv("JAVA_HOME", str(jdk))
     assert build.has_jdk()
+
+
+def test_flags_become_dashed_pairs_and_collections_repeat_the_flag() -> None:
+    arguments = build.flag_arguments(
+        {
+            "bootstrap": "127.0.0.1:9092",
+            "command_config": "/tmp/admin.properties",
+            "property": {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512"},
+            "count": 3,
+        }
+    )
+    assert arguments == [
+        "--bootstrap", "127.0.0.1:9092",
+        "--command-config", "/tmp/admin.properties",
+        "--property", "security.protocol=SASL_SSL",
+        "--property", "sasl.mechanism=SCRAM-SHA-512",
+        "--count", "3",
+    ]
+    assert build.flag_arguments({"property": ["a=b", "c=d=e"]}) == ["--property", "a=b", "--property", "c=d=e"]

@@ -248,13 +248,13 @@ final class AdminOps {
 
     // ----- helpers -----------------------------------------------------------------------------
 
-    private static Admin admin(Args args) {
+    private static Admin admin(Args args) throws java.io.IOException {
         Properties config = new Properties();
         config.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, args.required("bootstrap"));
         config.put(AdminClientConfig.REQUEST_TIMEOUT_MS_CONFIG, args.get("request-timeout-ms", "15000"));
         config.put(AdminClientConfig.DEFAULT_API_TIMEOUT_MS_CONFIG, args.get("api-timeout-ms", "25000"));
         config.put(AdminClientConfig.CLIENT_ID_CONFIG, args.get("client-id", "ksp-admin-driver"));
-        return Admin.create(config);
+        return Admin.create(args.applyClientOverrides(config));
     }
 
     /** null when the future completed, else {"class", "message"} of what it failed with. */

@@ -55,7 +55,7 @@ final class ProduceConsume {
         AtomicInteger failed = new AtomicInteger();
         AtomicReference<String> firstError = new AtomicReference<>();
         long started = System.nanoTime();
-        try (KafkaProducer<String, String> producer = new KafkaProducer<>(config)) {
+        try (KafkaProducer<String, String> producer = new KafkaProducer<>(args.applyClientOverrides(config))) {
             for (int index = 0; index < count; index++) {
                 ProducerRecord<String, String> record = new ProducerRecord<>(topic, "key-" + index, "value-" + index);
                 record.headers().add("index", Integer.toString(index).getBytes(StandardCharsets.UTF_8));
@@ -99,7 +99,7 @@ final class ProduceConsume {
         long started = System.nanoTime();
         long deadline = started + TimeUnit.MILLISECONDS.toNanos(timeoutMs);
         boolean committed = false;
-        try (KafkaConsumer<String, String> consumer = new KafkaConsumer<>(config)) {
+        try (KafkaConsumer<String, String> consumer = new KafkaConsumer<>(args.applyClientOverrides(config))) {
             consumer.subscribe(List.of(topic));
             while (seen.cardinality() < count && System.nanoTime() < deadline) {
                 for (ConsumerRecord<String, String> record : consumer.poll(Duration.ofMillis(200))) {
@@ -137,7 +137,7 @@ final class ProduceConsume {
     /** The nodes the Java client learns about through {@code --bootstrap} (for endpoint checks). */
     static Json describeCluster(Args args) throws Exception {
         Properties config = common(args);
-        try (Admin admin = Admin.create(config)) {
+        try (Admin admin = Admin.create(args.applyClientOverrides(config))) {
             DescribeClusterResult cluster = admin.describeCluster();
             List<String> nodes = new ArrayList<>();
             for (Node node : cluster.nodes().get(30, TimeUnit.SECONDS)) {

@@ -100,7 +100,7 @@ final class ShareConsume {
         long lastRecordAt = 0;
         boolean closedCleanly = false;
         int lockTimeoutMs = -1;
-        KafkaShareConsumer<String, String> consumer = new KafkaShareConsumer<>(config);
+        KafkaShareConsumer<String, String> consumer = new KafkaShareConsumer<>(args.applyClientOverrides(config));
         try {
             consumer.setAcknowledgementCommitCallback((offsets, error) -> {
                 for (Map.Entry<TopicIdPartition, Set<Long>> entry : offsets.entrySet()) {
