@@ -186,3 +186,29 @@ def test_a_ca_that_does_not_verify_the_brokers_is_a_clear_tls_error_at_start_up(
     assert lines == [f"share-proxy: TLS handshake with upstream {secured_kafka.bootstrap} failed: certificate verify "
                      "failed: self-signed certificate in certificate chain"], result.stderr[-3000:]
     assert "Traceback" not in result.stderr and SERVICE_PASSWORD not in result.stderr
+
+
+@pytest.mark.java
+def test_java_share_consumer_as_alice_through_the_tls_proxy(secured_kafka, secured_proxy, request):
+    """Apache Kafka's KafkaShareConsumer (Java, SASL_SSL with SCRAM, PEM truststore) beside a Java
+    producer-consumer: all through the proxy, alice authenticated by the cluster."""
+    from integration.java.build import run_driver
+
+    topic = new_topic(secured_kafka, f"java-alice-{time.monotonic_ns()}")
+    share_group, classic_group = f"share-{topic}", f"classic-{topic}"
+    for operation in ("write", "read", "describe"):
+        grant(secured_kafka, "User:alice", "topic", topic, operation)
+    for group in (share_group, classic_group):
+        grant(secured_kafka, "User:alice", "group", group, "read")
+    alice = secured_kafka.java_properties("alice")  # security settings only: bootstrap is the proxy's
+
+    produced = run_driver("produce-consume", bootstrap=secured_proxy.bootstrap, topic=topic, count=60,
+                          group=classic_group, timeout_ms=30000, property=alice)
+    assert produced["produced"] == 60 and produced["produce_errors"] == 0, produced
+    assert produced["consume"]["unique"] == 60 and produced["consume"]["committed"], produced
+
+    summary = run_driver("share-consume", timeout=120, bootstrap=secured_proxy.bootstrap, group=share_group,
+                         topic=topic, count=60, timeout_ms=60_000, ack_mode="explicit", commit="sync", property=alice)
+    assert "error" not in summary, summary
+    assert summary["received"] == 60 and summary["duplicates"] == 0 and summary["ack_errors"] == [], summary
+    assert summary["callback_acknowledged"] == 60, summary
