@@ -60,10 +60,12 @@ def _state_name(state_id: int) -> str:
 def describe_share_group_in_flight(bootstrap_servers: str, group_id: str, held_longer_than_ms: int | None = None,
                                    progress_staleness_ms: int | None = None, only_state: str | None = None,
                                    *, timeout: float = 30.0, client_id: str = "ksp-admin",
-                                   describe_in_flight_api_key: int | None = None) -> list[InFlightRange]:
+                                   describe_in_flight_api_key: int | None = None,
+                                   config: dict[str, object] | None = None) -> list[InFlightRange]:
     """The in-flight record ranges of ``group_id`` matching the filters (all of them when None).
 
-    ``only_state`` takes a state name (``"IN_PROGRESS"``, ``"ACQUIRED"``, ...). Raises
+    ``only_state`` takes a state name (``"IN_PROGRESS"``, ``"ACQUIRED"``, ...); ``config`` adds client
+    properties (security.protocol, ssl.*, sasl.*: docs/client.md). Raises
     KafkaException for a top-level error (e.g. GROUP_ID_NOT_FOUND) or a partition error.
     """
     for name, value in (("held_longer_than_ms", held_longer_than_ms), ("progress_staleness_ms", progress_staleness_ms)):
@@ -73,7 +75,8 @@ def describe_share_group_in_flight(bootstrap_servers: str, group_id: str, held_l
     config = parse_config({"bootstrap.servers": bootstrap_servers, "group.id": group_id, "client.id": client_id,
                            "request.timeout.ms": int(timeout * 1000),
                            **({} if describe_in_flight_api_key is None
-                              else {"ksp.describe.in.flight.api.key": describe_in_flight_api_key})})
+                              else {"ksp.describe.in.flight.api.key": describe_in_flight_api_key}),
+                           **(config or {})})
     connection = Cluster(config).connect_bootstrap()
     try:
         keys, features = api_versions(connection, timeout)

@@ -98,8 +98,11 @@ class Cluster:
         for host, port in self.config.bootstrap_servers:
             try:
                 return Connection(host, port, client_id=self.config.client_id,
-                                  connect_timeout_s=self.config.socket_connection_setup_timeout_s)
+                                  connect_timeout_s=self.config.socket_connection_setup_timeout_s,
+                                  security=self.config.security)
             except KafkaException as error:
+                if error.args[0].code() in (KafkaError.AUTHENTICATION, KafkaError.SSL):
+                    raise  # another server would refuse the same credentials or certificate
                 errors.append(str(error))
         raise KafkaException(KafkaError(KafkaError.TRANSPORT, "no bootstrap server reachable: " + "; ".join(errors)))
 
@@ -109,7 +112,8 @@ class Cluster:
         if address is None:
             raise KafkaException(KafkaError(KafkaError.TRANSPORT, f"node {node_id} is unknown"))
         return Connection(*address, client_id=self.config.client_id,
-                          connect_timeout_s=self.config.socket_connection_setup_timeout_s)
+                          connect_timeout_s=self.config.socket_connection_setup_timeout_s,
+                          security=self.config.security)
 
     def bootstrap(self) -> None:
         """ApiVersions (extension keys) and a first Metadata, over one bootstrap connection."""

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from codec import extensions
 
 from .errors import KafkaError, KafkaException
+from .security import ClientSecurity, build_security
 
 
 class AcknowledgementMode:
@@ -34,6 +35,7 @@ class ConsumerConfig:
     check_crcs: bool
     mark_in_progress_api_key: int
     describe_in_flight_api_key: int
+    security: ClientSecurity | None = None
 
     @property
     def explicit(self) -> bool:
@@ -56,6 +58,17 @@ OPTIONS: dict[str, tuple[object, str]] = {
                                      "MarkInProgress api key when the proxy does not advertise one"),
     "ksp.describe.in.flight.api.key": (extensions.DEFAULT_DESCRIBE_IN_FLIGHT_KEY,
                                        "DescribeShareGroupInFlight api key when the proxy does not advertise one"),
+    # TLS and SASL, with librdkafka's names and meanings (docs/client.md, docs/security.md).
+    "security.protocol": ("plaintext", "plaintext | ssl | sasl_plaintext | sasl_ssl"),
+    "ssl.ca.location": (None, "PEM CA bundle the proxy's certificate is verified against (default: the system's)"),
+    "ssl.certificate.location": (None, "PEM client certificate (mTLS)"),
+    "ssl.key.location": (None, "PEM key of the client certificate"),
+    "ssl.key.password": (None, "passphrase of an encrypted client key"),
+    "ssl.endpoint.identification.algorithm": ("https", "https: check the proxy's host name against its certificate; none"),
+    "sasl.mechanism": (None, "PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512 (passed through to the cluster)"),
+    "sasl.mechanisms": (None, "librdkafka's alias of sasl.mechanism"),
+    "sasl.username": (None, "SASL user name"),
+    "sasl.password": (None, "SASL password (never shown in errors or repr)"),
 }
 
 
@@ -138,6 +151,7 @@ def parse_config(config: Mapping[str, object]) -> ConsumerConfig:
         check_crcs=_bool("check.crcs", values["check.crcs"]),
         mark_in_progress_api_key=mark_key,
         describe_in_flight_api_key=describe_key,
+        security=build_security(values),
     )
 
 

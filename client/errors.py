@@ -12,6 +12,8 @@ from kio.schema.errors import ErrorCode
 # librdkafka's local (negative) codes the client raises itself.
 _LOCAL_NAMES = {
     -195: "_TRANSPORT",
+    -181: "_SSL",
+    -169: "_AUTHENTICATION",
     -192: "_MSG_TIMED_OUT",
     -186: "_INVALID_ARG",
     -185: "_TIMED_OUT",
@@ -27,6 +29,8 @@ class KafkaError:
     """An error code, its name, a message, and whether retrying may help."""
 
     TRANSPORT = -195
+    SSL = -181
+    AUTHENTICATION = -169
     INVALID_ARG = -186
     TIMED_OUT = -185
     STATE = -172

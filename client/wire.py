@@ -22,6 +22,7 @@ from codec.headers import API_VERSIONS_KEY, RequestHeader, encode_request_header
 from codec.registry import response_type_for
 
 from .errors import KafkaError, KafkaException
+from .security import ClientSecurity, authenticate, secure
 
 MAX_FRAME_BYTES = 256 * 1024 * 1024
 _RECEIVE_CHUNK = 1024 * 1024
@@ -34,7 +35,8 @@ class ConnectionError_(KafkaException):
 class Connection:
     """A connection to one proxy listener (``host``, ``port``)."""
 
-    def __init__(self, host: str, port: int, *, client_id: str, connect_timeout_s: float) -> None:
+    def __init__(self, host: str, port: int, *, client_id: str, connect_timeout_s: float,
+                 security: ClientSecurity | None = None) -> None:
         self.host, self.port = host, port
         self.client_id = client_id
         self.lock = threading.Lock()
@@ -45,6 +47,13 @@ class Connection:
         except OSError as error:
             raise ConnectionError_(KafkaError(KafkaError.TRANSPORT, f"connect to {host}:{port} failed: {error}")) from error
         self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # TLS, then SASL, both inside the connect timeout: a login that hangs is a failed connect.
+        self._socket = secure(self._socket, host, security)
+        try:
+            authenticate(lambda request: self.call(request, timeout_s=connect_timeout_s), f"{host}:{port}", security)
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def closed(self) -> bool:

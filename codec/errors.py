@@ -54,3 +54,7 @@ class StateRecordError(CodecError):
 
 class ShareEventError(CodecError):
     """A share-group event-log record key or value cannot be parsed or encoded."""
+
+
+class SaslError(CodecError):
+    """A SASL exchange cannot go on: the server's message is malformed, untrusted or an error."""

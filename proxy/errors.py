@@ -19,3 +19,13 @@ class UpstreamError(ProxyError):
 
 class ClientProtocolError(ProxyError):
     """A client sent something the proxy cannot serve (bad frame, bad header, ...)."""
+
+
+class UpstreamAuthenticationError(UpstreamError):
+    """The proxy's own SASL authentication at a broker failed (names broker, mechanism and user,
+    and Kafka's message; never the password)."""
+
+
+class UpstreamTlsError(UpstreamError):
+    """The TLS handshake with a broker failed: its certificate did not verify, its host name did
+    not match, or the two sides share no protocol version or cipher."""

@@ -29,6 +29,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from proxy.config import HostPort
 from proxy.errors import UpstreamError
+from proxy.security import UpstreamSecurity
 from proxy.upstream import UpstreamClient, open_first_upstream
 
 log = structlog.get_logger(__name__)
@@ -98,8 +99,9 @@ class UpstreamProbe:
     """Is the upstream cluster reachable? A bootstrap broker answering ApiVersions, checked periodically."""
 
     def __init__(self, upstream: Sequence[HostPort], *, max_frame_size: int, interval_s: float = PROBE_INTERVAL_S,
-                 timeout_s: float = PROBE_TIMEOUT_S) -> None:
+                 timeout_s: float = PROBE_TIMEOUT_S, security: UpstreamSecurity | None = None) -> None:
         self.upstream = list(upstream)
+        self.security = security  # TLS and the service credentials: "reachable" means usable by the proxy
         self.max_frame_size = max_frame_size
         self.interval_s = interval_s
         self.timeout_s = timeout_s
@@ -110,7 +112,8 @@ class UpstreamProbe:
         try:
             with trio.fail_after(self.timeout_s):
                 _, stream = await open_first_upstream(self.upstream, timeout=self.timeout_s,
-                                                      max_frame_size=self.max_frame_size)
+                                                      max_frame_size=self.max_frame_size,
+                                                      security=self.security, authenticate=True)
                 client = UpstreamClient(stream, client_id="kafka-share-proxy-health")
                 try:
                     await client.api_versions()

@@ -24,6 +24,17 @@ CONNECTIONS_REFUSED = Counter(
     "Client connections closed as soon as accepted because --max-connections were open",
     ["listener"],
 )
+TLS_HANDSHAKE_FAILURES = Counter(
+    "ksp_tls_handshake_failures",
+    "Client connections closed because their TLS handshake failed or took too long "
+    "(reason: timeout, bad_certificate, no_certificate, protocol, closed)",
+    ["listener", "reason"],
+)
+TLS_RELOADS = Counter(
+    "ksp_tls_reloads",
+    "Reloads of the listener certificate, key and CA files (result: success, failure; a failure keeps the old ones)",
+    ["result"],
+)
 
 # ----- per API: requests, latency, errors in the responses the proxy builds ----------------------
 

@@ -1,7 +1,13 @@
 """``share-proxy serve``: run the proxy until SIGTERM/SIGINT.
 
 Prints exactly one line to stdout, ``ready bootstrap=HOST:PORT``, once every
-listener is open; everything else goes to the log on stderr.
+listener is open; everything else goes to the log on stderr. SIGHUP reloads the
+listener certificate, key and CA files at once.
+
+Exit codes: 0 after a signal, 1 when the proxy fails while running, 2 for a bad
+configuration -- including TLS files that do not load, and an upstream that
+refuses the proxy's TLS handshake or its service credentials at start-up (one
+line on stderr: ``share-proxy: upstream authentication failed as user ...``).
 """
 
 from __future__ import annotations
@@ -14,10 +20,14 @@ import structlog
 import trio
 
 from proxy.config import ProxyConfig, configure_parser, load_config
-from proxy.errors import ConfigError, ProxyError
+from proxy.errors import ConfigError, ProxyError, UpstreamAuthenticationError, UpstreamError, UpstreamTlsError
 from proxy.health import READINESS, HealthEndpoints, Liveness, UpstreamProbe, serve_health
 from proxy.logging import configure_logging
 from proxy.server import Proxy
+from proxy.upstream import open_first_upstream
+
+#: Errors that end start-up with exit code 2: the configuration cannot work (not an outage).
+FATAL_AT_START = (ConfigError, UpstreamAuthenticationError, UpstreamTlsError)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -34,7 +44,14 @@ def run(args: argparse.Namespace) -> int:
     log = structlog.get_logger("proxy.serve")
     try:
         trio.run(serve, config)
+    except FATAL_AT_START as error:
+        print(f"share-proxy: {error}", file=sys.stderr, flush=True)
+        return 2
     except BaseExceptionGroup as group:
+        fatal, _ = group.split(FATAL_AT_START)
+        if fatal is not None:
+            print(f"share-proxy: {_first_leaf(fatal)}", file=sys.stderr, flush=True)
+            return 2
         failures, rest = group.split(ProxyError)
         if rest is not None:
             raise
@@ -100,15 +117,52 @@ def share_settings(config: ProxyConfig):
     )
 
 
+def _first_leaf(group: BaseExceptionGroup) -> BaseException:
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error
+
+
+async def check_upstream_credentials(proxy: Proxy) -> None:
+    """With upstream TLS or SASL: connect once to the first reachable --upstream as the proxy
+    (TLS, service credentials). A refused handshake or refused credentials raise (start-up ends,
+    exit code 2); an unreachable upstream only logs -- start-up then waits for it, as always."""
+    config = proxy.config
+    if proxy.upstream_security is None:
+        return
+    log = structlog.get_logger("proxy.serve")
+    try:
+        address, stream = await open_first_upstream(
+            config.upstream, timeout=config.connect_timeout, max_frame_size=config.max_upstream_frame_size,
+            security=proxy.upstream_security, authenticate=True,
+        )
+    except (UpstreamAuthenticationError, UpstreamTlsError):
+        raise
+    except UpstreamError as exc:
+        log.warning("upstream unreachable at start; credentials not checked yet", error=str(exc))
+        return
+    await trio.aclose_forcefully(stream)
+    sasl = proxy.upstream_security.sasl
+    log.info("upstream credentials accepted", via=str(address), protocol=config.upstream_security_protocol,
+             user=sasl.username if sasl else None, mechanism=sasl.mechanism if sasl else None)
+
+
 async def serve(config: ProxyConfig) -> None:
     proxy = Proxy(config)
     log = structlog.get_logger("proxy.serve")
     stop = trio.Event()
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async with trio.open_nursery() as service_nursery:
 
             async def watch_signals() -> None:
                 async for signum in signals:
+                    if signum == signal.SIGHUP:
+                        if proxy.listener_tls is None:
+                            log.info("SIGHUP: no TLS listener certificate to reload")
+                        else:
+                            proxy.listener_tls.maybe_reload(force=True)
+                        continue
                     log.info("signal", signal=signal.Signals(signum).name)
                     READINESS.set("listening", False)  # shutting down: take no new clients
                     stop.set()
@@ -118,12 +172,13 @@ async def serve(config: ProxyConfig) -> None:
             READINESS.set("listening", False)
             if config.metrics_port is not None:
                 # Before start-up: /readyz answers (not ready) while the share state replays.
-                await start_health(config, service_nursery)
+                await start_health(config, service_nursery, proxy.upstream_security)
             service = None
             # A signal during start-up (e.g. while the upstream cluster is still
             # unreachable) abandons the start instead of being swallowed.
             with trio.CancelScope() as startup:
                 service_nursery.start_soon(_cancel_when_set, stop, startup)
+                await check_upstream_credentials(proxy)
                 if not config.disable_share_groups:
                     from proxy.share.runtime import start_share_service
 
@@ -146,10 +201,10 @@ async def serve(config: ProxyConfig) -> None:
             service_nursery.cancel_scope.cancel()
 
 
-async def start_health(config: ProxyConfig, nursery: trio.Nursery) -> None:
+async def start_health(config: ProxyConfig, nursery: trio.Nursery, security=None) -> None:
     """/metrics, /healthz and /readyz on --metrics-port, with the upstream probe readiness uses."""
     liveness = Liveness()
-    probe = UpstreamProbe(config.upstream, max_frame_size=config.max_upstream_frame_size)
+    probe = UpstreamProbe(config.upstream, max_frame_size=config.max_upstream_frame_size, security=security)
     READINESS.set_check("upstream_reachable", lambda: probe.reachable)
     nursery.start_soon(liveness.run)
     nursery.start_soon(probe.run)

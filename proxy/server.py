@@ -8,11 +8,21 @@ configured (or implied by a fixed ``--listen`` port), so restarts and replicas
 agree; with ``--listen HOST:0`` and no base, free ports are picked, stable for
 the life of the process. A broker id seen for the first time in any response
 gets its listener before that response reaches the client.
+
+TLS: with ``listener_ssl_certificate_location`` every listener serves TLS (no mixed mode).
+The handshake runs in the connection's own task, never in the accept loop, under
+``listener_ssl_handshake_timeout_ms``: garbage or a stalled handshake costs only that
+connection (closed, logged once, counted in ``ksp_tls_handshake_failures_total``), and the
+connection counts against ``max_connections`` from the moment it is accepted. Upstream,
+clients' pass-through connections get TLS per ``upstream_security_protocol`` but no SASL
+from the proxy (a client authenticates itself, byte for byte); broker discovery, the
+proxy's own connection, authenticates with the service credentials.
 """
 
 from __future__ import annotations
 
 import errno
+import ssl
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -30,7 +40,7 @@ from proxy.apiversions import (
 )
 from proxy.config import HostPort, ProxyConfig
 from proxy.connection import BOOTSTRAP_NODE_ID, ClientConnection, Forward, Request, Route
-from proxy.errors import ProxyError, UpstreamError
+from proxy.errors import ProxyError, UpstreamAuthenticationError, UpstreamError, UpstreamTlsError
 from proxy.rewrite import (
     DESCRIBE_CLUSTER,
     FIND_COORDINATOR,
@@ -41,6 +51,7 @@ from proxy.rewrite import (
     rewrite_endpoints,
     upstream_endpoints,
 )
+from proxy.security import ListenerTls, UpstreamSecurity
 from proxy.upstream import FramedStream, UpstreamClient, open_first_upstream, open_upstream
 
 log = structlog.get_logger("proxy.server")
@@ -126,6 +137,11 @@ class EndpointRewrite:
 class Proxy:
     def __init__(self, config: ProxyConfig, api_versions: ApiVersionTable | None = None) -> None:
         self.config = config
+        # Built once, here: a certificate, key or CA that does not load is a ConfigError naming it.
+        self.listener_tls: ListenerTls | None = ListenerTls(config) if config.listener_tls else None
+        self.upstream_security: UpstreamSecurity | None = UpstreamSecurity.from_config(config)
+        self._tls_failures_unlogged = 0
+        self._tls_failure_logged_at = float("-inf")
         self.api_versions = api_versions or ApiVersionTable()
         self.directory = BrokerDirectory(
             config.effective_advertised_host, config.effective_broker_port_base, self._open_broker_listener
@@ -207,8 +223,10 @@ class Proxy:
 
         async def open_broker() -> FramedStream:
             address = self.directory.upstream[node_id]
+            # The client's own connection: TLS as configured, no SASL (the client sends its own).
             return await open_upstream(
-                address, timeout=self.config.connect_timeout, max_frame_size=self.config.max_upstream_frame_size
+                address, timeout=self.config.connect_timeout, max_frame_size=self.config.max_upstream_frame_size,
+                security=self.upstream_security,
             )
 
         self._listener_nursery.start_soon(self._accept_loop, listener, f"broker-{node_id}", open_broker, node_id)
@@ -262,8 +280,14 @@ class Proxy:
             peer = "%s:%s" % stream.socket.getpeername()[:2]
         except OSError:
             peer = "?"
+        client_stream: trio.abc.Stream = stream
+        if self.listener_tls is not None:
+            secured = await self._tls_accept(stream, name, peer)
+            if secured is None:
+                return
+            client_stream = secured
         connection = ClientConnection(
-            FramedStream(stream, self.config.max_frame_size),
+            FramedStream(client_stream, self.config.max_frame_size),
             open_upstream=open_upstream,
             routes=self.routes,
             api_versions=self.api_versions,
@@ -284,6 +308,42 @@ class Proxy:
             if not self._connections:
                 self._all_closed.set()
 
+    async def _tls_accept(self, stream: trio.SocketStream, name: str, peer: str) -> trio.SSLStream | None:
+        """The server side of the TLS handshake, bounded by the handshake timeout; None (the
+        connection closed, the failure logged and counted) when it does not complete."""
+        assert self.listener_tls is not None
+        self.listener_tls.maybe_reload()  # cheap: looks at the files at most once per interval
+        # https_compatible: a client closing without close_notify is an ordinary end of stream
+        # (Kafka frames are length-prefixed, so truncation is detected anyway).
+        tls = trio.SSLStream(stream, self.listener_tls.context, server_side=True, https_compatible=True)
+        detail = ""
+        try:
+            with trio.fail_after(self.config.listener_ssl_handshake_timeout_ms / 1000):
+                await tls.do_handshake()
+            return tls
+        except trio.TooSlowError:
+            reason = "timeout"
+        except trio.BrokenResourceError as exc:
+            reason, detail = handshake_failure_reason(exc.__cause__)
+        except OSError as exc:
+            reason, detail = "closed", exc.strerror or str(exc)
+        await trio.aclose_forcefully(stream)
+        metrics.TLS_HANDSHAKE_FAILURES.labels(listener=name, reason=reason).inc()
+        self._log_tls_failure(name, peer, reason, detail)
+        return None
+
+    def _log_tls_failure(self, name: str, peer: str, reason: str, detail: str) -> None:
+        # One line per failed connection, but a flood (a scanner, a misconfigured fleet) must not
+        # become a flood of lines: at most 10 a second, the rest summed into the next line.
+        self._tls_failures_unlogged += 1
+        now = time.monotonic()
+        if now - self._tls_failure_logged_at < 0.1:
+            return
+        log.info("TLS handshake failed; connection closed", listener=name, peer=peer, reason=reason,
+                 detail=detail or None, failures_since_last_log=self._tls_failures_unlogged)
+        self._tls_failure_logged_at = now
+        self._tls_failures_unlogged = 0
+
     # -- upstream ---------------------------------------------------------------
 
     async def _open_bootstrap_upstream(self) -> FramedStream:
@@ -291,6 +351,7 @@ class Proxy:
             self.config.upstream,
             timeout=self.config.connect_timeout,
             max_frame_size=self.config.max_upstream_frame_size,
+            security=self.upstream_security,
         )
         return stream
 
@@ -305,7 +366,11 @@ class Proxy:
                 self.config.upstream,
                 timeout=self.config.connect_timeout,
                 max_frame_size=self.config.max_upstream_frame_size,
+                security=self.upstream_security,
+                authenticate=True,
             )
+        except (UpstreamAuthenticationError, UpstreamTlsError):
+            raise  # a configuration problem, not an outage: start-up fails with it
         except UpstreamError as exc:
             log.warning("upstream unreachable at start; brokers will be learned later", error=str(exc))
             return
@@ -321,6 +386,22 @@ class Proxy:
             await trio.aclose_forcefully(stream)
         log.info("discovered brokers", via=str(address), count=len(brokers))
         await self.directory.learn(Endpoint(node_id, host, port) for node_id, host, port in brokers)
+
+
+def handshake_failure_reason(error: BaseException | None) -> tuple[str, str]:
+    """(metric reason, detail for the log) of a failed server-side handshake."""
+    if not isinstance(error, ssl.SSLError) or isinstance(error, (ssl.SSLEOFError, ssl.SSLZeroReturnError)):
+        # The client went away mid-handshake (or a reset): nothing it sent was wrong as such.
+        return "closed", "" if error is None else str(error)
+    code = (error.reason or "").upper()
+    text = str(error)
+    if "PEER_DID_NOT_RETURN_A_CERTIFICATE" in code:
+        return "no_certificate", "client sent no certificate (mTLS required)"
+    if isinstance(error, ssl.SSLCertVerificationError) or "CERTIFICATE" in code or "UNKNOWN_CA" in code:
+        detail = getattr(error, "verify_message", None) or code.lower().replace("_", " ")
+        return "bad_certificate", f"client certificate refused: {detail}"
+    detail = code.lower().replace("_", " ") or text
+    return "protocol", detail
 
 
 def _common_max(broker: tuple[int, int] | None, known: Any) -> int:

@@ -2,7 +2,12 @@
 
 :class:`FramedStream` is the thin trio adapter around the sans-IO
 :class:`codec.framing.FrameDecoder`: receive whole frames, send whole frames.
-:func:`open_upstream` connects to a broker with a timeout, and
+:func:`open_upstream` connects to a broker with a timeout -- over TLS when the
+upstream security says so (SNI and verification against the broker's host name),
+and, for the proxy's own connections (``authenticate=True``), authenticated with
+the proxy's service credentials (SaslHandshake, then SaslAuthenticate frames
+carrying PLAIN or SCRAM from :mod:`codec.sasl`). Clients' pass-through connections
+are never authenticated here: a client's own SASL frames pass through byte for byte.
 :class:`UpstreamClient` makes the few requests the proxy issues on its own
 behalf (ApiVersions + Metadata for broker discovery).
 """
@@ -11,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import ssl
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,7 +24,7 @@ import trio
 from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
 
-from codec.errors import CodecError
+from codec.errors import CodecError, SaslError
 from codec.framing import FrameDecoder, encode_frame, encode_size_prefix
 from codec.headers import (
     RequestHeader,
@@ -26,8 +32,10 @@ from codec.headers import (
     parse_response_header,
     response_header_version,
 )
+from codec.sasl import ScramClient, plain_initial_response
 from proxy.config import HostPort
-from proxy.errors import UpstreamError
+from proxy.errors import UpstreamAuthenticationError, UpstreamError, UpstreamTlsError
+from proxy.security import ServiceCredentials, UpstreamSecurity
 
 RECEIVE_CHUNK = 256 * 1024
 # Below this size a prefix and payload are joined into one send; above it two
@@ -41,6 +49,9 @@ class FramedStream:
     def __init__(self, stream: trio.abc.Stream, max_frame_size: int) -> None:
         self.stream = stream
         self._decoder = FrameDecoder(max_frame_size)
+        # trio time after which the broker ends this connection's SASL session (KIP-368
+        # connections.max.reauth.ms); None: no limit. Pools stop reusing a connection before then.
+        self.session_expires_at: float | None = None
 
     async def receive_frame(self) -> bytes | None:
         """Next frame payload; None at a clean end of stream.
@@ -68,27 +79,189 @@ class FramedStream:
         await self.stream.aclose()
 
 
-async def open_upstream(address: HostPort, *, timeout: float, max_frame_size: int) -> FramedStream:
-    """Connect to one broker; :class:`UpstreamError` if it cannot be reached in time."""
+async def open_upstream(
+    address: HostPort,
+    *,
+    timeout: float,
+    max_frame_size: int,
+    security: UpstreamSecurity | None = None,
+    authenticate: bool = False,
+) -> FramedStream:
+    """Connect to one broker: TCP, then TLS when `security` has a context (the handshake within
+    the same `timeout`), then, with `authenticate`, SASL with the service credentials.
+
+    Raises :class:`UpstreamError` if the broker cannot be reached in time,
+    :class:`UpstreamTlsError` if the TLS handshake fails (certificate, host name, protocol),
+    :class:`UpstreamAuthenticationError` if the broker refuses the credentials.
+    """
+    context = security.ssl_context if security is not None else None
+    stream: trio.abc.Stream | None = None
     try:
         with trio.fail_after(timeout):
             stream = await trio.open_tcp_stream(address.host, address.port)
+            if context is not None:
+                stream = await _tls_handshake(stream, context, address)
     except (OSError, trio.TooSlowError) as exc:
+        if stream is not None:
+            await trio.aclose_forcefully(stream)
         raise UpstreamError(f"cannot connect to upstream {address}: {exc or 'timed out'}") from exc
-    return FramedStream(stream, max_frame_size)
+    framed = FramedStream(stream, max_frame_size)
+    if authenticate and security is not None and security.sasl is not None:
+        try:
+            with trio.fail_after(timeout):
+                lifetime_ms = await sasl_authenticate(framed, security.sasl, address)
+            if lifetime_ms > 0:
+                # Re-authentication is not implemented: retire the connection well before the
+                # broker would close it (at 85% of the session lifetime).
+                framed.session_expires_at = trio.current_time() + 0.85 * lifetime_ms / 1000
+        except trio.TooSlowError:
+            await trio.aclose_forcefully(framed.stream)
+            raise UpstreamError(f"upstream {address}: SASL authentication as user "
+                                f"'{security.sasl.username}' timed out") from None
+        except BaseException:
+            await trio.aclose_forcefully(framed.stream)
+            raise
+    return framed
+
+
+async def _tls_handshake(stream: trio.abc.Stream, context: ssl.SSLContext, address: HostPort) -> trio.SSLStream:
+    # https_compatible: a broker that closes without close_notify ends the stream like EOF
+    # (Kafka frames are length-prefixed, so a truncation cannot go unnoticed).
+    tls = trio.SSLStream(stream, context, server_hostname=address.host, https_compatible=True)
+    try:
+        await tls.do_handshake()
+    except trio.BrokenResourceError as exc:
+        await trio.aclose_forcefully(stream)
+        cause = exc.__cause__
+        if isinstance(cause, ssl.SSLError) and not isinstance(cause, (ssl.SSLEOFError, ssl.SSLZeroReturnError)):
+            raise UpstreamTlsError(f"TLS handshake with upstream {address} failed: {tls_failure_reason(cause)}") from None
+        # The broker closed the connection mid-handshake: a restart, or a listener that does not
+        # speak TLS. Not conclusive, so not a TLS error: retried like an unreachable broker.
+        raise UpstreamError(f"upstream {address} closed the connection during the TLS handshake "
+                            f"({cause or exc}; is it a TLS listener?)") from None
+    except BaseException:
+        await trio.aclose_forcefully(stream)
+        raise
+    return tls
+
+
+def tls_failure_reason(error: ssl.SSLError) -> str:
+    """A TLS failure as a person reads it, e.g. ``certificate verify failed: unable to get local
+    issuer certificate`` or ``certificate verify failed: hostname mismatch, certificate is not
+    valid for 'x'``."""
+    if isinstance(error, ssl.SSLCertVerificationError):
+        detail = (error.verify_message or "").rstrip(".")
+        if detail.lower().startswith("hostname mismatch"):
+            detail = "hostname mismatch" + detail[len("hostname mismatch"):]
+        return f"certificate verify failed: {detail}" if detail else "certificate verify failed"
+    reason = error.reason or ""
+    text = str(error)
+    if "] " in text:
+        text = text.split("] ", 1)[1].split(" (_ssl.c", 1)[0]
+    return text or reason.lower().replace("_", " ") or type(error).__name__
 
 
 async def open_first_upstream(
-    addresses: Sequence[HostPort], *, timeout: float, max_frame_size: int
+    addresses: Sequence[HostPort],
+    *,
+    timeout: float,
+    max_frame_size: int,
+    security: UpstreamSecurity | None = None,
+    authenticate: bool = False,
 ) -> tuple[HostPort, FramedStream]:
-    """Connect to the first reachable address of a bootstrap list."""
-    errors = []
+    """Connect to the first reachable address of a bootstrap list.
+
+    When none can be used and one of them refused the TLS handshake or the credentials, that
+    error is raised (its type kept): it is a configuration problem, not an outage.
+    """
+    errors: list[UpstreamError] = []
     for address in addresses:
         try:
-            return address, await open_upstream(address, timeout=timeout, max_frame_size=max_frame_size)
+            return address, await open_upstream(address, timeout=timeout, max_frame_size=max_frame_size,
+                                                security=security, authenticate=authenticate)
         except UpstreamError as exc:
-            errors.append(str(exc))
-    raise UpstreamError("; ".join(errors) or "no upstream addresses")
+            errors.append(exc)
+    for error in errors:
+        if isinstance(error, (UpstreamAuthenticationError, UpstreamTlsError)):
+            raise error
+    raise UpstreamError("; ".join(str(error) for error in errors) or "no upstream addresses")
+
+
+SASL_HANDSHAKE = 17
+SASL_AUTHENTICATE = 36
+_SASL_HANDSHAKE_MAX = 1  # v1: the SASL tokens travel in SaslAuthenticate frames (KIP-152)
+_SASL_AUTHENTICATE_MAX = 2
+_UNSUPPORTED_SASL_MECHANISM = 33
+
+
+async def sasl_authenticate(stream: FramedStream, credentials: ServiceCredentials, address: HostPort) -> int:
+    """Authenticate `stream` with the proxy's service credentials (Kafka's SASL framing, KIP-152:
+    SaslHandshake v1, then the mechanism's tokens in SaslAuthenticate requests). Returns the
+    session lifetime the broker granted in ms (0: unlimited; KIP-368).
+
+    :class:`UpstreamAuthenticationError` names the broker, mechanism, user and Kafka's message.
+    """
+    mechanism, user = credentials.mechanism, credentials.username
+
+    def failure(message: str) -> UpstreamAuthenticationError:
+        return UpstreamAuthenticationError(
+            f"upstream authentication failed as user '{user}' ({mechanism}) at {address}: {message}")
+
+    client = UpstreamClient(stream, client_id="kafka-share-proxy")
+    versions = await client.api_versions()
+    handshake_version = _highest_common(versions.get(SASL_HANDSHAKE), _SASL_HANDSHAKE_MAX, minimum=1)
+    authenticate_version = _highest_common(versions.get(SASL_AUTHENTICATE), _SASL_AUTHENTICATE_MAX, minimum=0)
+    if handshake_version is None or authenticate_version is None:
+        raise failure("the broker offers no SaslHandshake v1 / SaslAuthenticate (Kafka 1.0 or newer is needed)")
+    handshake = await client.call(load_request_schema(SASL_HANDSHAKE, handshake_version)(mechanism=mechanism))
+    code = int(handshake.error_code)
+    if code == _UNSUPPORTED_SASL_MECHANISM:
+        offered = ", ".join(handshake.mechanisms) or "none"
+        raise failure(f"mechanism not enabled on this listener (it offers: {offered})")
+    if code:
+        raise failure(f"SaslHandshake refused: {_error_name(code)} (is this listener SASL_PLAINTEXT/SASL_SSL?)")
+    request_type = load_request_schema(SASL_AUTHENTICATE, authenticate_version)
+
+    lifetime_ms = 0
+
+    async def exchange(token: bytes) -> bytes:
+        nonlocal lifetime_ms
+        response = await client.call(request_type(auth_bytes=token))
+        if int(response.error_code):
+            raise failure(response.error_message or _error_name(int(response.error_code)))
+        lifetime = getattr(response, "session_lifetime", None)  # v1+
+        if lifetime is not None:
+            lifetime_ms = int(lifetime.total_seconds() * 1000)
+        return bytes(response.auth_bytes)
+
+    password = credentials.password.value
+    try:
+        if mechanism == "PLAIN":
+            await exchange(plain_initial_response(user, password))
+        else:
+            scram = ScramClient(mechanism, user, password)
+            server_first = await exchange(scram.first_message())
+            server_final = await exchange(scram.final_message(server_first))
+            scram.verify_server_final(server_final)
+    except SaslError as exc:
+        raise failure(str(exc)) from None
+    return lifetime_ms
+
+
+def _highest_common(broker: tuple[int, int] | None, known_max: int, *, minimum: int) -> int | None:
+    if broker is None:
+        return None
+    version = min(broker[1], known_max)
+    return version if version >= max(broker[0], minimum) else None
+
+
+def _error_name(code: int) -> str:
+    from kio.schema.errors import ErrorCode
+
+    try:
+        return ErrorCode(code).name.upper()
+    except ValueError:
+        return f"error {code}"
 
 
 def encode_call(request: Any, correlation_id: int, client_id: str) -> bytes:
@@ -153,6 +326,11 @@ class UpstreamClient:
         request = schema(**{f.name: () if f.name == "topics" else False for f in dataclasses.fields(schema)})
         response = await self.call(request)
         return [(int(b.node_id), b.host, int(b.port)) for b in response.brokers]
+
+    def session_expired(self) -> bool:
+        """True once the broker's SASL session lifetime for this connection is (nearly) over."""
+        expires_at = self._stream.session_expires_at
+        return expires_at is not None and trio.current_time() >= expires_at
 
     async def aclose(self) -> None:
         await self._stream.aclose()

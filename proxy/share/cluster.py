@@ -29,6 +29,7 @@ from kio.index import load_request_schema
 from codec.registry import nested_types
 from proxy.config import HostPort
 from proxy.errors import UpstreamError
+from proxy.security import UpstreamSecurity
 from proxy.upstream import UpstreamClient, open_first_upstream, open_upstream
 
 log = structlog.get_logger(__name__)
@@ -116,10 +117,13 @@ class Cluster:
         max_frame_size: int = 256 * 1024 * 1024,
         connections_per_broker: int = 32,
         long_poll_connections_per_broker: int = 8,
+        security: UpstreamSecurity | None = None,
     ) -> None:
         if connections_per_broker < 1 or long_poll_connections_per_broker < 1:
             raise ValueError("connection pools need at least one connection per broker")
         self._bootstrap = tuple(bootstrap)
+        # Every connection here is the proxy's own: TLS as configured, SASL with the service credentials.
+        self._security = security
         self._connect_timeout = connect_timeout
         self._max_frame_size = max_frame_size
         self._per_broker = connections_per_broker
@@ -138,7 +142,8 @@ class Cluster:
         """Refresh brokers and all topics."""
         async with self._refresh_lock:
             _, stream = await open_first_upstream(
-                self._bootstrap, timeout=self._connect_timeout, max_frame_size=self._max_frame_size
+                self._bootstrap, timeout=self._connect_timeout, max_frame_size=self._max_frame_size,
+                security=self._security, authenticate=True,
             )
             client = UpstreamClient(stream, client_id="kafka-share-proxy-metadata")
             try:
@@ -194,9 +199,14 @@ class Cluster:
             pool = pools[node_id] = _BrokerPool(address, limit)
         async with pool.slots:
             client = pool.idle.pop() if pool.idle else None
+            while client is not None and client.session_expired():
+                # The broker would close it at the end of its SASL session: retire it first.
+                await trio.aclose_forcefully(client)
+                client = pool.idle.pop() if pool.idle else None
             if client is None:
                 stream = await open_upstream(address, timeout=self._connect_timeout,
-                                             max_frame_size=self._max_frame_size)
+                                             max_frame_size=self._max_frame_size,
+                                             security=self._security, authenticate=True)
                 client = UpstreamClient(stream, client_id="kafka-share-proxy-reader")
             healthy = False
             try:

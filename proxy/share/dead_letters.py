@@ -205,8 +205,10 @@ class DeadLetterCluster:
     """
 
     def __init__(self, bootstrap: str, *, delivery_timeout_ms: int = 30_000, config_ttl_s: float = 10.0,
-                 timeout_s: float = 15.0) -> None:
+                 timeout_s: float = 15.0, client_config: dict[str, str] | None = None) -> None:
         self._bootstrap = bootstrap
+        # Extra librdkafka properties for the admin client and the producer (upstream security).
+        self._client_config = dict(client_config or {})
         self._delivery_timeout_ms = delivery_timeout_ms
         self._config_ttl_s = config_ttl_s
         self._timeout_s = timeout_s
@@ -226,7 +228,7 @@ class DeadLetterCluster:
 
         from confluent_kafka.admin import AdminClient
 
-        self._admin = AdminClient({"bootstrap.servers": self._bootstrap})
+        self._admin = AdminClient({"bootstrap.servers": self._bootstrap, **self._client_config})
         self._token = trio.lowlevel.current_trio_token()
         self._producer = self._new_producer()
         self._stopping = threading.Event()
@@ -247,6 +249,7 @@ class DeadLetterCluster:
             "linger.ms": 5,
             "message.timeout.ms": self._delivery_timeout_ms,
             "error_cb": self._on_error,
+            **self._client_config,
         })
 
     def _on_error(self, error) -> None:

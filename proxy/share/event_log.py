@@ -141,10 +141,12 @@ class EventSink:
             await trio.to_thread.run_sync(self._poller.join, timeout_s)
 
 
-def ensure_event_topic(bootstrap: str, settings: EventLogSettings, *, timeout_s: float = 30.0) -> bool:
+def ensure_event_topic(bootstrap: str, settings: EventLogSettings, *, timeout_s: float = 30.0,
+                       client_config: Mapping[str, object] | None = None) -> bool:
     """Create the event topic if missing; True if it was created. An existing one is left as it is.
-    Blocking: call from a worker thread. Raises KafkaException when the cluster refuses."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    Blocking: call from a worker thread. Raises KafkaException when the cluster refuses.
+    `client_config`: extra librdkafka properties (the upstream security settings)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, **(client_config or {})})
     if settings.topic in admin.list_topics(timeout=timeout_s).topics:
         return False
     topic = NewTopic(settings.topic, num_partitions=settings.partitions, replication_factor=-1,

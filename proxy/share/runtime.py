@@ -16,6 +16,7 @@ import structlog
 import trio
 
 from codec.extensions import DEFAULT_DESCRIBE_IN_FLIGHT_KEY, DEFAULT_MARK_IN_PROGRESS_KEY
+from proxy.security import librdkafka_config
 from proxy.server import Proxy
 from proxy.share import metrics, observe, state_store
 from proxy.share.admin_routes import admin_routes, register_admin_versions
@@ -147,10 +148,10 @@ class ShareSettings:
 
 
 def _start_event_log(service: ShareService, settings: EventLogSettings, bootstrap: str, cluster: Cluster,
-                     nursery: trio.Nursery) -> EventLog:
+                     nursery: trio.Nursery, client_config: dict[str, str] | None = None) -> EventLog:
     """Publish the share-group event log from the commit pipeline's change hook; the topic is
     created in the background (a failure is logged and retried, never stops the proxy)."""
-    sink = EventSink(bootstrap, delivery_timeout_ms=settings.delivery_timeout_ms)
+    sink = EventSink(bootstrap, delivery_timeout_ms=settings.delivery_timeout_ms, client_config=client_config)
     sink.start()
 
     def topic_name(topic_id):
@@ -158,7 +159,7 @@ def _start_event_log(service: ShareService, settings: EventLogSettings, bootstra
         return None if info is None else info.name
 
     event_log = EventLog(sink, settings, topic_name=topic_name, wall_clock=wall_clock_ms,
-                         ensure_topic=lambda: ensure_event_topic(bootstrap, settings))
+                         ensure_topic=lambda: ensure_event_topic(bootstrap, settings, client_config=client_config))
     service.commits.subscribe(event_log.on_change)
     service.closers.append(event_log.aclose)
     nursery.start_soon(guarded, "event-log-topic", event_log.ensure_topic_task)
@@ -181,6 +182,8 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
     """Load durable share state, start the service in `nursery`, and route the share APIs."""
     config = proxy.config
     bootstrap = ",".join(str(address) for address in config.upstream)
+    # Every confluent-kafka client below connects as the proxy: TLS and the service credentials.
+    client_config = librdkafka_config(config)
     spec = StateTopicSpec(
         settings.state_topic,
         partitions=settings.state_topic_partitions,
@@ -191,9 +194,12 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
     replay_started = trio.current_time()
     while True:
         try:
-            await trio.to_thread.run_sync(ensure_state_topics, bootstrap, [spec], abandon_on_cancel=True)
+            await trio.to_thread.run_sync(
+                lambda: ensure_state_topics(bootstrap, [spec], client_config=client_config), abandon_on_cancel=True
+            )
             replayed = await trio.to_thread.run_sync(
-                replay_state_topic, bootstrap, settings.state_topic, abandon_on_cancel=True
+                lambda: replay_state_topic(bootstrap, settings.state_topic, client_config=client_config),
+                abandon_on_cancel=True,
             )
             break
         except Exception as exc:  # noqa: BLE001 - PersistError or any confluent-kafka error
@@ -207,12 +213,14 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
     await _injected_replay_delay()
     metrics.STATE_REPLAY_SECONDS.set(trio.current_time() - replay_started)
     metrics.STATE_REPLAY_RECORDS.set(len(replayed))
-    writer = StateLogWriter(bootstrap, delivery_timeout_ms=settings.state_write_timeout_ms)
+    writer = StateLogWriter(bootstrap, delivery_timeout_ms=settings.state_write_timeout_ms,
+                            client_config=client_config)
     writer.start()
     cluster = Cluster(config.upstream, connect_timeout=config.connect_timeout,
                       max_frame_size=config.max_upstream_frame_size,
                       connections_per_broker=settings.upstream_connections,
-                      long_poll_connections_per_broker=settings.long_poll_connections)
+                      long_poll_connections_per_broker=settings.long_poll_connections,
+                      security=proxy.upstream_security)
     service = ShareService(
         cluster,
         writer,
@@ -232,11 +240,12 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
     service.restore(recovered)
     if settings.share_events_enable:
         # Subscribed before the service runs, so no settled change is missed.
-        _start_event_log(service, settings.event_log_settings(), bootstrap, cluster, nursery)
+        _start_event_log(service, settings.event_log_settings(), bootstrap, cluster, nursery, client_config)
     await nursery.start(service.run)
     # KIP-1191: ARCHIVING records (announced, or left by the replay just done) get their dead letters.
     dead_letters = DeadLetterWriter(
-        service, DeadLetterCluster(bootstrap, delivery_timeout_ms=settings.state_write_timeout_ms),
+        service, DeadLetterCluster(bootstrap, delivery_timeout_ms=settings.state_write_timeout_ms,
+                                   client_config=client_config),
         DeadLetterSettings(auto_create_topics=settings.dead_letter_auto_create_topics,
                            topic_name_prefix=settings.dead_letter_topic_name_prefix))
     nursery.start_soon(supervised, "dead-letters", dead_letters.run)

@@ -31,13 +31,20 @@ class FakeBroker:
     def __init__(self, nursery: trio.Nursery) -> None:
         self.nursery = nursery
         self.connections = 0
+        self.opened_with: list[tuple[object, bool]] = []
+        self.session_lifetime_s: float | None = None  # (security, authenticate) of every connection
         self.fetches: list[tuple[int, int, float]] = []  # (partition, offset, max wait s)
 
-    async def connect(self, address: HostPort, *, timeout: float, max_frame_size: int) -> FramedStream:
+    async def connect(self, address: HostPort, *, timeout: float, max_frame_size: int, security=None,
+                      authenticate: bool = False) -> FramedStream:
         proxy_end, broker_end = trio.testing.memory_stream_pair()
         self.connections += 1
+        self.opened_with.append((security, authenticate))
         self.nursery.start_soon(self._serve, FramedStream(broker_end, 1 << 20))
-        return FramedStream(proxy_end, max_frame_size)
+        framed = FramedStream(proxy_end, max_frame_size)
+        if self.session_lifetime_s is not None:  # as open_upstream marks a SASL session with a lifetime
+            framed.session_expires_at = trio.current_time() + self.session_lifetime_s
+        return framed
 
     async def _serve(self, stream: FramedStream) -> None:
         try:
@@ -181,3 +188,24 @@ async def test_a_cancelled_leader_hands_the_long_poll_to_a_waiting_caller(broker
     # 5 s, and was answered by its own deadline.
     assert [(f[0], round(f[2], 1)) for f in broker.fetches] == [(3, 5.0), (3, 4.0)]
     assert 4.99 <= trio.current_time() - start <= 5.2
+
+
+async def test_pool_connections_are_the_proxys_own_secured_and_authenticated(broker, nursery, autojump_clock):
+    security = object()  # stands for the UpstreamSecurity the runtime passes; handed through as is
+    cluster = make_cluster(security=security)
+    assert await cluster.list_offset(TOPIC, 0, LATEST_TIMESTAMP) == 42
+    await long_poll(cluster, 1, wait_ms=10)
+    assert broker.opened_with == [(security, True), (security, True)]  # prompt pool, long-poll pool
+    nursery.cancel_scope.cancel()
+
+
+async def test_a_connection_whose_sasl_session_is_ending_is_retired_not_reused(broker, nursery, autojump_clock):
+    broker.session_lifetime_s = 60.0
+    cluster = make_cluster()
+    for _ in range(3):
+        assert await cluster.list_offset(TOPIC, 0, LATEST_TIMESTAMP) == 42
+    assert broker.connections == 1  # reused while the session lasts
+    await trio.sleep(61)
+    assert await cluster.list_offset(TOPIC, 0, LATEST_TIMESTAMP) == 42
+    assert broker.connections == 2  # the broker would have closed the old one: a new one instead
+    nursery.cancel_scope.cancel()
