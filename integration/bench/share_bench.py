@@ -244,8 +244,11 @@ def phase_authorization(args: argparse.Namespace, tools: PerfTools, log_dir: Pat
     with LocalKafka(version=args.kafka_version, share_groups=False, data_dir=log_dir / "kafka") as kafka:
         topic = create_topics(kafka.bootstrap, [unique_name("bench-share")], partitions=args.partitions)[0]
         produce(kafka.bootstrap, topic, args.records, args.size, compression="none")
-        for _ in range(args.repeat):
-            for mode in args.share_authorization:
+        modes = list(args.share_authorization)
+        for run in range(args.repeat):
+            # Each repeat starts with another mode: on a shared machine the first runs of a round
+            # are measured differently, which a fixed order would charge to one mode.
+            for mode in modes[run % len(modes):] + modes[:run % len(modes)]:
                 metrics_port = free_port()
                 metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
                 # "cluster:0" = cluster mode with --share-authorization-cache-ms 0 (a probe per request).
