@@ -139,6 +139,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="with --in-flight: only records acquired more than MS ago")
     parser.add_argument("--progress-stale-longer-than-ms", type=int, metavar="MS",
                         help="with --in-flight: only IN_PROGRESS records whose last progress is more than MS ago")
+    parser.add_argument("--command-config", metavar="FILE",
+                        help="Kafka client properties for a secured proxy, as Kafka's tools take them: "
+                             "security.protocol, ssl.truststore.location (PEM) or ssl.ca.location, sasl.mechanism, "
+                             "sasl.jaas.config (docs/security.md)")
     parser.add_argument("--format", choices=("table", "json"), default="table", help="output format")
     parser.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
                         help="how long to wait for the proxy")
@@ -161,7 +165,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
                     EXIT_USAGE, "--state, --held-longer-than-ms and --progress-stale-longer-than-ms need --in-flight")
             api_key = args.api_key if args.api_key is not None else _api_key_from_env()  # None: ask the proxy
             bootstrap = _bootstrap(args.bootstrap_server)
-            response = trio.run(describe_in_flight, bootstrap, args.group, api_key, args.timeout, filters)
+            security = _security(args.command_config)
+            response = trio.run(describe_in_flight, bootstrap, args.group, api_key, args.timeout, filters, security)
             if args.in_flight:
                 ranges, problems = range_rows(response)
                 now_ms = int(time.time() * 1000)
@@ -194,6 +199,17 @@ def _filters(args: argparse.Namespace) -> InFlightFilters:
         held_longer_than_ms=-1 if args.held_longer_than_ms is None else args.held_longer_than_ms,
         progress_staleness_ms=-1 if args.progress_stale_longer_than_ms is None else args.progress_stale_longer_than_ms,
     )
+
+
+def _security(path: str | None):
+    if path is None:
+        return None
+    from proxy.security import read_client_properties, security_from_client_properties
+
+    try:
+        return security_from_client_properties(read_client_properties(path))
+    except ConfigError as exc:
+        raise GroupsCommandError(EXIT_USAGE, f"--command-config {path}: {exc}") from exc
 
 
 def _api_key_from_env() -> int | None:
@@ -241,7 +257,7 @@ def _advertised_key(features: dict[str, tuple[int, int]]) -> int:
 
 
 async def describe_in_flight(bootstrap, group_id: str, api_key: int | None, timeout: float,
-                             filters: InFlightFilters = InFlightFilters()):
+                             filters: InFlightFilters = InFlightFilters(), security=None):
     """ApiVersions, then DescribeShareGroupInFlight for the whole group (filtered); the response entity.
 
     ``api_key`` None: the key the proxy advertises (ApiVersions feature
@@ -251,7 +267,8 @@ async def describe_in_flight(bootstrap, group_id: str, api_key: int | None, time
 
     try:
         with trio.fail_after(timeout):
-            address, stream = await open_first_upstream(bootstrap, timeout=timeout, max_frame_size=100 * 1024 * 1024)
+            address, stream = await open_first_upstream(bootstrap, timeout=timeout, max_frame_size=100 * 1024 * 1024,
+                                                        security=security, authenticate=security is not None)
             client = UpstreamClient(stream, client_id="share-proxy-groups")
             try:
                 versions, features = await _api_versions(client)

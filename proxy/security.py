@@ -241,3 +241,69 @@ def librdkafka_config(config: ProxyConfig) -> dict[str, str]:
         properties["sasl.username"] = str(config.upstream_sasl_username)
         properties["sasl.password"] = config.upstream_sasl_password.value
     return properties
+
+
+def read_client_properties(path: str) -> dict[str, str]:
+    """A Kafka client properties file (``key=value`` or ``key: value``, ``#``/``!`` comments), as
+    Kafka's tools take with ``--command-config``. Line continuations are not supported."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except OSError as exc:
+        raise ConfigError(f"cannot read command config {path}: {exc.strerror or exc}") from None
+    properties: dict[str, str] = {}
+    for line in lines:
+        text = line.strip()
+        if not text or text[0] in "#!":
+            continue
+        separator = min((index for index in (text.find("="), text.find(":")) if index > 0), default=-1)
+        if separator < 0:
+            raise ConfigError(f"{path}: not a key=value line: {text.split()[0]!r}")
+        properties[text[:separator].strip()] = text[separator + 1:].strip()
+    return properties
+
+
+def security_from_client_properties(properties: dict[str, str]) -> UpstreamSecurity | None:
+    """The TLS/SASL settings of a Kafka client properties file (Java's or librdkafka's names) as an
+    :class:`UpstreamSecurity` for a connection to the proxy (``share-proxy groups --command-config``).
+    Truststores and keystores must be PEM files; SASL needs PLAIN or SCRAM with a user and password
+    (``sasl.jaas.config``'s ``username``/``password``, or ``sasl.username``/``sasl.password``)."""
+    import re
+
+    from proxy.config import load_config
+
+    def pem_store(kind: str) -> str | None:
+        location = properties.get(f"ssl.{kind}.location")
+        if location is None:
+            return None
+        if properties.get(f"ssl.{kind}.type", "JKS").upper() != "PEM":
+            raise ConfigError(f"ssl.{kind}.location: only PEM {kind}s are supported here (set ssl.{kind}.type=PEM)")
+        return location
+
+    values: dict[str, object] = {"upstream": "127.0.0.1:9092"}  # placeholder: only the security part is used
+    values["upstream_security_protocol"] = properties.get("security.protocol", "PLAINTEXT")
+    ca = properties.get("ssl.ca.location") or pem_store("truststore")
+    keystore = pem_store("keystore")
+    certificate = properties.get("ssl.certificate.location") or keystore
+    key = properties.get("ssl.key.location") or keystore
+    for option, value in (("upstream_ssl_ca_location", ca), ("upstream_ssl_certificate_location", certificate),
+                          ("upstream_ssl_key_location", key),
+                          ("upstream_ssl_key_password", properties.get("ssl.key.password"))):
+        if value:
+            values[option] = value
+    algorithm = properties.get("ssl.endpoint.identification.algorithm")
+    if algorithm is not None:
+        values["upstream_ssl_endpoint_identification_algorithm"] = algorithm or "none"  # Java: "" turns it off
+    mechanism = properties.get("sasl.mechanism") or properties.get("sasl.mechanisms")
+    username, password = properties.get("sasl.username"), properties.get("sasl.password")
+    jaas = properties.get("sasl.jaas.config", "")
+    if jaas:
+        found = dict(re.findall(r'(username|password)\s*=\s*"((?:[^"\\]|\\.)*)"', jaas))
+        username = username or found.get("username")
+        password = password or found.get("password")
+    if values["upstream_security_protocol"].upper().startswith("SASL"):
+        values["upstream_sasl_mechanism"] = mechanism or "GSSAPI"  # Kafka's default; refused with a clear message
+        for option, value in (("upstream_sasl_username", username), ("upstream_sasl_password", password)):
+            if value is not None:
+                values[option] = value
+    return UpstreamSecurity.from_config(load_config(values, environ={}))

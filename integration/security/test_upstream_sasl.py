@@ -212,3 +212,69 @@ def test_java_share_consumer_as_alice_through_the_tls_proxy(secured_kafka, secur
     assert "error" not in summary, summary
     assert summary["received"] == 60 and summary["duplicates"] == 0 and summary["ack_errors"] == [], summary
     assert summary["callback_acknowledged"] == 60, summary
+
+
+def alice_for_python_client(kafka, proxy, group: str, password: str = "alice-secret") -> dict[str, object]:
+    """The project's Python client (client/) as alice, SCRAM over TLS to the proxy, passed through."""
+    return {"bootstrap.servers": proxy.bootstrap, "group.id": group, "share.acknowledgement.mode": "explicit",
+            "security.protocol": "sasl_ssl", "ssl.ca.location": str(kafka.ca_path),
+            "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "alice", "sasl.password": password}
+
+
+def test_python_client_marks_progress_as_alice_and_groups_cli_sees_it_with_a_command_config(
+        secured_kafka, secured_proxy, tmp_path):
+    import json
+
+    import client
+
+    topic = new_topic(secured_kafka, f"alice-python-{time.monotonic_ns()}")
+    group = f"share-{topic}"
+    for operation in ("write", "read", "describe"):
+        grant(secured_kafka, "User:alice", "topic", topic, operation)
+    grant(secured_kafka, "User:alice", "group", group, "read")
+    produced = produce(through_proxy(secured_kafka, secured_proxy, "alice"), topic, 5, "python")
+
+    consumer = client.ShareConsumer(alice_for_python_client(secured_kafka, secured_proxy, group))
+    try:
+        consumer.subscribe([topic])
+        messages: list = []
+        deadline = time.monotonic() + 40
+        while len(messages) < len(produced) and time.monotonic() < deadline:
+            messages += consumer.poll(1.0)
+        assert sorted(m.value() for m in messages) == sorted(produced)
+        for message in messages:
+            consumer.mark_in_progress(message)
+        consumer.flush_progress(timeout=15)
+
+        # Kafka's own kind of --command-config (Java properties, PEM truststore, JAAS line) as alice.
+        properties = tmp_path / "alice.properties"
+        properties.write_text(
+            "security.protocol=SASL_SSL\nssl.truststore.type=PEM\n"
+            f"ssl.truststore.location={secured_kafka.ca_path}\nsasl.mechanism=SCRAM-SHA-512\n"
+            'sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required '
+            'username="alice" password="alice-secret";\n')
+        described = subprocess.run(
+            [SHARE_PROXY, "groups", "--bootstrap-server", secured_proxy.bootstrap, "--describe", "--group", group,
+             "--in-flight", "--state", "IN_PROGRESS", "--format", "json", "--command-config", str(properties)],
+            capture_output=True, text=True, timeout=60)
+        assert described.returncode == 0, described.stderr
+        ranges = json.loads(described.stdout)["ranges"]
+        assert sum(r["records"] for r in ranges) == len(produced)
+        assert "alice-secret" not in described.stdout + described.stderr
+
+        for message in messages:
+            consumer.acknowledge(message)
+        results = consumer.commit_sync(timeout=15)
+        assert results and all(error is None for error in results.values()), results
+    finally:
+        consumer.close()
+
+
+def test_python_client_with_a_wrong_password_gets_a_non_retriable_authentication_error(secured_kafka, secured_proxy):
+    import client
+
+    with pytest.raises(client.KafkaException) as refused:
+        client.ShareConsumer(alice_for_python_client(secured_kafka, secured_proxy, "any-group", password="guess-42"))
+    error = refused.value.args[0]
+    assert error.name() == "_AUTHENTICATION" and not error.retriable(), error.str()
+    assert "alice" in error.str() and "guess-42" not in error.str()

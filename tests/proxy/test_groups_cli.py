@@ -207,7 +207,7 @@ def test_durations_are_short_and_human(ms, text):
 def test_state_names_are_case_insensitive_and_filters_travel_in_the_request(monkeypatch):
     seen = {}
 
-    async def fake_describe(bootstrap, group_id, api_key, timeout, filters):
+    async def fake_describe(bootstrap, group_id, api_key, timeout, filters, security=None):
         seen.update(group=group_id, api_key=api_key, filters=filters)
         return in_flight_response()
 
