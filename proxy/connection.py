@@ -262,6 +262,7 @@ class ClientConnection:
         self._sasl_done.set()
         self._calls_failed: str | None = None
         self._calls_waiting = 0
+        self._upstream_closed = False
         #: Per-connection state of the authorization module (proxy.share.authorization), created
         #: on first use and dropped with the connection: a reconnect starts with nothing cached.
         self.authorization = None
@@ -437,7 +438,17 @@ class ClientConnection:
             except (CodecError, EOFError, OSError, trio.BrokenResourceError) as exc:
                 raise UpstreamError(f"upstream connection broke: {exc}") from exc
             if frame is None:
-                raise UpstreamError("upstream closed the connection")
+                if self._awaiting_upstream:
+                    raise UpstreamError("upstream closed the connection")
+                # Closed after answering everything asked (a broker does this after a failed
+                # SaslAuthenticate): the answers owed, that one included, are still written, then
+                # the connection closes. Raising here would cancel the writer before it wrote them.
+                metrics.UPSTREAM_FAILURES.inc()
+                self.log.warning("upstream closed the connection; closing after the responses owed")
+                self._calls_failed = "upstream closed the connection"
+                self._upstream_closed = True
+                self.stop_reading()
+                return
             if not self._awaiting_upstream:
                 raise UpstreamError("upstream sent a response nobody asked for")
             pending = self._awaiting_upstream[0]
@@ -471,6 +482,9 @@ class ClientConnection:
             await self._order_send.send(pending)
         async with self._send_lock:
             upstream = await self._ensure_upstream()
+            if self._upstream_closed:
+                # Its answer could never come: nobody reads the closed upstream any more.
+                raise UpstreamError("upstream closed the connection")
             if pending is not None:
                 self._awaiting_upstream.append(pending)
                 self.budget.notify()
@@ -498,9 +512,9 @@ class ClientConnection:
             async with self._send_lock:
                 if self._in_sasl:
                     continue
+                upstream = await self._ensure_upstream()
                 if self._calls_failed is not None:
                     raise UpstreamError(f"no upstream call possible: {self._calls_failed}")
-                upstream = await self._ensure_upstream()
                 payload = encode_call(request, header.correlation_id, header.client_id)
                 self._awaiting_upstream.append(call)
                 self._calls_waiting += 1

@@ -241,3 +241,39 @@ async def test_over_budget_a_call_behind_forwarded_responses_still_completes(aut
             assert await h.client.receive_frame() == response(2, b"x" * 2000)
             assert await h.client.receive_frame() == response(3, b"small")
         await h.client_side.aclose()
+
+
+async def test_a_response_the_broker_sends_just_before_closing_still_reaches_the_client():
+    # A broker answers a failed SaslAuthenticate and closes the connection at once: the answer is
+    # what tells the client why, so it must be written before the connection closes. (The writer
+    # and the upstream reader's end-of-stream race; many rounds make a lost answer show up.)
+    for _ in range(40):
+        h = Harness()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(h.connection.serve)
+            await h.client.send_frame(request(1, SASL_AUTHENTICATE, 2, b"\x01token"))
+            await h.broker_receive()
+            await h.broker.send_frame(response(1, b"authentication failed"))
+            await h.broker.aclose()
+            with trio.fail_after(5):
+                assert await h.client.receive_frame() == response(1, b"authentication failed")
+                assert await h.client.receive_frame() is None  # then the proxy closes too
+                await h.connection.closed.wait()
+
+
+async def test_after_the_broker_closes_the_proxy_closes_the_client_connection_too():
+    h = Harness()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(h.connection.serve)
+        await h.client.send_frame(request(1))
+        await h.broker_receive()
+        await h.broker.send_frame(response(1, b"last"))
+        await h.broker.aclose()
+        with trio.fail_after(5):
+            assert await h.client.receive_frame() == response(1, b"last")
+            await h.connection.closed.wait()
+    # Nothing read after the close: a request sent now finds the connection closed.
+    with pytest.raises((trio.BrokenResourceError, trio.ClosedResourceError)):
+        for _ in range(10):
+            await h.client.send_frame(request(2))
+            await trio.sleep(0)
