@@ -44,7 +44,18 @@ bounds how many).
 
 The upstream connection (one per client connection, to the broker the listener
 stands for) is opened on the first forwarded request, so a client that only
-uses locally served APIs never needs one. Any error on either side closes this
+uses locally served APIs never needs one.
+
+**The proxy's own requests on the client's connection** (:meth:`ClientConnection.call_upstream`,
+the authorization probes of :mod:`proxy.share.authorization`): the cluster authenticated the
+client on this connection, so only here does it answer for the client's principal. Such a call
+takes a slot in the same upstream queue as forwarded requests (a send lock keeps a forwarded
+frame and a call from interleaving, and slot order = send order), under a correlation id of the
+proxy's own; its response wakes the caller instead of going to the writer, and its bytes count
+against the budget only while the caller decodes them. While the client is in the middle of a
+SASL exchange (it forwarded SaslHandshake or SaslAuthenticate and sent nothing else since) a
+call waits: a broker closes a connection that sends other requests mid-authentication, KIP-368
+re-authentication included. Any error on either side closes this
 connection only; shutdown stops the reader first so responses already owed are
 still written within the grace period.
 """
@@ -56,7 +67,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 import trio
@@ -66,7 +77,7 @@ from codec.headers import API_VERSIONS_KEY, RequestHeader, parse_request_header,
 from proxy import metrics
 from proxy.apiversions import ApiVersionTable
 from proxy.errors import ClientProtocolError, ProxyError, UpstreamError
-from proxy.upstream import FramedStream
+from proxy.upstream import FramedStream, decode_call_response, encode_call
 
 _connection_ids = itertools.count(1)
 
@@ -74,6 +85,16 @@ _connection_ids = itertools.count(1)
 #: answers first, so it stands for no fixed broker (Kafka's clients call their first bootstrap
 #: server node -1 as well).
 BOOTSTRAP_NODE_ID = -1
+
+SASL_HANDSHAKE_KEY = 17
+SASL_AUTHENTICATE_KEY = 36
+_SASL_KEYS = frozenset({SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY})
+#: The client id of the proxy's own calls before the client has sent one of its own.
+CALL_CLIENT_ID = "kafka-share-proxy"
+#: How long a call waits for the client to finish a SASL exchange. A client that re-authenticates
+#: (KIP-368) while a request whose call waits is unanswered would wait for that answer forever;
+#: past this bound the call fails and the connection closes (the client reconnects).
+SASL_WAIT_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +176,21 @@ class PendingResponse:
         self.ready.set()
 
 
+class UpstreamCall(PendingResponse):
+    """A slot for the proxy's own request on the client's upstream connection: its response
+    wakes the caller (:meth:`ClientConnection.call_upstream`), never the writer."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, header: RequestHeader) -> None:
+        super().__init__(Request(header, b"", 0))
+        self.error: str | None = None
+
+    def fail(self, reason: str) -> None:
+        self.error = reason
+        self.ready.set()
+
+
 class Route(Protocol):
     """How one API is handled. ``start`` must not wait for the response itself."""
 
@@ -217,6 +253,25 @@ class ClientConnection:
         self._stopping = False
         self._receive_scope: trio.CancelScope | None = None
         self.closed = trio.Event()
+        # call_upstream: a forwarded frame and a call never interleave on the upstream stream.
+        self._send_lock = trio.Lock()
+        self._call_ids = itertools.count(1)
+        self._call_client_id = CALL_CLIENT_ID
+        self._in_sasl = False
+        self._sasl_done = trio.Event()
+        self._sasl_done.set()
+        self._calls_failed: str | None = None
+        self._calls_waiting = 0
+        self._upstream_closed = False
+        #: Per-connection state of the authorization module (proxy.share.authorization), created
+        #: on first use and dropped with the connection: a reconnect starts with nothing cached.
+        self.authorization = None
+
+    def authorizer(self, create: Callable[[], Any]) -> Any:
+        """The connection's authorization state (proxy.share.authorization), created on first use."""
+        if self.authorization is None:
+            self.authorization = create()
+        return self.authorization
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -258,6 +313,7 @@ class ClientConnection:
             self.log.error("unexpected error; closing connection", error=_first(group), exc_info=group)
         finally:
             metrics.CONNECTIONS_OPEN.dec()
+            self._fail_calls("the client connection closed")
             # Shielded so that an outer cancellation cannot skip the second close;
             # forceful closes do not block, so the shield is bounded.
             with trio.CancelScope(shield=True):
@@ -294,6 +350,7 @@ class ClientConnection:
             if frame is None:
                 break
             request = self._parse_request(frame)
+            self._note_request(request.header)
             # Locals dropped before the next frame is awaited: once passed on, a request's
             # bytes are released and must not stay alive here.
             del frame
@@ -309,6 +366,19 @@ class ClientConnection:
         if header.api_key != API_VERSIONS_KEY and not self._api_versions.accepts(header.api_key, header.api_version):
             raise ClientProtocolError(f"api {header.api_key} v{header.api_version} is not supported by the proxy")
         return Request(header, frame, body_offset, received_at)
+
+    def _note_request(self, header: RequestHeader) -> None:
+        """Track whether the client is mid-SASL (calls must wait) and its client id (calls use it)."""
+        if header.api_key in _SASL_KEYS:
+            if not self._in_sasl:
+                self._in_sasl = True
+                self._sasl_done = trio.Event()
+            return
+        if self._in_sasl:
+            self._in_sasl = False
+            self._sasl_done.set()
+        if header.client_id:
+            self._call_client_id = header.client_id
 
     async def _write_responses(self) -> None:
         async with self._order_receive:
@@ -337,9 +407,27 @@ class ClientConnection:
         # frees bytes, and it is necessarily the oldest one awaited from upstream.
         if not self.budget.exhausted:
             return True
-        return bool(self._awaiting_upstream) and self._awaiting_upstream[0] is self._writer_waits_for
+        if not self._awaiting_upstream:
+            return False
+        # While a call waits, read on: its caller may be what the writer waits for (a local
+        # handler asking the cluster), and responses queued before the call must come off first.
+        return self._awaiting_upstream[0] is self._writer_waits_for or self._calls_waiting > 0
+
+    def _fail_calls(self, reason: str) -> None:
+        """Wake every call still waiting on upstream with an error (the connection is going)."""
+        self._calls_failed = reason
+        for pending in self._awaiting_upstream:
+            if isinstance(pending, UpstreamCall):
+                pending.fail(reason)
 
     async def _read_upstream(self, upstream: FramedStream) -> None:
+        try:
+            await self._read_upstream_frames(upstream)
+        except BaseException as exc:
+            self._fail_calls(f"upstream connection failed: {exc!r}")
+            raise
+
+    async def _read_upstream_frames(self, upstream: FramedStream) -> None:
         budget = self.budget
         while True:
             if not self._may_read_upstream():
@@ -350,17 +438,29 @@ class ClientConnection:
             except (CodecError, EOFError, OSError, trio.BrokenResourceError) as exc:
                 raise UpstreamError(f"upstream connection broke: {exc}") from exc
             if frame is None:
-                raise UpstreamError("upstream closed the connection")
+                if self._awaiting_upstream:
+                    raise UpstreamError("upstream closed the connection")
+                # Closed after answering everything asked (a broker does this after a failed
+                # SaslAuthenticate): the answers owed, that one included, are still written, then
+                # the connection closes. Raising here would cancel the writer before it wrote them.
+                metrics.UPSTREAM_FAILURES.inc()
+                self.log.warning("upstream closed the connection; closing after the responses owed")
+                self._calls_failed = "upstream closed the connection"
+                self._upstream_closed = True
+                self.stop_reading()
+                return
             if not self._awaiting_upstream:
                 raise UpstreamError("upstream sent a response nobody asked for")
-            pending = self._awaiting_upstream.popleft()
+            pending = self._awaiting_upstream[0]
             correlation_id = int.from_bytes(frame[:4], "big", signed=True)
             if len(frame) < 4 or correlation_id != pending.request.header.correlation_id:
+                # Still queued, so a waiting call learns why (see _read_upstream).
                 raise UpstreamError(
                     f"upstream answered correlation id {correlation_id}, "
                     f"expected {pending.request.header.correlation_id}"
                 )
-            budget.charge(len(frame))
+            self._awaiting_upstream.popleft()
+            budget.charge(len(frame))  # a call's caller releases it once decoded
             if pending.transform is not None:
                 raw_size = len(frame)
                 frame = await pending.transform(pending.request, frame)
@@ -373,18 +473,70 @@ class ClientConnection:
 
     async def forward(self, request: Request, transform: ResponseTransform | None = None) -> None:
         """Send the request bytes upstream; its response is delivered in order."""
-        upstream = await self._ensure_upstream()
+        pending = None
         if request_expects_response(request.header, request.frame, request.body_offset):
             # The slot keeps only the header: the frame's bytes are released once sent.
             pending = PendingResponse(_header_only(request), transform)
+            # Outside the send lock: this waits for the writer, which may wait for a handler
+            # whose call needs the lock.
             await self._order_send.send(pending)
-            self._awaiting_upstream.append(pending)
-            self.budget.notify()
-        try:
-            await upstream.send_frame(request.frame)
-        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise UpstreamError(f"cannot send to upstream: {exc}") from exc
+        async with self._send_lock:
+            upstream = await self._ensure_upstream()
+            if self._upstream_closed:
+                # Its answer could never come: nobody reads the closed upstream any more.
+                raise UpstreamError("upstream closed the connection")
+            if pending is not None:
+                self._awaiting_upstream.append(pending)
+                self.budget.notify()
+            await _send(upstream, request.frame)
         self.budget.release(len(request.frame))
+
+    async def call_upstream(self, request: Any, response_type: type | None = None) -> Any:
+        """The proxy's own request (a kio entity) on this client's upstream connection; its response.
+
+        Ordered with the forwarded requests (opened if needed). Waits while the client is in the
+        middle of a SASL exchange. :class:`UpstreamError` when the upstream connection fails or
+        answers out of turn -- the connection then closes, as for a forwarded request.
+        """
+        if self._calls_failed is not None or self._nursery is None:
+            raise UpstreamError(f"no upstream call possible: {self._calls_failed or 'the connection is not serving'}")
+        header = RequestHeader(int(request.__api_key__), int(request.__version__), next(self._call_ids) & 0x7FFFFFFF,
+                               self._call_client_id)
+        call = UpstreamCall(header)
+        while True:
+            if self._in_sasl:
+                with trio.move_on_after(SASL_WAIT_TIMEOUT_S):
+                    await self._sasl_done.wait()
+                if self._in_sasl:
+                    raise UpstreamError("the client stayed in a SASL exchange while a call waited")
+            async with self._send_lock:
+                if self._in_sasl:
+                    continue
+                upstream = await self._ensure_upstream()
+                if self._calls_failed is not None:
+                    raise UpstreamError(f"no upstream call possible: {self._calls_failed}")
+                payload = encode_call(request, header.correlation_id, header.client_id)
+                self._awaiting_upstream.append(call)
+                self._calls_waiting += 1
+                self.budget.notify()
+                try:
+                    await _send(upstream, payload)
+                except BaseException:
+                    self._calls_waiting -= 1
+                    raise
+                break
+        try:
+            await call.ready.wait()
+        finally:
+            self._calls_waiting -= 1
+        if call.error is not None:
+            raise UpstreamError(call.error)
+        frame, call.payload = call.payload, None
+        assert frame is not None
+        try:
+            return decode_call_response(frame, request, header.correlation_id, response_type)
+        finally:
+            self.budget.release(len(frame))
 
     async def respond(self, request: Request, payload: bytes) -> None:
         """Answer with a ready-made response payload (header included), in order."""
@@ -427,6 +579,13 @@ class ClientConnection:
             assert self._nursery is not None
             self._nursery.start_soon(self._read_upstream, self._upstream)
         return self._upstream
+
+
+async def _send(upstream: FramedStream, payload: bytes) -> None:
+    try:
+        await upstream.send_frame(payload)
+    except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+        raise UpstreamError(f"cannot send to upstream: {exc}") from exc
 
 
 def _header_only(request: Request) -> Request:

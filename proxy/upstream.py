@@ -264,6 +264,30 @@ def _error_name(code: int) -> str:
         return f"error {code}"
 
 
+def encode_call(request: Any, correlation_id: int, client_id: str) -> bytes:
+    """The frame payload (header + body) of a request entity the proxy sends on its own behalf."""
+    api_key, api_version = int(request.__api_key__), int(request.__version__)
+    buffer = io.BytesIO()
+    buffer.write(encode_request_header(RequestHeader(api_key, api_version, correlation_id, client_id)))
+    entity_writer(type(request))(buffer, request)
+    return buffer.getvalue()
+
+
+def decode_call_response(frame: bytes, request: Any, correlation_id: int, response_type: type | None = None) -> Any:
+    """The response entity of `request` in `frame`; :class:`UpstreamError` if it is not that response."""
+    api_key, api_version = int(request.__api_key__), int(request.__version__)
+    try:
+        header, offset = parse_response_header(frame, response_header_version(api_key, api_version))
+        if header.correlation_id != correlation_id:
+            raise UpstreamError(f"correlation id {header.correlation_id} != {correlation_id}")
+        response, _ = entity_reader(response_type or load_response_schema(api_key, api_version))(frame, offset)
+    except UpstreamError:
+        raise
+    except Exception as exc:
+        raise UpstreamError(f"cannot decode upstream response: {exc}") from exc
+    return response
+
+
 class UpstreamClient:
     """Sequential request/response calls the proxy makes itself (not client traffic)."""
 
@@ -275,29 +299,16 @@ class UpstreamClient:
     async def call(self, request: Any, response_type: type | None = None) -> Any:
         """Send `request`, read its response; `response_type` decodes APIs kio does not know
         under their key (the extension RPCs), kio's schema for the key otherwise."""
-        api_key, api_version = int(request.__api_key__), int(request.__version__)
         correlation_id = self._next_correlation_id
         self._next_correlation_id += 1
-        buffer = io.BytesIO()
-        buffer.write(encode_request_header(RequestHeader(api_key, api_version, correlation_id, self._client_id)))
-        entity_writer(type(request))(buffer, request)
         try:
-            await self._stream.send_frame(buffer.getvalue())
+            await self._stream.send_frame(encode_call(request, correlation_id, self._client_id))
             frame = await self._stream.receive_frame()
         except (OSError, trio.BrokenResourceError, EOFError, CodecError) as exc:
             raise UpstreamError(f"upstream call failed: {exc}") from exc
         if frame is None:
             raise UpstreamError("upstream closed the connection")
-        try:
-            header, offset = parse_response_header(frame, response_header_version(api_key, api_version))
-            if header.correlation_id != correlation_id:
-                raise UpstreamError(f"correlation id {header.correlation_id} != {correlation_id}")
-            response, _ = entity_reader(response_type or load_response_schema(api_key, api_version))(frame, offset)
-        except UpstreamError:
-            raise
-        except Exception as exc:
-            raise UpstreamError(f"cannot decode upstream response: {exc}") from exc
-        return response
+        return decode_call_response(frame, request, correlation_id, response_type)
 
     async def api_versions(self) -> dict[int, tuple[int, int]]:
         """Broker's (min, max) per API, asked with ApiVersions v0 (which every broker answers)."""

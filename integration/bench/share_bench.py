@@ -28,6 +28,15 @@ consumer got its first record; ConsumerPerformance reports its post-join fetch t
 record count would mean redeliveries inflated the tool's count.
 
     .venv/bin/python -m integration.bench.share_bench --records 200000 --size 1024 --repeat 2
+
+With ``--share-authorization off,cluster`` it measures instead what enforcing the cluster's ACLs
+costs (proxy/share/authorization.py): the proxied share runs only, once per mode, each with a
+proxy started with that ``--share-authorization`` mode on a broker without an authorizer (so
+``cluster`` sends every probe and finds everything allowed), and the ratio of each mode to the
+first. ``cluster:0`` is cluster mode without the cache (``--share-authorization-cache-ms 0``: every
+request probes), the worst case.
+
+    .venv/bin/python -m integration.bench.share_bench --share-authorization off,cluster,cluster:0 --consumers 1,4
 """
 
 from __future__ import annotations
@@ -179,6 +188,13 @@ def proxy_counter(metrics_url: str, name: str) -> float:
     return float(match.group(1)) if match else 0.0
 
 
+def proxy_counter_sum(metrics_url: str, name: str) -> float:
+    """The sum of a labelled counter's series on the proxy's Prometheus endpoint."""
+    with urllib.request.urlopen(metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    return sum(float(value) for value in re.findall(rf"^{re.escape(name)}_total\{{[^}}]*\}} (\S+)$", text, re.MULTILINE))
+
+
 # ----- data ---------------------------------------------------------------------------------------
 
 
@@ -220,6 +236,54 @@ def phase_proxy(args: argparse.Namespace, tools: PerfTools, log_dir: Path) -> li
                     print(f"    the proxy acquired {acquired:,} records for {results[-1].records:,} consumed",
                           file=sys.stderr, flush=True)
     return results
+
+
+def phase_authorization(args: argparse.Namespace, tools: PerfTools, log_dir: Path) -> list[Measurement]:
+    """The proxied share runs once per --share-authorization mode, proxies one after the other."""
+    results: list[Measurement] = []
+    with LocalKafka(version=args.kafka_version, share_groups=False, data_dir=log_dir / "kafka") as kafka:
+        topic = create_topics(kafka.bootstrap, [unique_name("bench-share")], partitions=args.partitions)[0]
+        produce(kafka.bootstrap, topic, args.records, args.size, compression="none")
+        modes = list(args.share_authorization)
+        for run in range(args.repeat):
+            # Each repeat starts with another mode: on a shared machine the first runs of a round
+            # are measured differently, which a fixed order would charge to one mode.
+            for mode in modes[run % len(modes):] + modes[:run % len(modes)]:
+                metrics_port = free_port()
+                metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+                # "cluster:0" = cluster mode with --share-authorization-cache-ms 0 (a probe per request).
+                name, _, cache_ms = mode.partition(":")
+                extra = ("--share-auto-offset-reset", "earliest", "--state-topic", unique_name("__bench_share_state"),
+                         "--log-level", "warning", "--metrics-port", str(metrics_port),
+                         "--share-authorization", name,
+                         *(("--share-authorization-cache-ms", cache_ms) if cache_ms else ()))
+                with ProxyProcess(upstream=kafka.bootstrap, log_path=log_dir / f"proxy-{name}-{cache_ms}.log",
+                                  extra_args=extra) as proxy:
+                    for consumers in args.consumers:
+                        results.append(share_perf(tools, proxy.bootstrap, topic, unique_name("bench-share"),
+                                                  args.records, consumers,
+                                                  f"share group x{consumers}, authorization {mode}", "proxy"))
+                        report_progress(results[-1])
+                    probes = proxy_counter_sum(metrics_url, "ksp_authorization_probes")
+                    print(f"    authorization {mode}: {probes:.0f} probes", file=sys.stderr, flush=True)
+    return results
+
+
+def authorization_table(results: Sequence[Measurement], modes: Sequence[str], consumers: Sequence[int]) -> str:
+    rows = ["| share consumers | mode | records/s | records/s after first | ratio to " + modes[0] + " |",
+            "|---:|---|---:|---:|---:|"]
+    for count in consumers:
+        baseline = best(results, f"share group x{count}, authorization {modes[0]}")
+        for mode in modes:
+            m = best(results, f"share group x{count}, authorization {mode}")
+            if m is None:
+                continue
+            ratio = "" if baseline is None else (
+                f"{_ratio(m.records_per_second, baseline.records_per_second)} / "
+                f"{_ratio(m.streaming_records_per_second, baseline.streaming_records_per_second)}")
+            rows.append(f"| {count} | {mode} | {m.records_per_second:,.0f} | "
+                        f"{m.streaming_records_per_second:,.0f} | {ratio} |")
+    return "\n".join(rows)
 
 
 def phase_native(args: argparse.Namespace, tools: PerfTools, log_dir: Path) -> list[Measurement]:
@@ -297,6 +361,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=1, help="runs per measurement (the best is reported)")
     parser.add_argument("--kafka-version", default=DEFAULT_VERSION)
     parser.add_argument("--keep-logs", action="store_true", help="keep broker and proxy logs")
+    parser.add_argument("--share-authorization", type=lambda s: s.split(","), default=None,
+                        help="measure these --share-authorization modes against each other instead (e.g. off,cluster)")
     args = parser.parse_args(argv)
 
     tools = perf_tools(args.kafka_version)
@@ -306,6 +372,12 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{args.records:,} records x {args.size} B on {args.partitions} partitions; logs in {log_dir}",
           file=sys.stderr, flush=True)
     try:
+        if args.share_authorization:
+            results = phase_authorization(args, tools, log_dir)
+            print(authorization_table(results, args.share_authorization, args.consumers))
+            print(f"\n{args.records:,} records x {args.size} B, {args.partitions} partitions, best of {args.repeat}; "
+                  f"ratios are whole run / after the first record; total run {time.monotonic() - started:.0f} s")
+            return 0
         results = phase_proxy(args, tools, log_dir) + phase_native(args, tools, log_dir)
     finally:
         if not args.keep_logs:

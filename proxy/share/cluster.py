@@ -250,6 +250,16 @@ class Cluster:
                     return getattr(group, "group_type", "") or group.protocol_type or "classic"
         return None
 
+    async def has_authorizer(self) -> bool:
+        """Whether the cluster runs an authorizer: DescribeAcls on the proxy's own connection answers
+        SECURITY_DISABLED exactly when it does not (share authorization's auto mode)."""
+        from proxy.share.authorization import describe_acls_request, has_authorizer
+
+        if not self.snapshot.brokers:
+            raise UpstreamError("no upstream broker known yet")
+        async with self._client(next(iter(self.snapshot.brokers))) as client:
+            return has_authorizer(await client.call(describe_acls_request()))
+
     async def list_offset(self, topic: TopicInfo, partition: int, timestamp: int) -> int:
         """The offset for `timestamp` (LATEST_TIMESTAMP, EARLIEST_TIMESTAMP or a time in ms).
 

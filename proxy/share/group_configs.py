@@ -26,6 +26,11 @@ their next heartbeat, new share-partitions at initialisation) and written to the
 the group's config record; the answer waits until that write is durable, as Kafka answers after
 its metadata write. DescribeConfigs lists every ``share.*`` key with its value and source
 (group_config.describe_group_config).
+
+With share authorization enforced (:mod:`proxy.share.enforce`) a group resource the proxy answers
+needs DESCRIBE_CONFIGS (describe) or ALTER_CONFIGS (alter) on the group, else it is answered
+GROUP_AUTHORIZATION_FAILED, as Kafka's ConfigHelper and ControllerApis answer it, and nothing
+changes. Resources passed on to the cluster are authorized by the cluster itself.
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ from proxy.route_split import AnswerView, build, constant, item_type, split_requ
 from proxy.share import state_store
 from proxy.share.commit import CommitPipeline
 from proxy.share.coordinator import ShareGroupCoordinator
+from proxy.share.authorization import AuthorizationPolicy, Operation
+from proxy.share.enforce import GROUP_DENIED_MESSAGE, authorization_for, group_allowed
 from proxy.share.group_config import GroupConfigError, altered_overrides, describe_group_config, is_share_group_key
 
 log = structlog.get_logger(__name__)
@@ -189,6 +196,16 @@ class GroupConfigRoute:
 
     configs: GroupConfigs
     inner: Route = FORWARD
+    policy: AuthorizationPolicy | None = None
+
+    async def _refused(self, connection: ClientConnection, api_key: int, resources: list[Any],
+                       operation: Operation) -> set[int]:
+        """Indexes (into `resources`) of the proxy's group resources the client may not touch."""
+        authz = authorization_for(self.policy, connection)
+        if authz is None:
+            return set()
+        return {i for i, r in enumerate(resources)
+                if not await group_allowed(authz, api_key, r.resource_name, operation)}
 
     async def start(self, request: Request, connection: ClientConnection) -> None:
         header = request.header
@@ -197,16 +214,25 @@ class GroupConfigRoute:
         resources = entity.resources or ()
         request_field, response_field = _FIELDS[header.api_key]
         result_type = item_type(load_response_schema(header.api_key, header.api_version), response_field)
+
+        def refusal(resource: Any) -> object:
+            return build(result_type, error_code=ErrorCode.group_authorization_failed,
+                         error_message=GROUP_DENIED_MESSAGE, resource_type=resource.resource_type,
+                         resource_name=resource.resource_name, configs=())
+
         if header.api_key == DESCRIBE_CONFIGS:
             local = [int(r.resource_type) == GROUP_RESOURCE and self.configs.holds(r.resource_name) for r in resources]
             if not any(local):
                 await self.inner.start(request, connection)
                 return
+            mine = [r for r, is_local in zip(resources, local) if is_local]
+            refused = await self._refused(connection, header.api_key, mine, Operation.DESCRIBE_CONFIGS)
             # Described now, in request order; nothing to wait for.
             entries = constant([
+                refusal(r) if i in refused else
                 self.configs.describe(result_type, r, include_synonyms=bool(getattr(entity, "include_synonyms", False)),
                                       include_documentation=bool(getattr(entity, "include_documentation", False)))
-                for r, is_local in zip(resources, local) if is_local
+                for i, r in enumerate(mine)
             ])
         else:
             local = [
@@ -217,9 +243,13 @@ class GroupConfigRoute:
             if not any(local):
                 await self.inner.start(request, connection)
                 return
-            outcomes = _alter_all(self.configs, [r for r, is_local in zip(resources, local) if is_local],
+            mine = [r for r, is_local in zip(resources, local) if is_local]
+            refused = await self._refused(connection, header.api_key, mine, Operation.ALTER_CONFIGS)
+            outcomes = _alter_all(self.configs, [r for i, r in enumerate(mine) if i not in refused],
                                   validate_only=bool(entity.validate_only),
                                   replace_all=header.api_key == ALTER_CONFIGS)
+            outcomes += [(r, (ErrorCode.group_authorization_failed, GROUP_DENIED_MESSAGE, None))
+                         for i, r in enumerate(mine) if i in refused]
 
             async def altered() -> tuple:
                 results = []
@@ -280,11 +310,12 @@ class ListConfigResourcesRoute:
             response, config_resources=tuple(response.config_resources) + extra))
 
 
-def group_config_routes(configs: GroupConfigs, routes: dict[int, Route]) -> dict[int, Route]:
+def group_config_routes(configs: GroupConfigs, routes: dict[int, Route],
+                        policy: AuthorizationPolicy | None = None) -> dict[int, Route]:
     """Routes for DescribeConfigs, (Incremental)AlterConfigs and ListConfigResources, each wrapping
     the route it replaces."""
     return {
-        **{api_key: GroupConfigRoute(configs, routes.get(api_key, FORWARD))
+        **{api_key: GroupConfigRoute(configs, routes.get(api_key, FORWARD), policy)
            for api_key in (DESCRIBE_CONFIGS, ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS)},
         LIST_CONFIG_RESOURCES: ListConfigResourcesRoute(configs, routes.get(LIST_CONFIG_RESOURCES, FORWARD)),
     }

@@ -28,10 +28,16 @@ proxy does not have, INVALID_REQUEST for a filter that makes no sense, and per p
 UNKNOWN_TOPIC_OR_PARTITION for a topic id or partition the cluster does not have. A partition
 that exists but the group never initialised is answered with offsets -1 and no records (Kafka's
 DescribeShareGroupOffsets treats it the same way: absence of data, not an error).
+
+With share authorization enforced (:mod:`proxy.share.enforce`) the group needs DESCRIBE (else
+GROUP_AUTHORIZATION_FAILED) and each topic DESCRIBE: asked for all share-partitions, topics without
+it are left out; asked for by id, their partitions are answered TOPIC_AUTHORIZATION_FAILED with no
+name and no records (as DescribeShareGroupOffsets does for named topics).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -45,6 +51,8 @@ from codec.share_state import DeliveryState
 from proxy.apiversions import VersionRange
 from proxy.connection import ClientConnection, Request, ServeLocally
 from proxy.route_split import response_payload
+from proxy.share.authorization import AuthorizationPolicy, Operation
+from proxy.share.enforce import TOPIC_DENIED_MESSAGE, authorization_for, group_allowed, topics_allowed
 from proxy.share.partition import InFlightRun, PartitionConfig
 from proxy.share.states import RecordState
 
@@ -290,7 +298,8 @@ def requested_partitions(request) -> dict[uuid.UUID, list[int]] | None:
     return requested
 
 
-def in_flight_routes(service, api_key: int = extensions.DEFAULT_DESCRIBE_IN_FLIGHT_KEY) -> dict[int, ServeLocally]:
+def in_flight_routes(service, api_key: int = extensions.DEFAULT_DESCRIBE_IN_FLIGHT_KEY,
+                     policy: AuthorizationPolicy | None = None) -> dict[int, ServeLocally]:
     """The route serving DescribeShareGroupInFlight under ``api_key``."""
     api = extensions.describe_in_flight(api_key)
 
@@ -298,14 +307,35 @@ def in_flight_routes(service, api_key: int = extensions.DEFAULT_DESCRIBE_IN_FLIG
         header = request.header
         body = memoryview(request.frame)[request.body_offset:]
         entity = decode_entity(api.requests[header.api_version], body)  # MessageDecodeError closes the connection
-        result = describe_group_in_flight(service, entity.group_id, requested_partitions(entity),
-                                          request_filter(entity))
+        authz = authorization_for(policy, connection)
+        if authz is not None and not await group_allowed(authz, api_key, entity.group_id, Operation.DESCRIBE):
+            result = GroupInFlight(entity.group_id, ErrorCode.group_authorization_failed, None)
+            return response_payload(request, in_flight_response(result, api.responses[header.api_version]))
+        requested = requested_partitions(entity)
+        result = describe_group_in_flight(service, entity.group_id, requested, request_filter(entity))
+        if authz is not None and result.error is ErrorCode.none:
+            result = await authorized_topics(result, authz, api_key, listed_all=requested is None)
         if result.error is not ErrorCode.none:
             log.info("in-flight describe refused", group=entity.group_id, error=result.error.name,
                      message=result.message)
         return response_payload(request, in_flight_response(result, api.responses[header.api_version]))
 
     return {api_key: ServeLocally(serve)}
+
+
+async def authorized_topics(result: GroupInFlight, authz, api_key: int, *, listed_all: bool) -> GroupInFlight:
+    """`result` without what the client may not DESCRIBE (see the module doc)."""
+    named = [t.name for t in result.topics if t.name is not None]
+    visible = await topics_allowed(authz, api_key, named, Operation.DESCRIBE)
+    topics = []
+    for topic in result.topics:
+        if topic.name is None or topic.name in visible:
+            topics.append(topic)
+        elif not listed_all:
+            topics.append(DescribedTopic(topic.topic_id, None, tuple(
+                DescribedPartition(p.partition, ErrorCode.topic_authorization_failed, TOPIC_DENIED_MESSAGE)
+                for p in topic.partitions)))
+    return dataclasses.replace(result, topics=tuple(topics))
 
 
 def in_flight_version_range(api_key: int = extensions.DEFAULT_DESCRIBE_IN_FLIGHT_KEY) -> tuple[int, VersionRange]:

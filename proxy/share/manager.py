@@ -35,7 +35,8 @@ depends on them.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Iterable
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Set
 from dataclasses import dataclass, field
 
 import structlog
@@ -76,6 +77,10 @@ log = structlog.get_logger(__name__)
 
 Clock = Callable[[], int]
 AckResults = dict[TopicIdPartition, tuple[ErrorCode, str | None]]
+#: Authorization at the route edge (proxy/share/authorization.py): given the topic ids a request
+#: touches, the ones the client may not READ. Asked after the session step, as Kafka's brokers do.
+TopicCheck = Callable[[set[uuid.UUID]], Awaitable[set[uuid.UUID]]]
+TOPIC_DENIED = (ErrorCode.topic_authorization_failed, "Topic authorization failed.")
 
 # Fetch failures that mean our metadata may be stale trigger a refresh at most this often.
 STALE_METADATA_REFRESH_S = 0.5
@@ -463,10 +468,11 @@ class ShareService:
     # ----- acknowledgements -------------------------------------------------------------
 
     def _apply_acknowledgements(
-        self, session: SessionKey, topics: Iterable[object]
+        self, session: SessionKey, topics: Iterable[object], denied: Set[uuid.UUID] = frozenset(),
     ) -> tuple[AckResults, list[tuple[TopicIdPartition, Leader, int]]]:
         """Stage acknowledgement batches sent to `session`'s node in the engines (atomic per
-        partition, in memory).
+        partition, in memory). Those of `denied` topics are answered TOPIC_AUTHORIZATION_FAILED
+        and change nothing.
 
         Returns the per-partition results and the state versions that must be durable before
         any of those results may be reported as a success.
@@ -483,6 +489,9 @@ class ShareService:
                 tp = (topic.topic_id, int(partition.partition_index))
                 batches = partition.acknowledgement_batches
                 if not batches:
+                    continue
+                if tp[0] in denied:
+                    results[tp] = TOPIC_DENIED
                     continue
                 leader = self.leaders.active((group_id, *tp))  # a parked one holds nothing acquired
                 if leader is None:
@@ -557,8 +566,12 @@ class ShareService:
     # ----- ShareFetch / ShareAcknowledge ------------------------------------------------
 
     async def share_fetch(self, request, version: int, connection_id: int, *, node_id: int,
-                          max_bytes_cap: int | None = None) -> FetchOutcome:
-        """Serve a ShareFetch that came in on the listener of broker `node_id` (its session's node)."""
+                          max_bytes_cap: int | None = None, check_topics: TopicCheck | None = None) -> FetchOutcome:
+        """Serve a ShareFetch that came in on the listener of broker `node_id` (its session's node).
+
+        `check_topics` (authorization): partitions of topics it denies are answered
+        TOPIC_AUTHORIZATION_FAILED, acquire nothing and their acknowledgements are not applied.
+        """
         group_id, member_id = request.group_id, request.member_id
         if not group_id or not member_id:
             return FetchOutcome(ErrorCode.invalid_request, "GroupId and MemberId are required.")
@@ -583,7 +596,13 @@ class ShareService:
             return FetchOutcome(exc.code, str(exc))
 
         key = SessionKey(node_id, group_id, member_id)
-        ack_results, ack_waits = (self._apply_acknowledgements(key, request.topics)
+        denied: Set[uuid.UUID] = frozenset()
+        if check_topics is not None:
+            # Kafka authorizes every partition of the session and of the request, after the
+            # session step (KafkaApis.handleShareFetchRequest).
+            denied = await check_topics({tp[0] for tp in context.session.partitions}
+                                        | {t.topic_id for t in request.topics})
+        ack_results, ack_waits = (self._apply_acknowledgements(key, request.topics, denied)
                                   if has_acks else ({}, []))
         outcome = FetchOutcome(acknowledgements=ack_results,
                                lock_ms=self.coordinator.group_config(group_id).record_lock_duration_ms)
@@ -607,14 +626,21 @@ class ShareService:
             nursery.start_soon(self._await_durable, ack_results, ack_waits)
             # A member that has left the group (or timed out) keeps its connection and session for
             # its last acknowledgements, but acquires nothing more: its heartbeat tells it to rejoin.
-            if not getattr(request, "is_renew_ack", False) and self.coordinator.has_member(group_id, member_id):
+            renew = getattr(request, "is_renew_ack", False)
+            allowed = [tp for tp in context.session.partitions if tp[0] not in denied]
+            if not renew and allowed and self.coordinator.has_member(group_id, member_id):
                 outcome.fetched = await self.reader.fetch_records(
-                    context.session.partitions, group_id, member_id, _fetch_params(request, max_bytes_cap))
+                    allowed, group_id, member_id, _fetch_params(request, max_bytes_cap))
+        if denied and not renew:
+            for tp in context.session.partitions:
+                if tp[0] in denied:
+                    outcome.fetched[tp] = Fetched(error=TOPIC_DENIED[0])
         return outcome
 
     async def share_acknowledge(self, request, version: int, connection_id: int, *,
-                                node_id: int) -> AcknowledgeOutcome:
-        """Serve a ShareAcknowledge that came in on the listener of broker `node_id`."""
+                                node_id: int, check_topics: TopicCheck | None = None) -> AcknowledgeOutcome:
+        """Serve a ShareAcknowledge that came in on the listener of broker `node_id`; acknowledgements
+        of topics `check_topics` denies are answered TOPIC_AUTHORIZATION_FAILED and not applied."""
         group_id, member_id = request.group_id, request.member_id
         if not group_id or not member_id:
             return AcknowledgeOutcome(ErrorCode.invalid_request, "GroupId and MemberId are required.")
@@ -623,7 +649,11 @@ class ShareService:
                                                       int(request.share_session_epoch), connection_id)
         except ShareSessionError as exc:
             return AcknowledgeOutcome(exc.code, str(exc))
-        results, waits = self._apply_acknowledgements(SessionKey(node_id, group_id, member_id), request.topics)
+        denied: Set[uuid.UUID] = frozenset()
+        if check_topics is not None:
+            denied = await check_topics({t.topic_id for t in request.topics})
+        results, waits = self._apply_acknowledgements(SessionKey(node_id, group_id, member_id), request.topics,
+                                                      denied)
         await self._await_durable(results, waits)
         if context.kind is ContextKind.FINAL:
             self._end_session(context.session)

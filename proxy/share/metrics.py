@@ -42,3 +42,9 @@ DEAD_LETTER_FAILURES = Counter("ksp_share_dead_letter_failures",
                                "Records archived without a dead letter: the DLQ topic failed Kafka's checks, none is "
                                "configured any more, or the topic refused them", ["group", "reason"])
 RECORDS_ARCHIVING = Gauge("ksp_share_records_archiving", "Records ARCHIVING: their dead-letter write pending")
+# Share operations authorized by the cluster's ACLs (proxy/share/authorization.py, docs/security.md).
+AUTHORIZATION_DENIED = Counter("ksp_authorization_denied",
+                               "Share operations (or parts of one) refused because the cluster's ACLs deny them",
+                               ["api", "resource"])
+AUTHORIZATION_PROBES = Counter("ksp_authorization_probes",
+                               "Authorization probes sent on clients' own connections (cache misses)", ["operation"])

@@ -21,6 +21,10 @@ A mark changes durable state (the record's state, owner and times), so it is sta
 answered only once durable; a failed write rolls it back and is answered KAFKA_STORAGE_ERROR
 (retriable), as a ShareAcknowledge is. ``AcquisitionLockTimeoutMs`` is the group's staleness
 threshold: how long the records stay the member's without another mark.
+
+With share authorization enforced (:mod:`proxy.share.enforce`) a mark needs READ on the group
+(else GROUP_AUTHORIZATION_FAILED, before the session is touched) and READ on each topic (else
+TOPIC_AUTHORIZATION_FAILED for its partitions, which are not marked), as ShareAcknowledge does.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ from proxy.apiversions import VersionRange
 from proxy.connection import ClientConnection, Request, ServeLocally
 from proxy.route_split import response_payload
 from proxy.share.assignor import TopicIdPartition
+from proxy.share.authorization import AuthorizationPolicy, Operation
+from proxy.share.enforce import GROUP_DENIED_MESSAGE, authorization_for, group_allowed, topic_check
 from proxy.share.commit import Cause
 from proxy.share.partition import ShareStateError
 from proxy.share.persister import PersistError
@@ -69,9 +75,10 @@ def requested_ranges(request) -> list[tuple[TopicIdPartition, list[tuple[int, in
     return list(merged.items())
 
 
-async def mark_in_progress(service, request, connection_id: int, node_id: int) -> MarkOutcome:
+async def mark_in_progress(service, request, connection_id: int, node_id: int, check_topics=None) -> MarkOutcome:
     """Validate, stage, write and answer one MarkInProgress request of ``service`` (a ShareService)
-    that came in on the listener of broker ``node_id``."""
+    that came in on the listener of broker ``node_id``. ``check_topics`` (authorization, a
+    manager.TopicCheck) names the topic ids whose partitions are refused."""
     group_id, member_id = request.group_id, request.member_id
     if not group_id or not member_id:
         return MarkOutcome(ErrorCode.invalid_request, "GroupId and MemberId are required.")
@@ -87,9 +94,17 @@ async def mark_in_progress(service, request, connection_id: int, node_id: int) -
         service.sessions.share_acknowledge(node_id, group_id, member_id, epoch, connection_id)
     except ShareSessionError as exc:
         return MarkOutcome(exc.code, str(exc))
+    requested = requested_ranges(request)
+    denied: set[uuid.UUID] = set()
+    if check_topics is not None:
+        denied = await check_topics({tp[0] for tp, _ in requested})
     group_config = service.coordinator.group_config(group_id)
     outcome = MarkOutcome(lock_ms=group_config.in_progress_staleness_threshold_ms)
-    waits = stage_marks(service, group_id, member_id, requested_ranges(request), outcome.partitions)
+    for tp, ranges in requested:
+        if tp[0] in denied and ranges:
+            outcome.partitions[tp] = (ErrorCode.topic_authorization_failed, "Topic authorization failed.")
+    waits = stage_marks(service, group_id, member_id, [(tp, r) for tp, r in requested if tp[0] not in denied],
+                        outcome.partitions)
     await _await_durable(service, outcome.partitions, waits)
     return outcome
 
@@ -162,7 +177,8 @@ def mark_response(outcome: MarkOutcome, response_type: type):
     )
 
 
-def progress_routes(service, api_key: int = extensions.DEFAULT_MARK_IN_PROGRESS_KEY) -> dict[int, ServeLocally]:
+def progress_routes(service, api_key: int = extensions.DEFAULT_MARK_IN_PROGRESS_KEY,
+                    policy: AuthorizationPolicy | None = None) -> dict[int, ServeLocally]:
     """The route serving MarkInProgress under ``api_key``."""
     api = extensions.mark_in_progress(api_key)
 
@@ -170,8 +186,13 @@ def progress_routes(service, api_key: int = extensions.DEFAULT_MARK_IN_PROGRESS_
         header = request.header
         body = memoryview(request.frame)[request.body_offset:]
         entity = decode_entity(api.requests[header.api_version], body)  # MessageDecodeError closes the connection
+        authz = authorization_for(policy, connection)
+        if authz is not None and not await group_allowed(authz, api_key, entity.group_id, Operation.READ):
+            outcome = MarkOutcome(ErrorCode.group_authorization_failed, GROUP_DENIED_MESSAGE)
+            return response_payload(request, mark_response(outcome, api.responses[header.api_version]))
         service.watch_connection(connection.id, connection.closed)
-        outcome = await mark_in_progress(service, entity, connection.id, connection.node_id)
+        check = None if authz is None else topic_check(authz, service.cluster, api_key)
+        outcome = await mark_in_progress(service, entity, connection.id, connection.node_id, check)
         if outcome.error is not ErrorCode.none:
             log.info("progress mark refused", group=entity.group_id, member=entity.member_id,
                      error=outcome.error.name, message=outcome.message)

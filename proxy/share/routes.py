@@ -4,11 +4,19 @@ Registered in the proxy's dispatch table (``ServeLocally``) for ShareGroupHeartb
 ShareGroupDescribe (77), ShareFetch (78) and ShareAcknowledge (79), and advertised in
 ApiVersions whatever the upstream broker offers. A request that does not decode closes the
 connection (the codec error propagates to the connection loop), as a broker would.
+
+With share authorization enforced (:mod:`proxy.share.enforce`), each request is first checked as
+Kafka's ``KafkaApis`` checks it: READ on the group for heartbeat, fetch and acknowledge (else the
+whole response is GROUP_AUTHORIZATION_FAILED and nothing changes), DESCRIBE on subscribed topics
+for the heartbeat, READ per topic for fetch and acknowledge (TOPIC_AUTHORIZATION_FAILED for those
+partitions: no acquisition, no acknowledgement applied), DESCRIBE on each described group and on
+the topics of its assignment.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import functools
 import uuid
@@ -21,7 +29,17 @@ from kio.schema.errors import ErrorCode
 from codec.registry import DEFAULT_REGISTRY, nested_types
 from proxy.apiversions import VersionRange
 from proxy.connection import ByteBudget, ClientConnection, Request, ServeLocally
-from proxy.route_split import response_payload
+from proxy.route_split import item_type, response_payload
+from proxy.share.authorization import AuthorizationPolicy, Operation
+from proxy.share.coordinator import AUTHORIZED_OPERATIONS_OMITTED
+from proxy.share.enforce import (
+    DESCRIBED_TOPICS_DENIED_MESSAGE,
+    GROUP_DENIED_MESSAGE,
+    authorization_for,
+    group_allowed,
+    topic_check,
+    topics_allowed,
+)
 from proxy.share.manager import AcknowledgeOutcome, FetchOutcome, ShareService
 from proxy.share.reader import Fetched
 from proxy.share.sessions import response_order
@@ -55,26 +73,50 @@ def _serve(handler: Handler):
     return serve
 
 
-def share_routes(service: ShareService) -> dict[int, ServeLocally]:
+def share_routes(service: ShareService, policy: AuthorizationPolicy | None = None) -> dict[int, ServeLocally]:
     async def heartbeat(entity, request: Request, connection: ClientConnection):
+        authz = authorization_for(policy, connection)
+        if authz is not None:
+            # KafkaApis.handleShareGroupHeartbeat: READ on the group, DESCRIBE on every subscribed topic.
+            if not await group_allowed(authz, SHARE_GROUP_HEARTBEAT, entity.group_id, Operation.READ):
+                return heartbeat_refusal(ErrorCode.group_authorization_failed, GROUP_DENIED_MESSAGE)
+            subscribed = set(entity.subscribed_topic_names or ())
+            if subscribed and len(await topics_allowed(authz, SHARE_GROUP_HEARTBEAT, subscribed,
+                                                       Operation.DESCRIBE)) < len(subscribed):
+                return heartbeat_refusal(ErrorCode.topic_authorization_failed, None)
         host = connection_peer_host(connection)
         return await service.heartbeat(entity, client_id=request.header.client_id or "", client_host=host)
 
     async def describe(entity, request: Request, connection: ClientConnection):
-        return service.describe(entity)
+        authz = authorization_for(policy, connection)
+        if authz is None:
+            return service.describe(entity)
+        return await authorized_describe(service, authz, entity)
 
     async def share_fetch(entity, request: Request, connection: ClientConnection):
-        service.watch_connection(connection.id, connection.closed)
         version = request.header.api_version
+        authz = authorization_for(policy, connection)
+        if authz is not None and not await group_allowed(authz, SHARE_FETCH, entity.group_id, Operation.READ):
+            # Before any session change (KafkaApis.handleShareFetchRequest).
+            return share_fetch_response(FetchOutcome(ErrorCode.group_authorization_failed, GROUP_DENIED_MESSAGE),
+                                        version, service.cluster)
+        service.watch_connection(connection.id, connection.closed)
+        check = None if authz is None else topic_check(authz, service.cluster, SHARE_FETCH)
         with reserved_fetch_bytes(getattr(connection, "budget", None)) as cap:
             outcome = await service.share_fetch(entity, version, connection.id, node_id=connection.node_id,
-                                                max_bytes_cap=cap)
+                                                max_bytes_cap=cap, check_topics=check)
         return share_fetch_response(outcome, version, service.cluster, service.advertised_endpoint)
 
     async def share_acknowledge(entity, request: Request, connection: ClientConnection):
-        service.watch_connection(connection.id, connection.closed)
         version = request.header.api_version
-        outcome = await service.share_acknowledge(entity, version, connection.id, node_id=connection.node_id)
+        authz = authorization_for(policy, connection)
+        if authz is not None and not await group_allowed(authz, SHARE_ACKNOWLEDGE, entity.group_id, Operation.READ):
+            return share_acknowledge_response(
+                AcknowledgeOutcome(ErrorCode.group_authorization_failed, GROUP_DENIED_MESSAGE), version)
+        service.watch_connection(connection.id, connection.closed)
+        check = None if authz is None else topic_check(authz, service.cluster, SHARE_ACKNOWLEDGE)
+        outcome = await service.share_acknowledge(entity, version, connection.id, node_id=connection.node_id,
+                                                  check_topics=check)
         return share_acknowledge_response(outcome, version)
 
     return {
@@ -83,6 +125,46 @@ def share_routes(service: ShareService) -> dict[int, ServeLocally]:
         SHARE_FETCH: ServeLocally(_serve(share_fetch)),
         SHARE_ACKNOWLEDGE: ServeLocally(_serve(share_acknowledge)),
     }
+
+
+def heartbeat_refusal(code: ErrorCode, message: str | None):
+    """A ShareGroupHeartbeat answered with only an error (Kafka's getErrorResponse)."""
+    response_type = DEFAULT_REGISTRY.response_type(SHARE_GROUP_HEARTBEAT, SERVED_VERSIONS[SHARE_GROUP_HEARTBEAT][1])
+    return response_type(throttle_time=_ms(0), error_code=code, error_message=message, member_id=None,
+                         member_epoch=0, heartbeat_interval=_ms(0), assignment=None)
+
+
+async def authorized_describe(service: ShareService, authz, entity):
+    """ShareGroupDescribe as KafkaApis.handleShareGroupDescribe answers it under an authorizer:
+    GROUP_AUTHORIZATION_FAILED for a group without DESCRIBE (listed first, as Kafka adds them
+    first); a described group whose assignment names a topic the client may not DESCRIBE becomes
+    TOPIC_AUTHORIZATION_FAILED without members; AuthorizedOperations from the probes."""
+    permitted, refused = [], []
+    for group_id in entity.group_ids:
+        allowed = await group_allowed(authz, SHARE_GROUP_DESCRIBE, group_id, Operation.DESCRIBE)
+        (permitted if allowed else refused).append(group_id)
+    described = service.describe(dataclasses.replace(entity, group_ids=tuple(permitted),
+                                                     include_authorized_operations=False))
+    group_type = item_type(type(described), "groups")
+
+    def bare(group_id: str, code: ErrorCode, message: str | None):
+        return group_type(error_code=code, error_message=message, group_id=group_id, group_state="", group_epoch=0,
+                        assignment_epoch=0, assignor_name="", members=(),
+                        authorized_operations=AUTHORIZED_OPERATIONS_OMITTED)
+
+    groups = [bare(group_id, ErrorCode.group_authorization_failed, None) for group_id in refused]
+    groups.extend(described.groups)
+    names = {tp.topic_name for g in groups for m in g.members for tp in m.assignment.topic_partitions}
+    visible = await topics_allowed(authz, SHARE_GROUP_DESCRIBE, names, Operation.DESCRIBE)
+    answered = []
+    for g in groups:
+        if any(tp.topic_name not in visible for m in g.members for tp in m.assignment.topic_partitions):
+            answered.append(bare(g.group_id, ErrorCode.topic_authorization_failed, DESCRIBED_TOPICS_DENIED_MESSAGE))
+        elif entity.include_authorized_operations and g.error_code is ErrorCode.none:
+            answered.append(dataclasses.replace(g, authorized_operations=await authz.group_operations(g.group_id)))
+        else:
+            answered.append(g)
+    return dataclasses.replace(described, groups=tuple(answered))
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ retries; the proxy prints its ready line only afterwards.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ from proxy.security import librdkafka_config
 from proxy.server import Proxy
 from proxy.share import metrics, observe, state_store
 from proxy.share.admin_routes import admin_routes, register_admin_versions
+from proxy.share.authorization import AuthorizationPolicy
 from proxy.share.cluster import Cluster
 from proxy.share.dead_letters import DeadLetterCluster, DeadLetterSettings, DeadLetterWriter
 from proxy.share.event_log import EventLog, EventLogSettings, EventSink, ensure_event_topic
@@ -249,14 +251,20 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
     nursery.start_soon(supervised, "dead-letters", dead_letters.run)
     # Share-group metrics: event counts from the change hook, gauges computed at scrape time.
     observe.register(service, per_partition=settings.metrics_per_partition)
-    proxy.routes.update(share_routes(service))
+    # Share operations authorized by the cluster's ACLs, asked on each client's own connection
+    # (proxy/share/authorization.py); auto mode asks once, on the proxy's own connection, whether
+    # the cluster has an authorizer at all, enforcing until it knows.
+    policy = AuthorizationPolicy(getattr(config, "share_authorization", "auto"),
+                                 ttl_ms=getattr(config, "share_authorization_cache_ms", 5_000))
+    nursery.start_soon(guarded, "share-authorization-mode", functools.partial(policy.run, cluster.has_authorizer))
+    proxy.routes.update(share_routes(service, policy))
     # Share-group configs (DescribeConfigs / IncrementalAlterConfigs on GROUP resources) are the
     # proxy's; registered before the state-topic guard, which wraps IncrementalAlterConfigs.
     group_configs = GroupConfigs(service.coordinator, service.commits, cluster.upstream_group_type,
                                  write_timeout_s=settings.state_write_timeout_ms / 1000)
-    proxy.routes.update(group_config_routes(group_configs, proxy.routes))
+    proxy.routes.update(group_config_routes(group_configs, proxy.routes, policy))
     proxy.routes.update(admin_routes(GroupAdmin(service, write_timeout_s=settings.state_write_timeout_ms / 1000),
-                                     lambda: proxy.directory.ports.keys()))
+                                     lambda: proxy.directory.ports.keys(), policy))
     # The state topic is the proxy's: clients may read it, not write, delete or reconfigure it.
     state_topic_names = frozenset({settings.state_topic})
 
@@ -272,12 +280,12 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
         proxy.api_versions.register_local(api_key, versions)
     # The extension RPC DescribeShareGroupInFlight (proxy/share/in_flight.py), under its configured key.
     in_flight_key = getattr(config, "describe_in_flight_api_key", DEFAULT_DESCRIBE_IN_FLIGHT_KEY)
-    proxy.routes.update(in_flight_routes(service, in_flight_key))
+    proxy.routes.update(in_flight_routes(service, in_flight_key, policy))
     proxy.api_versions.register_local(*in_flight_version_range(in_flight_key))
     # The extension RPC MarkInProgress (proxy/share/progress.py), under its configured key; both
     # keys are also advertised as ApiVersions supported features so clients need not guess them.
     mark_key = getattr(config, "mark_in_progress_api_key", DEFAULT_MARK_IN_PROGRESS_KEY)
-    proxy.routes.update(progress_routes(service, mark_key))
+    proxy.routes.update(progress_routes(service, mark_key, policy))
     proxy.api_versions.register_local(*progress_version_range(mark_key))
     for name, versions in extension_features(mark_key, in_flight_key).items():
         proxy.api_versions.register_feature(name, versions)
