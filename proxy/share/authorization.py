@@ -24,8 +24,9 @@ CLUSTER DESCRIBE       DescribeCluster v0 (IncludeClusterAuthorizedOperations)  
 =====================  =================================================================  ===========
 
 Any other answer means the authorization check passed. A probe whose answer cannot tell (a
-bitfield the broker did not fill, an error a broker gives *before* authorizing, see
-:data:`UNDECIDABLE`) counts as denied: fail closed. A probe that fails on the wire raises
+bitfield the broker did not fill) counts as denied: fail closed. The one exception is an error a
+broker gives *before* authorizing (:data:`UNDECIDABLE`: Kafka 3.9 and GROUP config resources):
+then the same operation is asked of the CLUSTER resource instead. A probe that fails on the wire raises
 :class:`UpstreamError`; the connection closes and nothing is served.
 
 :class:`Authorization` lives on one client connection (created on first use, dropped with it, so a
@@ -85,8 +86,9 @@ INVALID_REQUEST = 42
 #: The schema's "not filled in" value of an AuthorizedOperations field.
 OPERATIONS_OMITTED = -2147483648
 #: Answers that come before the authorization check on some broker version, so they say nothing
-#: about it: denied (fail closed). Kafka 3.9's brokers refuse a GROUP config resource they do not
-#: know with INVALID_REQUEST before any ACL is consulted (docs/security.md, "Authorization").
+#: about it. Kafka 3.9's brokers refuse a GROUP config resource they do not know with
+#: INVALID_REQUEST before any ACL is consulted: the CLUSTER resource decides then
+#: (docs/security.md, "Authorization").
 UNDECIDABLE = frozenset({INVALID_REQUEST})
 
 GROUP_RESOURCE = 32  # ConfigResource.Type.GROUP
@@ -143,8 +145,9 @@ def group_probe(group_id: str, operation: Operation) -> Any:
     raise ValueError(f"no probe for {operation.name} on a group")
 
 
-def group_probe_allows(operation: Operation, response: Any) -> bool:
-    """Whether the probe's answer says `operation` is allowed (undecidable answers deny)."""
+def group_probe_allows(operation: Operation, response: Any) -> bool | None:
+    """Whether the probe's answer says `operation` is allowed; None when the broker cannot tell
+    (Kafka 3.9 and GROUP config resources)."""
     if operation is Operation.DESCRIBE:
         codes = [_code(g.error_code) for g in response.groups]
     elif operation is Operation.DESCRIBE_CONFIGS:
@@ -157,8 +160,7 @@ def group_probe_allows(operation: Operation, response: Any) -> bool:
         raise UpstreamError(f"{operation.name} probe answered {len(codes)} entries for one group")
     code = codes[0]
     if code in UNDECIDABLE and operation in (Operation.DESCRIBE_CONFIGS, Operation.ALTER_CONFIGS):
-        log.warning("authorization probe cannot tell; denied", operation=operation.name, error=code)
-        return False
+        return None  # the caller asks the CLUSTER resource instead
     return code != GROUP_AUTHORIZATION_FAILED
 
 
@@ -246,7 +248,15 @@ class Authorization:
 
         async def probe() -> bool:
             metrics.AUTHORIZATION_PROBES.labels(operation=operation.name).inc()
-            return group_probe_allows(operation, await self._call(group_probe(group_id, operation)))
+            allowed = group_probe_allows(operation, await self._call(group_probe(group_id, operation)))
+            if allowed is None:
+                # A broker without GROUP config resources (Kafka 3.9) cannot say; the same
+                # operation on the CLUSTER can be asked anywhere, and whoever may change or read
+                # the cluster's configs gains nothing new from a share group's.
+                allowed = bool(await self.cluster_operations() & (1 << int(operation)))
+                log.info("group config ACLs unknown to this broker; decided by the CLUSTER resource",
+                         operation=operation.name, allowed=allowed)
+            return allowed
 
         return await self._coalesced(key, probe)
 
@@ -302,14 +312,18 @@ class Authorization:
 
     async def cluster_describe(self) -> bool:
         """DESCRIBE on the CLUSTER (Kafka's ListGroups then lists every group)."""
+        return bool(await self.cluster_operations() & (1 << Operation.DESCRIBE))
+
+    async def cluster_operations(self) -> int:
+        """The CLUSTER resource's AuthorizedOperations bitfield (DescribeCluster, any broker)."""
         key = ("cluster",)
         cached = self._cached(key)
         if cached is not None:
             return cached
 
-        async def probe() -> bool:
+        async def probe() -> int:
             metrics.AUTHORIZATION_PROBES.labels(operation="CLUSTER_OPERATIONS").inc()
-            return bool(cluster_probe_operations(await self._call(cluster_probe())) & (1 << Operation.DESCRIBE))
+            return cluster_probe_operations(await self._call(cluster_probe()))
 
         return await self._coalesced(key, probe)
 

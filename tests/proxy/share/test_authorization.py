@@ -94,6 +94,7 @@ class FakeCluster:
         self.calls: list = []
         self.gate: trio.Event | None = None
         self.fail: Exception | None = None
+        self.group_configs_known = True  # False: a Kafka 3.9 broker (no GROUP config resources)
 
     async def call(self, request, response_type=None):
         self.calls.append(request)
@@ -111,6 +112,8 @@ class FakeCluster:
         operation = {12: Operation.READ, 15: Operation.DESCRIBE, 47: Operation.DELETE, 32: Operation.DESCRIBE_CONFIGS,
                      44: Operation.ALTER_CONFIGS}[key]
         group_id = _probed_group(request)
+        if key in (32, 44) and not self.group_configs_known:
+            return group_answer(operation, group_id, INVALID_REQUEST)
         allowed = self.groups.get((group_id, operation), False)
         return group_answer(operation, group_id, NOT_COORDINATOR if allowed else GROUP_DENIED)
 
@@ -156,9 +159,9 @@ def test_probes_have_no_side_effects_by_construction():
 
 
 @pytest.mark.parametrize("operation", [Operation.DESCRIBE_CONFIGS, Operation.ALTER_CONFIGS])
-def test_a_config_probe_a_broker_refuses_before_authorizing_denies(operation):
+def test_a_config_probe_a_broker_refuses_before_authorizing_cannot_tell(operation):
     # Kafka 3.9 does not know GROUP config resources: INVALID_REQUEST says nothing about ACLs.
-    assert authz.group_probe_allows(operation, group_answer(operation, "g", INVALID_REQUEST)) is False
+    assert authz.group_probe_allows(operation, group_answer(operation, "g", INVALID_REQUEST)) is None
 
 
 def test_invalid_request_from_a_group_probe_that_authorizes_first_still_allows():
@@ -306,6 +309,20 @@ async def test_cluster_describe():
     assert await a.cluster_describe() is True
     b = Authorization(FakeCluster(cluster_ops=bits([Operation.CREATE])).call, clock=Clock())
     assert await b.cluster_describe() is False
+
+
+@pytest.mark.parametrize("operation", [Operation.DESCRIBE_CONFIGS, Operation.ALTER_CONFIGS])
+async def test_where_group_configs_cannot_be_asked_the_cluster_resource_decides(operation):
+    # A group ACL alone does not count on such a broker (Kafka 3.9); the CLUSTER's operation does.
+    with_group_acl_only = FakeCluster(groups={("g", operation): True}, cluster_ops=bits([Operation.DESCRIBE]))
+    with_group_acl_only.group_configs_known = False
+    assert await Authorization(with_group_acl_only.call, clock=Clock()).group("g", operation) is False
+    cluster_admin = FakeCluster(cluster_ops=bits([operation]))
+    cluster_admin.group_configs_known = False
+    authorization = Authorization(cluster_admin.call, clock=Clock())
+    assert await authorization.group("g", operation) is True
+    assert await authorization.group("g", operation) is True  # cached: two probes in all
+    assert [int(request.__api_key__) for request in cluster_admin.calls] == [32 if operation is Operation.DESCRIBE_CONFIGS else 44, 60]
 
 
 # ----- the policy -------------------------------------------------------------------------------
