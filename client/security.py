@@ -18,12 +18,12 @@ from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
 
 from codec.errors import SaslError
-from codec.sasl import SCRAM_MECHANISMS, ScramClient, plain_initial_response
+from codec.sasl import ClientLogin
 
 from .errors import KafkaError, KafkaException
 
 PROTOCOLS = ("plaintext", "ssl", "sasl_plaintext", "sasl_ssl")
-MECHANISMS = ("PLAIN", *SCRAM_MECHANISMS)
+MECHANISMS = ClientLogin.MECHANISMS
 # SaslHandshake v1 / SaslAuthenticate v1: every broker from 1.0 to 4.x answers them (v0 of both is gone in 4.0).
 _HANDSHAKE_VERSION = 1
 _AUTHENTICATE_VERSION = 1
@@ -123,13 +123,10 @@ def authenticate(call: Callable[[Any], Any], where: str, security: ClientSecurit
                                      f"{_name(code)}; the server offers {', '.join(handshake.mechanisms) or 'none'}")
     authenticate_request = load_request_schema(36, _AUTHENTICATE_VERSION)
     try:
-        if mechanism == "PLAIN":
-            _exchange(call, authenticate_request, plain_initial_response(username, password), where, mechanism, username)
-            return
-        scram = ScramClient(mechanism, username, password)
-        server_first = _exchange(call, authenticate_request, scram.first_message(), where, mechanism, username)
-        server_final = _exchange(call, authenticate_request, scram.final_message(server_first), where, mechanism, username)
-        scram.verify_server_final(server_final)
+        login = ClientLogin(mechanism, username, password)
+        token = login.first_token()
+        while token is not None:
+            token = login.next_token(_exchange(call, authenticate_request, token, where, mechanism, username))
     except SaslError as error:
         raise _authentication_failed(where, mechanism, username, str(error)) from None
 

@@ -174,3 +174,45 @@ class ScramClient:
         if self._step != expected:
             raise SaslError("SCRAM messages called out of order")
         self._step += 1
+
+
+class ClientLogin:
+    """One client login in any supported mechanism, as a sequence of tokens (sans-IO)::
+
+        login = ClientLogin(mechanism, username, password)
+        token = login.first_token()
+        while token is not None:
+            token = login.next_token(send_and_receive(token))   # SaslAuthenticate round trip
+
+    PLAIN is one token; SCRAM is two, and the server's final answer is verified. Every failure
+    raises :class:`SaslError`. The proxy's own connections and the Python client both drive it.
+    """
+
+    MECHANISMS = ("PLAIN", *SCRAM_MECHANISMS)
+
+    def __init__(self, mechanism: str, username: str, password: str) -> None:
+        self.mechanism = mechanism.upper()
+        if self.mechanism not in self.MECHANISMS:
+            raise SaslError(f"unsupported SASL mechanism {mechanism!r}")
+        self._username, self._password = username, password
+        self._scram: ScramClient | None = None
+        self._answers = 0
+
+    def __repr__(self) -> str:
+        return f"ClientLogin({self.mechanism!r}, {self._username!r})"
+
+    def first_token(self) -> bytes:
+        if self.mechanism == "PLAIN":
+            return plain_initial_response(self._username, self._password)
+        self._scram = ScramClient(self.mechanism, self._username, self._password)
+        return self._scram.first_message()
+
+    def next_token(self, server_token: bytes) -> bytes | None:
+        """The token answering `server_token`, or None when the login is complete."""
+        self._answers += 1
+        if self._scram is None:
+            return None  # PLAIN: the broker's (empty) answer ends it
+        if self._answers == 1:
+            return self._scram.final_message(server_token)
+        self._scram.verify_server_final(server_token)
+        return None

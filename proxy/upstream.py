@@ -32,7 +32,7 @@ from codec.headers import (
     parse_response_header,
     response_header_version,
 )
-from codec.sasl import ScramClient, plain_initial_response
+from codec.sasl import ClientLogin
 from proxy.config import HostPort
 from proxy.errors import UpstreamAuthenticationError, UpstreamError, UpstreamTlsError
 from proxy.security import ServiceCredentials, UpstreamSecurity
@@ -234,15 +234,11 @@ async def sasl_authenticate(stream: FramedStream, credentials: ServiceCredential
             lifetime_ms = int(lifetime.total_seconds() * 1000)
         return bytes(response.auth_bytes)
 
-    password = credentials.password.value
     try:
-        if mechanism == "PLAIN":
-            await exchange(plain_initial_response(user, password))
-        else:
-            scram = ScramClient(mechanism, user, password)
-            server_first = await exchange(scram.first_message())
-            server_final = await exchange(scram.final_message(server_first))
-            scram.verify_server_final(server_final)
+        login = ClientLogin(mechanism, user, credentials.password.value)
+        token = login.first_token()
+        while token is not None:
+            token = login.next_token(await exchange(token))
     except SaslError as exc:
         raise failure(str(exc)) from None
     return lifetime_ms

@@ -10,6 +10,7 @@ import pytest
 
 from codec.errors import SaslError
 from codec.sasl import (
+    ClientLogin,
     ScramClient,
     escape_username,
     parse_attributes,
@@ -191,3 +192,32 @@ def test_generated_nonces_differ_and_carry_no_comma():
     second = ScramClient("SCRAM-SHA-512", "u", "p").first_message()
     assert first != second
     assert first.count(b",") == 3  # "n,,n=u,r=<nonce>": none inside the nonce
+
+
+def test_client_login_drives_scram_to_a_verified_end():
+    server = ScramServer("sha512", {"alice": "alice-secret"})
+    login = ClientLogin("scram-sha-512", "alice", "alice-secret")
+    token = login.first_token()
+    answers = iter([server.first, server.final])
+    sent = 0
+    while token is not None:
+        token = login.next_token(next(answers)(token))
+        sent += 1
+    assert sent == 2 and server.user == "alice"
+
+
+def test_client_login_plain_is_one_token_and_unknown_mechanisms_are_refused():
+    login = ClientLogin("PLAIN", "alice", "pw")
+    assert login.first_token() == b"\0alice\0pw"
+    assert login.next_token(b"") is None
+    with pytest.raises(SaslError, match="GSSAPI"):
+        ClientLogin("GSSAPI", "alice", "pw")
+    assert "pw" not in repr(login)
+
+
+def test_client_login_rejects_a_server_that_cannot_prove_the_password():
+    server = ScramServer("sha512", {"alice": "other-password"})
+    login = ClientLogin("SCRAM-SHA-512", "alice", "alice-secret")
+    final = login.next_token(server.first(login.first_token()))
+    with pytest.raises(SaslError):
+        login.next_token(server.final(final))
