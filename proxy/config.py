@@ -362,9 +362,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Add one flag per option; unset flags stay absent so env/file values can apply."""
     parser.add_argument(
         "--config",
-        metavar="FILE",
+        metavar="FILE[,FILE]",
         default=argparse.SUPPRESS,
-        help=f"TOML file with any of the options below (keys as flag names); env {ENV_PREFIX}CONFIG",
+        help=f"TOML file with any of the options below (keys as flag names); several, comma separated, "
+             f"are read in order and later files override earlier ones; env {ENV_PREFIX}CONFIG",
     )
     for option in OPTIONS:
         help_text = f"{option.help}; env {option.env}"
@@ -385,19 +386,15 @@ def load_config(
     """Build the config from flags, then environment, then config file, then defaults."""
     given = dict(vars(args) if isinstance(args, argparse.Namespace) else (args or {}))
     environ = os.environ if environ is None else environ
-    file_path = given.get("config") or environ.get(ENV_PREFIX + "CONFIG")
+    file_paths = given.get("config") or environ.get(ENV_PREFIX + "CONFIG")
+    # Later files override earlier ones key by key: the container image layers its defaults
+    # (listen on all interfaces, the metrics port) under a mounted file this way (docs/deployment.md).
     file_values: dict[str, Any] = {}
-    if file_path:
-        try:
-            with open(file_path, "rb") as handle:
-                raw = tomllib.load(handle)
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"cannot read config file {file_path}: {exc}") from exc
-        file_values = {key.replace("-", "_"): value for key, value in raw.items()}
-        known = {option.name for option in OPTIONS} | set(SECRET_FILES.values())
-        unknown = sorted(set(file_values) - known)
-        if unknown:
-            raise ConfigError(f"unknown keys in {file_path}: {', '.join(unknown)}")
+    file_of: dict[str, str] = {}
+    for file_path in parse_config_paths(file_paths or ""):
+        for key, value in _read_config_file(file_path).items():
+            file_values[key] = value
+            file_of[key] = file_path
 
     values: dict[str, Any] = {}
     for option in OPTIONS:
@@ -406,7 +403,7 @@ def load_config(
         elif option.env in environ:
             raw_value, source = environ[option.env], option.env
         elif option.name in file_values:
-            raw_value, source = file_values[option.name], str(file_path)
+            raw_value, source = file_values[option.name], file_of[option.name]
         else:
             continue
         try:
@@ -427,6 +424,25 @@ def load_config(
     config = ProxyConfig(**values)
     _validate(config)
     return config
+
+
+def parse_config_paths(text: str) -> list[str]:
+    """``--config``/``KSP_CONFIG``: one TOML file, or several separated by commas (later ones win)."""
+    return [path.strip() for path in text.split(",") if path.strip()]
+
+
+def _read_config_file(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as handle:
+            raw = tomllib.load(handle)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    values = {key.replace("-", "_"): value for key, value in raw.items()}
+    known = {option.name for option in OPTIONS} | set(SECRET_FILES.values())
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"unknown keys in {path}: {', '.join(unknown)}")
+    return values
 
 
 def _read_secret_file(path: str, option: str) -> str:

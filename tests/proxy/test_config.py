@@ -33,6 +33,31 @@ def test_config_file_from_environment(tmp_path):
     assert config.log_json is True
 
 
+def test_several_config_files_layer_in_order_later_files_win(tmp_path):
+    image_defaults = tmp_path / "defaults.toml"
+    image_defaults.write_text('listen = "0.0.0.0:9092"\nmetrics-port = 9404\nlog-json = true\n')
+    mounted = tmp_path / "proxy.toml"
+    mounted.write_text('upstream = "kafka:9092"\nmetrics-port = 9500\n')
+    config = parse([], environ={"KSP_CONFIG": f"{image_defaults}, {mounted}"})
+    assert config.listen == HostPort("0.0.0.0", 9092)  # only the defaults file sets it
+    assert config.metrics_port == 9500  # the later file wins
+    assert config.log_json is True
+    assert config.upstream == (HostPort("kafka", 9092),)
+    # The environment still overrides every file.
+    assert parse([], environ={"KSP_CONFIG": f"{image_defaults},{mounted}", "KSP_METRICS_PORT": "1"}).metrics_port == 1
+
+
+def test_a_missing_or_invalid_layer_names_its_file(tmp_path):
+    good = tmp_path / "good.toml"
+    good.write_text('upstream = "kafka:9092"\n')
+    with pytest.raises(ConfigError, match="missing.toml"):
+        parse(["--config", f"{good},{tmp_path / 'missing.toml'}"])
+    bad = tmp_path / "bad.toml"
+    bad.write_text("listen = \n")
+    with pytest.raises(ConfigError, match="bad.toml"):
+        parse(["--config", f"{bad},{good}"])
+
+
 def test_defaults():
     config = parse(["--upstream", "kafka:9092"])
     assert config.listen == HostPort("127.0.0.1", 9092)
