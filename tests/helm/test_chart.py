@@ -297,7 +297,7 @@ def test_the_free_form_config_map_renders_typed_toml() -> None:
     assert toml["state-topic"] == "orders-state"
     assert toml["share-events-enable"] is False
     assert toml["share-read-cache-bytes"] == 134217728  # an integer, not 1.34217728e+08
-    assert toml["share-delivery-count-limit"] == 5 and toml["state-topic-replication-factor"] == 3  # the ci file's
+    assert toml["share-delivery-count-limit"] == 5 and toml["state-topic-partitions"] == 6  # the ci file's
 
 
 def test_checksum_annotation_is_the_config_hash_and_follows_config_changes(rendered: dict[str, Manifests]) -> None:
