@@ -122,10 +122,12 @@ successThreshold: {{ int $probe.successThreshold }}
   configMap:
     name: {{ include "kafka-share-proxy.fullname" . }}
 - name: ksp-tmp
+  {{- with $v.tmpSizeLimit }}
   emptyDir:
-    {{- with $v.tmpSizeLimit }}
     sizeLimit: {{ . }}
-    {{- end }}
+  {{- else }}
+  emptyDir: {}
+  {{- end }}
 {{- if $v.listener.tls.existingSecret }}
 - name: ksp-listener-tls
   secret:

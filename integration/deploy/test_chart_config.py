@@ -222,27 +222,37 @@ def check_probes(manifests: Manifests, config: RunnableConfig, process: subproce
     assert int(match["port"]) == config.port(int(config.toml["listen"].rpartition(":")[2]))
 
 
-def check_metadata(config: RunnableConfig, client_config: dict[str, str], broker_id: int, expect_topic: str | None) -> None:
+def check_metadata(config: RunnableConfig, client_config: dict[str, str], broker_id: int, expect_topic: str | None,
+                   advertised_host: str | None = None) -> None:
     """A client bootstrapping from the proxy gets metadata naming the chart's advertised addresses."""
     bootstrap = f"127.0.0.1:{config.port(int(config.toml['listen'].rpartition(':')[2]))}"
     admin = admin_client(bootstrap, client_config)
     metadata = admin.list_topics(timeout=20)
     advertised = {(broker.host, broker.port) for broker in metadata.brokers.values()}
-    assert advertised == {(config.toml["advertised-host"], config.port(config.toml["broker-port-base"] + broker_id))}
+    host = advertised_host or config.toml["advertised-host"]
+    assert advertised == {(host, config.port(config.toml["broker-port-base"] + broker_id))}
     if expect_topic is not None:
         assert expect_topic in metadata.topics
 
 
 def test_the_default_values_run_the_proxy_against_kafka(kafka, tmp_path: Path) -> None:
-    manifests = render([CI["default"]], values_for(kafka.bootstrap))
+    # extraArgs and extraEnv reach the proxy as the image would pass them: a flag over the file's
+    # advertised-host, a KSP_* variable for an option the file does not set.
+    manifests = render([CI["default"]], values_for(kafka.bootstrap, **{
+        "extraArgs": "{--advertised-host,localhost}",
+        "extraEnv[0].name": "KSP_SHARE_AUTHORIZATION", "extraEnv[0].value": "off"}))
     config = materialise(manifests, tmp_path, {})
     assert config.toml["upstream"] == [kafka.bootstrap]
+    assert config.toml["advertised-host"] == f"{manifests.fullname}.queues.svc"
+    assert config.command[-2:] == ["--advertised-host", "localhost"] and config.env["KSP_SHARE_AUTHORIZATION"] == "off"
     topic = create_topic(kafka.bootstrap, unique_name("chart-default"))
     log_path = tmp_path / "serve.log"
     with running(config, log_path) as process:
         check_probes(manifests, config, process, log_path)
-        check_metadata(config, {}, kafka.broker_id, topic)
-    assert "Traceback" not in log_path.read_text()
+        check_metadata(config, {}, kafka.broker_id, topic, advertised_host="localhost")
+    log = log_path.read_text()
+    assert "Traceback" not in log
+    assert '"event": "share authorization: off' in log  # a JSON line (log-json = true)
 
 
 def test_the_tls_sasl_values_run_the_proxy_against_a_sasl_ssl_cluster(secured_kafka, tmp_path: Path) -> None:

@@ -71,6 +71,18 @@ def render(values_files: Iterable[Path | str] = (), set_values: dict[str, str] |
     return Manifests([doc for doc in yaml.safe_load_all(result.stdout) if doc])
 
 
+def render_text(values_files: Iterable[Path | str] = (), set_values: dict[str, str] | None = None,
+                *, chart: Path = CHART, show_only: str, release: str = RELEASE, namespace: str = NAMESPACE) -> str:
+    """One template's rendered text (`helm template --show-only`)."""
+    args = ["template", release, str(chart), "--namespace", namespace, "--show-only", show_only]
+    for path in values_files:
+        args += ["-f", str(path)]
+    result = helm(*args, *set_args(set_values))
+    if result.returncode != 0:
+        raise RenderError(result.stderr.strip())
+    return result.stdout
+
+
 @dataclass
 class Manifests:
     """The documents one `helm template` rendered."""

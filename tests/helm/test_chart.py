@@ -21,7 +21,7 @@ import yaml
 
 from tests.helm.chart import (
     CHART, CI_VALUES, NAMESPACE, ROOT, SKIP_REASON, Manifests, RenderError, container_ports, find_helm,
-    helm, mounts_by_path, render, volumes_by_name, write_values,
+    helm, mounts_by_path, render, render_text, volumes_by_name, write_values,
 )
 
 pytestmark = pytest.mark.skipif(find_helm() is None, reason=SKIP_REASON)
@@ -226,6 +226,15 @@ def test_the_deployment_never_runs_two_proxies(rendered: dict[str, Manifests]) -
     assert deployment["spec"]["replicas"] == 1
     assert deployment["spec"]["strategy"] == {"type": "Recreate"}
     assert rendered["default"].one("PodDisruptionBudget")["spec"]["selector"] == deployment["spec"]["selector"]
+    # The ci file's spread constraint gets the chart's selector when it names none.
+    (spread,) = deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert spread["labelSelector"] == deployment["spec"]["selector"]
+    assert spread["topologyKey"] == "topology.kubernetes.io/zone"
+
+
+def test_tmp_without_a_size_limit_is_still_an_empty_dir() -> None:
+    manifests = render([CI["default"]], {"tmpSizeLimit": "null"})
+    assert volumes_by_name(manifests.pod_spec())["ksp-tmp"] == {"name": "ksp-tmp", "emptyDir": {}}
 
 
 # -- configuration and Secrets ----------------------------------------------------------------------
@@ -370,6 +379,25 @@ spec:
     assert pod["metadata"]["annotations"]["checksum/kafka-share-proxy"] == \
         hashlib.sha256(config_map["data"]["proxy.toml"].encode()).hexdigest()
     assert manifests.of_kind("Deployment") == [manifests.one("Deployment", "orders")]
+
+
+# -- NOTES.txt ------------------------------------------------------------------------------------
+
+
+def test_install_notes_render_for_every_example(tmp_path: Path) -> None:
+    """NOTES.txt is only rendered by `helm install`, which needs a cluster; its text is the named
+    template kafka-share-proxy.notes, rendered here through a copy of the chart with one more file."""
+    chart = tmp_path / "kafka-share-proxy"
+    shutil.copytree(CHART, chart)
+    (chart / "templates" / "notes-check.yaml").write_text('notes: {{ include "kafka-share-proxy.notes" . | toJson }}\n')
+    assert (CHART / "templates" / "NOTES.txt").read_text().strip() == '{{ include "kafka-share-proxy.notes" . }}'
+    for name, path in CI.items():
+        notes = yaml.safe_load(render_text([path], chart=chart, show_only="templates/notes-check.yaml"))["notes"]
+        assert "ONE proxy per Kafka cluster" in notes, name
+        if name == "sidecar":
+            assert "127.0.0.1:9092" in notes and "container\\.yaml" in notes
+        else:
+            assert f"ksp-kafka-share-proxy.{NAMESPACE}.svc:9092" in notes, notes
 
 
 # -- monitoring -------------------------------------------------------------------------------------
