@@ -1,0 +1,1 @@
+"""Start the kafka-share-proxy image beside a Kafka container in your own tests (docs/deployment.md)."""
