@@ -25,9 +25,10 @@ COPY codec/ codec/
 COPY client/ client/
 COPY spark/ spark/
 COPY ksp_testcontainers/ ksp_testcontainers/
-# pip and setuptools at the versions constraints.txt names; --build-constraint pins the setuptools
-# that builds the wheel in pip's isolated build environment as well. No extras: the image serves.
-RUN /opt/venv/bin/pip install --no-cache-dir -c constraints.txt --upgrade pip \
+# pip and setuptools at the versions constraints.txt names (the venv's own setuptools from
+# ensurepip is years old); --build-constraint pins the setuptools that builds the wheel in pip's
+# isolated build environment as well. No extras: the image serves, it does not test.
+RUN /opt/venv/bin/pip install --no-cache-dir -c constraints.txt --upgrade pip setuptools \
  && /opt/venv/bin/pip install --no-cache-dir -c constraints.txt --build-constraint constraints.txt . \
  && /opt/venv/bin/share-proxy serve --help > /dev/null
 
