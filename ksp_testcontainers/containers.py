@@ -123,7 +123,7 @@ class ApacheKafkaContainer(DockerContainer):
             KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS="0",
             KAFKA_LOG_DIRS="/tmp/kraft-combined-logs",
         )
-        self.with_exposed_ports(self.LISTENER_PORT)
+        # Nothing published: on the host the advertised `<alias>:9092` would not resolve anyway.
         self.waiting_for(LogMessageWaitStrategy("Kafka Server started").with_startup_timeout(startup_timeout))
 
     @property

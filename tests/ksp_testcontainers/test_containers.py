@@ -65,6 +65,7 @@ def test_kafka_is_one_kraft_node_advertised_by_its_network_alias(kafka: ApacheKa
     assert len(env["CLUSTER_ID"]) == 22 and "=" not in env["CLUSTER_ID"]
     assert env["CLUSTER_ID"] != ApacheKafkaContainer(network=network, docker_client_kw=NO_DAEMON).env["CLUSTER_ID"]
     assert kafka.internal_bootstrap == "kafka:9092"
+    assert kafka.ports == {}  # not published: host clients go through the proxy
     assert isinstance(kafka._wait_strategy, LogMessageWaitStrategy)
     assert kafka._wait_strategy._message.pattern == "Kafka Server started"
 
