@@ -23,7 +23,7 @@ KAFKA_VERSIONS ?= 4.4.0 3.9.2
 SPARK_KAFKA_VERSION ?= 4.4.0
 PYTEST_ARGS ?=
 
-.PHONY: venv which-python constraints kafka java spark-jars demo test unit integration lint clean bench FORCE
+.PHONY: venv which-python constraints kafka java spark-jars helm demo test unit integration lint clean bench FORCE
 
 # Prints an interpreter's "MAJOR.MINOR".
 VERSION_PROBE := import sys; print("%d.%d" % sys.version_info[:2])
@@ -113,6 +113,23 @@ spark-jars: venv
 	@if [ -f "$(SPARK_CONNECTOR_JAR)" ]; then echo "Spark Kafka connector jars cached in $(SPARK_IVY)"; \
 	else $(BIN)/share-proxy spark fetch-jars; fi
 
+# helm, for the chart checks (tests/helm, integration/deploy): built from its Go module source at a
+# pinned version into a cache outside the repository (cold ~2 minutes; skipped when cached). Without
+# `go` this says so and succeeds: the chart tests then skip with the same reason. The tests find the
+# binary at $(HELM) or at $$KSP_HELM.
+HELM_VERSION := v3.22.0
+HELM_DIR := $(HOME)/.cache/kafka-share-proxy/helm-$(HELM_VERSION)
+HELM := $(HELM_DIR)/helm
+helm:
+	@if [ -x "$(HELM)" ]; then echo "helm $(HELM_VERSION) cached at $(HELM)"; \
+	elif ! command -v go >/dev/null 2>&1; then \
+	  echo "go is not installed: helm $(HELM_VERSION) not built, the chart tests (tests/helm) will be skipped."; \
+	  echo "Install Go (https://go.dev/dl/) and run 'make helm', or point KSP_HELM at a helm $(HELM_VERSION) binary."; \
+	else \
+	  echo "Building helm $(HELM_VERSION) with 'go install' into $(HELM_DIR) (a few minutes the first time)"; \
+	  GOBIN="$(HELM_DIR)" go install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION); \
+	fi
+
 # Build the Java drivers used by integration tests (skipped when up to date).
 java: venv
 	$(BIN)/python -m integration.java.build
@@ -125,7 +142,7 @@ demo: venv spark-jars
 lint: venv
 	$(BIN)/lint-imports
 
-unit: venv lint
+unit: venv lint helm
 	$(BIN)/pytest -q tests $(PYTEST_ARGS)
 
 integration: venv kafka java spark-jars

@@ -297,3 +297,32 @@ def test_readme_states_the_demos_time_limit() -> None:
     from proxy.demo import DEMO_TIMEOUT
 
     assert f"after {DEMO_TIMEOUT / 60:.0f} minutes at most" in readme_two_commands().replace("\n", " ")
+
+
+# -- helm, for the chart checks ----------------------------------------------------------------------
+
+
+def test_helm_target_without_go_says_so_and_succeeds(project: Path) -> None:
+    """No `go` on PATH: nothing is built, the reason is printed, and `make unit` is not stopped."""
+    result = make(project, "helm")
+    assert result.returncode == 0, result.stderr
+    assert "go is not installed" in result.stdout and "KSP_HELM" in result.stdout
+    assert not (project / ".cache").exists()
+
+
+def test_helm_target_skips_a_cached_binary(project: Path) -> None:
+    version = makefile_variable("HELM_VERSION")
+    cached = project / ".cache" / "kafka-share-proxy" / f"helm-{version}" / "helm"
+    cached.parent.mkdir(parents=True)
+    cached.write_text("#!/bin/sh\n")
+    cached.chmod(0o755)
+    result = make(project, "helm")
+    assert result.returncode == 0, result.stderr
+    assert f"helm {version} cached at {cached}" in result.stdout
+
+
+def test_unit_depends_on_helm(project: Path) -> None:
+    fake_python(project, "python3.11", "3.11")
+    result = make(project, "-n", "unit")
+    assert result.returncode == 0, result.stderr
+    assert "go install helm.sh/helm/v3/cmd/helm@" in result.stdout
