@@ -132,6 +132,7 @@ class ProxyConfig:
     log_level: str = "info"
     log_json: bool = False
     metrics_port: int | None = None
+    metrics_host: str | None = None  # None: the listen host
     metrics_per_partition: bool = False
     # Share groups (KIP-932), served by the proxy itself.
     disable_share_groups: bool = False
@@ -278,6 +279,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("log_level", str, "log level: debug, info, warning, error (default info)", "LEVEL"),
     Option("log_json", parse_bool, "log JSON lines instead of human-readable console output", flag_is_switch=True),
     Option("metrics_port", parse_optional_int, "serve Prometheus metrics (/metrics) and health (/healthz, /readyz) on this port (default: off)", "PORT"),
+    Option("metrics_host", parse_optional_str, "address the metrics port binds (default: the listen host); e.g. 0.0.0.0 for a sidecar whose Kafka listener is on 127.0.0.1 but whose probes and scrapes come from outside the pod", "HOST"),
     Option("metrics_per_partition", parse_bool, "export share-group series per share-partition (group, topic, partition labels) too, not only per group", flag_is_switch=True),
     Option("disable_share_groups", parse_bool, "do not serve share groups (pure pass-through proxy)", flag_is_switch=True),
     Option("state_topic", str, "compacted topic holding durable share state, created if missing (default __share_proxy_state; Kafka 4.x reserves __share_group_state for itself)", "TOPIC"),

@@ -208,7 +208,8 @@ async def start_health(config: ProxyConfig, nursery: trio.Nursery, security=None
     READINESS.set_check("upstream_reachable", lambda: probe.reachable)
     nursery.start_soon(liveness.run)
     nursery.start_soon(probe.run)
-    await nursery.start(serve_health, config.listen.host, config.metrics_port, HealthEndpoints(READINESS, liveness))
+    host = config.listen.host if config.metrics_host is None else config.metrics_host
+    await nursery.start(serve_health, host, config.metrics_port, HealthEndpoints(READINESS, liveness))
 
 
 async def _cancel_when_set(event: trio.Event, scope: trio.CancelScope) -> None:

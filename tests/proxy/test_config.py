@@ -58,6 +58,12 @@ def test_a_missing_or_invalid_layer_names_its_file(tmp_path):
         parse(["--config", f"{bad},{good}"])
 
 
+def test_metrics_host_defaults_to_the_listen_host_and_can_differ():
+    assert parse(["--upstream", "k:1", "--listen", "127.0.0.1:9092"]).metrics_host is None
+    config = parse(["--upstream", "k:1", "--listen", "127.0.0.1:9092"], environ={"KSP_METRICS_HOST": "0.0.0.0"})
+    assert (config.listen.host, config.metrics_host) == ("127.0.0.1", "0.0.0.0")
+
+
 def test_defaults():
     config = parse(["--upstream", "kafka:9092"])
     assert config.listen == HostPort("127.0.0.1", 9092)
