@@ -145,7 +145,7 @@ lint: venv
 unit: venv lint helm
 	$(BIN)/pytest -q tests $(PYTEST_ARGS)
 
-integration: venv kafka java spark-jars
+integration: venv kafka java spark-jars helm
 	for v in $(KAFKA_VERSIONS); do \
 	  echo "=== integration suite against Apache Kafka $$v ==="; \
 	  skip=""; [ "$$v" = "$(SPARK_KAFKA_VERSION)" ] || skip="--ignore=integration/spark"; \
