@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from tests.helm.chart import (
-    CHART, CI_VALUES, NAMESPACE, ROOT, SKIP_REASON, Manifests, RenderError, container_ports,
+    CHART, CI_VALUES, KUBE_VERSION, NAMESPACE, ROOT, SKIP_REASON, Manifests, RenderError, container_ports,
     find_helm, helm, mounts_by_path, render, render_text, volumes_by_name, write_values,
 )
 
@@ -61,6 +61,24 @@ def test_helm_template_renders_every_example(rendered: dict[str, Manifests]) -> 
             assert doc["metadata"]["namespace"] == NAMESPACE, (name, doc["kind"])
     assert rendered["default"].kinds() == {"ConfigMap", "Deployment", "Service", "ServiceAccount",
                                            "PodDisruptionBudget", "ServiceMonitor", "PrometheusRule"}
+
+
+def test_kubernetes_before_1_21_is_refused() -> None:
+    """Chart.yaml's kubeVersion: the PodDisruptionBudget is policy/v1, GA in Kubernetes 1.21."""
+    assert yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"] == ">=1.21.0-0"
+    for version, accepted in (("1.20.0", False), ("1.21.0", True), (KUBE_VERSION, True)):
+        result = helm("template", "x", str(CHART), "-f", str(CI["default"]), "--kube-version", version)
+        assert (result.returncode == 0) is accepted, (version, result.stderr)
+        if not accepted:
+            assert "chart requires kubeVersion: >=1.21.0-0" in result.stderr
+    assert rendered_pdb_api(KUBE_VERSION) == "policy/v1"
+
+
+def rendered_pdb_api(kube_version: str) -> str:
+    result = helm("template", "x", str(CHART), "-f", str(CI["default"]), "--kube-version", kube_version,
+                  "--show-only", "templates/pdb.yaml")
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)["apiVersion"]
 
 
 # -- refused values ---------------------------------------------------------------------------------
