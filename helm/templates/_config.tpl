@@ -27,7 +27,7 @@ Passwords never appear here: only the paths of the mounted Secret files.
 
 {{/* Options the chart sets from its own values; `config:` may not set them (nor any password). */}}
 {{- define "kafka-share-proxy.managedKeys" -}}
-{{- toJson (list "upstream" "listen" "advertised-host" "broker-port-base" "metrics-port" "log-level" "log-json" "disable-share-groups" "config"
+{{- toJson (list "upstream" "listen" "advertised-host" "broker-port-base" "metrics-port" "metrics-host" "log-level" "log-json" "disable-share-groups" "config"
   "listener-ssl-certificate-location" "listener-ssl-key-location" "listener-ssl-key-password" "listener-ssl-key-password-file"
   "listener-ssl-ca-location" "listener-ssl-client-auth" "listener-ssl-min-version" "listener-ssl-reload-interval-ms"
   "upstream-security-protocol" "upstream-ssl-ca-location" "upstream-ssl-certificate-location" "upstream-ssl-key-location"
@@ -63,8 +63,17 @@ Passwords never appear here: only the paths of the mounted Secret files.
 {{- if and (ne $v.listener.tls.clientAuth "none") (not $v.listener.tls.existingSecret) }}
 {{- fail (printf "kafka-share-proxy: listener.tls.clientAuth %s needs listener.tls.existingSecret (TLS listeners)" $v.listener.tls.clientAuth) }}
 {{- end }}
-{{- if and (include "kafka-share-proxy.sidecar" .) $v.sidecar.podSelector (include "kafka-share-proxy.loopback" .) }}
-{{- fail "kafka-share-proxy: sidecar.podSelector renders a Service, which cannot reach a proxy bound to 127.0.0.1: set proxy.listenHost (e.g. 0.0.0.0) and proxy.advertisedHost" }}
+{{- if and (include "kafka-share-proxy.hasService" .) (include "kafka-share-proxy.loopback" .) (not $v.service.exposeMetrics) }}
+{{- fail (printf "kafka-share-proxy: the Service would have no port: the Kafka ports of a proxy listening on %s are not reachable from outside its pod and service.exposeMetrics is false; set proxy.listenHost (e.g. 0.0.0.0) and proxy.advertisedHost to serve Kafka through the Service" (include "kafka-share-proxy.listenHost" .)) }}
+{{- end }}
+{{- $metricsHost := include "kafka-share-proxy.metricsHost" . }}
+{{- if include "kafka-share-proxy.isLoopback" $metricsHost }}
+{{- if or $v.startupProbe.enabled $v.livenessProbe.enabled $v.readinessProbe.enabled }}
+{{- fail (printf "kafka-share-proxy: proxy.metricsHost %s: the kubelet's HTTP probes come to the pod IP; leave proxy.metricsHost empty (0.0.0.0) or disable the probes" $metricsHost) }}
+{{- end }}
+{{- if and (include "kafka-share-proxy.hasService" .) $v.service.exposeMetrics }}
+{{- fail (printf "kafka-share-proxy: proxy.metricsHost %s cannot be reached through the Service's metrics port; leave proxy.metricsHost empty (0.0.0.0) or set service.exposeMetrics=false" $metricsHost) }}
+{{- end }}
 {{- end }}
 {{- $base := int (include "kafka-share-proxy.brokerPortBase" .) }}
 {{- $port := int $v.proxy.port }}
@@ -81,7 +90,7 @@ Passwords never appear here: only the paths of the mounted Secret files.
 {{- if eq $port $metrics }}
 {{- fail "kafka-share-proxy: proxy.port and proxy.metricsPort must differ" }}
 {{- end }}
-{{- if and (include "kafka-share-proxy.hasService" .) (eq $v.service.type "NodePort") }}
+{{- if and (include "kafka-share-proxy.hasService" .) (eq $v.service.type "NodePort") (not (include "kafka-share-proxy.loopback" .)) }}
 {{- range (include "kafka-share-proxy.kafkaPorts" . | fromJsonArray) }}
 {{- if or (lt (int .port) 30000) (gt (int .port) 32767) }}
 {{- fail (printf "kafka-share-proxy: service.type NodePort: port %s=%d must be in the node-port range 30000-32767, since each nodePort equals its port (the proxy advertises its own ports); e.g. proxy.port: 30092" .name (int .port)) }}
@@ -116,6 +125,7 @@ listen = {{ include "kafka-share-proxy.listenAddress" . | toJson }}
 advertised-host = {{ include "kafka-share-proxy.advertisedHost" . | toJson }}
 broker-port-base = {{ include "kafka-share-proxy.brokerPortBase" . }}
 metrics-port = {{ int $v.proxy.metricsPort }}
+metrics-host = {{ include "kafka-share-proxy.metricsHost" . | toJson }}
 log-level = {{ $v.proxy.logLevel | toJson }}
 log-json = {{ $v.proxy.logJson }}
 {{- if not $v.proxy.shareGroups }}

@@ -62,7 +62,7 @@ app.kubernetes.io/component: proxy
 {{- if eq .Values.mode "sidecar" }}true{{ end }}
 {{- end }}
 
-{{/* The address the listeners and the metrics server bind: explicit, else by mode. */}}
+{{/* The address the Kafka listeners bind: explicit, else by mode. */}}
 {{- define "kafka-share-proxy.listenHost" -}}
 {{- if .Values.proxy.listenHost }}
 {{- .Values.proxy.listenHost }}
@@ -73,10 +73,23 @@ app.kubernetes.io/component: proxy
 {{- end }}
 {{- end }}
 
-{{/* "true" when the listen host is a loopback address the kubelet cannot reach. */}}
+{{/* "true" when the address given is a loopback address, which nothing outside the pod reaches. */}}
+{{- define "kafka-share-proxy.isLoopback" -}}
+{{- if or (hasPrefix "127." .) (eq . "localhost") (eq . "::1") }}true{{ end }}
+{{- end }}
+
+{{/* "true" when the Kafka listeners bind loopback (a sidecar's default): the pod's own containers only. */}}
 {{- define "kafka-share-proxy.loopback" -}}
-{{- $host := include "kafka-share-proxy.listenHost" . }}
-{{- if or (hasPrefix "127." $host) (eq $host "localhost") (eq $host "::1") }}true{{ end }}
+{{- include "kafka-share-proxy.isLoopback" (include "kafka-share-proxy.listenHost" .) }}
+{{- end }}
+
+{{/*
+The address the metrics/health server binds (`metrics-host`): explicit, else 0.0.0.0 in both
+modes, so the kubelet's httpGet probes and Prometheus reach it on the pod IP even when the Kafka
+listeners of a sidecar stay on 127.0.0.1.
+*/}}
+{{- define "kafka-share-proxy.metricsHost" -}}
+{{- default "0.0.0.0" .Values.proxy.metricsHost }}
 {{- end }}
 
 {{- define "kafka-share-proxy.advertisedHost" -}}

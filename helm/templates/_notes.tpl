@@ -15,6 +15,13 @@ Sidecar mode: no Deployment was rendered. Add the proxy to your pod (helm/README
 
 or, from a parent chart: include "kafka-share-proxy.container" / "kafka-share-proxy.volumes".
 Applications in that pod connect to {{ $advertised }}:{{ int .Values.proxy.port }}.
+{{- if include "kafka-share-proxy.loopback" . }}
+Kafka traffic stays inside the pod ({{ include "kafka-share-proxy.listenHost" . }}); /metrics, /healthz and /readyz are served
+on {{ include "kafka-share-proxy.metricsHost" . }}:{{ int .Values.proxy.metricsPort }} (the pod IP), where the kubelet probes them.
+{{- if include "kafka-share-proxy.hasService" . }}
+Service {{ $fullname }} selects the pods by sidecar.podSelector and carries the metrics port only.
+{{- end }}
+{{- end }}
 {{- else }}
 
 Clients connect to {{ $advertised }}:{{ int .Values.proxy.port }} (bootstrap); broker N is advertised as

@@ -6,26 +6,17 @@ Values, Release and Chart (helm/README.md, "Sidecar mode"). The <fullname>-sidec
 the same two snippets rendered, for copy and paste.
 */}}
 
-{{/* A probe on the metrics server: HTTP on the named port, or exec from inside when it binds loopback. */}}
+{{/*
+A probe on the metrics server: HTTP on the named metrics port. The metrics server binds
+proxy.metricsHost (0.0.0.0 by default), which the kubelet reaches on the pod IP even when a
+sidecar's Kafka listeners bind 127.0.0.1.
+*/}}
 {{- define "kafka-share-proxy.probe" -}}
 {{- $ctx := .ctx }}
 {{- $probe := .probe }}
-{{- if include "kafka-share-proxy.loopback" $ctx }}
-{{- $host := include "kafka-share-proxy.listenHost" $ctx }}
-{{- if contains ":" $host }}{{ $host = printf "[%s]" $host }}{{ end }}
-{{- $url := printf "http://%s:%d%s" $host (int $ctx.Values.proxy.metricsPort) .path }}
-# The kubelet probes the pod's IP, which a proxy bound to {{ include "kafka-share-proxy.listenHost" $ctx }} does not
-# answer on: ask from inside the container (any answer but 200 raises, exit 1).
-exec:
-  command:
-    - python
-    - -c
-    - {{ printf "import urllib.request as r; r.build_opener(r.ProxyHandler({})).open('%s', timeout=%d)" $url (int $probe.timeoutSeconds) | quote }}
-{{- else }}
 httpGet:
   path: {{ .path }}
   port: {{ include "kafka-share-proxy.portPrefix" $ctx }}metrics
-{{- end }}
 {{- if $probe.initialDelaySeconds }}
 initialDelaySeconds: {{ int $probe.initialDelaySeconds }}
 {{- end }}

@@ -6,7 +6,9 @@ environment, its probes, its Secret volumes -- is run here as the image would ru
 session's local broker: the probes the chart configured answer 200 (/healthz, then /readyz once the
 share state is replayed), and a client gets metadata through the proxy, with the broker addresses
 the chart's advertised host and ports promise. The same for the TLS listener + SASL_SSL example
-against the secured broker, and for a loopback sidecar's exec probes.
+against the secured broker. A loopback sidecar's config runs as rendered (Kafka on 127.0.0.1,
+metrics-host 0.0.0.0): its HTTP probes answer on a non-loopback address of this machine, standing in
+for the pod IP the kubelet probes, where its Kafka port refuses connections.
 
 Two things differ from a pod, and only these:
 - the listen host becomes 127.0.0.1 and the ports free ones: tests share this machine (and CI
@@ -24,7 +26,6 @@ import re
 import shutil
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -181,12 +182,13 @@ def http_status(url: str, timeout: float) -> int | None:
         return None
 
 
-def probe_url(container: dict[str, Any], probe: str, config: RunnableConfig) -> tuple[str, float]:
+def probe_url(container: dict[str, Any], probe: str, config: RunnableConfig,
+              host: str = "127.0.0.1") -> tuple[str, float]:
     """The URL the kubelet would ask for an httpGet probe (named port -> rendered -> port used here)."""
     action = container[probe]["httpGet"]
     port = action["port"]
     rendered = container_ports(container)[port] if isinstance(port, str) else port
-    return f"http://127.0.0.1:{config.port(rendered)}{action['path']}", float(container[probe]["timeoutSeconds"])
+    return f"http://{host}:{config.port(rendered)}{action['path']}", float(container[probe]["timeoutSeconds"])
 
 
 def wait_for_status(url: str, timeout_s: float, budget: float, process: subprocess.Popen[str], log_path: Path) -> float:
@@ -205,17 +207,19 @@ def wait_for_status(url: str, timeout_s: float, budget: float, process: subproce
                          f"{log_path.read_text(errors='replace')[-3000:]}")
 
 
-def check_probes(manifests: Manifests, config: RunnableConfig, process: subprocess.Popen[str], log_path: Path) -> None:
+def check_probes(manifests: Manifests, config: RunnableConfig, process: subprocess.Popen[str], log_path: Path,
+                 host: str = "127.0.0.1") -> None:
+    """The chart's three probes answer 200 on `host` (the stand-in for the pod IP)."""
     container = manifests.container()
     startup = container["startupProbe"]
     # /healthz within the startup probe's whole budget, as the kubelet would allow.
-    url, timeout = probe_url(container, "startupProbe", config)
+    url, timeout = probe_url(container, "startupProbe", config, host)
     assert url.endswith("/healthz")
     wait_for_status(url, timeout, startup["periodSeconds"] * startup["failureThreshold"], process, log_path)
-    url, timeout = probe_url(container, "livenessProbe", config)
+    url, timeout = probe_url(container, "livenessProbe", config, host)
     assert url.endswith("/healthz") and http_status(url, timeout) == 200
     # /readyz once the share state is replayed and the listeners are open.
-    url, timeout = probe_url(container, "readinessProbe", config)
+    url, timeout = probe_url(container, "readinessProbe", config, host)
     assert url.endswith("/readyz")
     wait_for_status(url, timeout, STARTUP_TIMEOUT, process, log_path)
     match = wait_for_ready_line(process, STARTUP_TIMEOUT, "share-proxy serve (chart config)", log_path)
@@ -284,25 +288,57 @@ def test_the_tls_sasl_values_run_the_proxy_against_a_sasl_ssl_cluster(secured_ka
     assert "Traceback" not in log and password("admin") not in log
 
 
-def test_a_loopback_sidecars_exec_probes_answer(kafka, tmp_path: Path) -> None:
-    """The sidecar's exec probes, run as the kubelet would run them in the container."""
+def non_loopback_address() -> str | None:
+    """An IPv4 address of this machine other than 127.x, to stand in for a pod IP: the host name's,
+    else the first of `hostname -I`, else of `ip -4 addr`; None if there is none."""
+    candidates: list[str] = []
+    try:
+        candidates.append(socket.gethostbyname(socket.gethostname()))
+    except OSError:
+        pass
+    for command in (["hostname", "-I"], ["ip", "-4", "-o", "addr", "show"]):
+        try:
+            output = subprocess.run(command, capture_output=True, text=True, timeout=5).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        candidates += re.findall(r"(?<![\d.])(\d{1,3}(?:\.\d{1,3}){3})(?![\d.])", output)
+    for address in candidates:
+        if address.startswith("127.") or address.startswith("0.") or address.endswith(".255"):
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind((address, 0))  # one of this machine's own addresses
+            except OSError:
+                continue
+        return address
+    return None
+
+
+def test_a_loopback_sidecar_is_probed_on_the_pod_ip_while_kafka_stays_on_loopback(kafka, tmp_path: Path) -> None:
+    """The sidecar's rendered config: Kafka listeners on 127.0.0.1, metrics-host 0.0.0.0. The
+    kubelet's httpGet probes, asked at another address of this machine (the pod IP's stand-in),
+    answer 200; the Kafka bootstrap port at that address refuses the connection, while clients in
+    the pod (127.0.0.1) get metadata."""
+    pod_ip = non_loopback_address()
+    if pod_ip is None:
+        pytest.skip("this machine has no non-loopback IPv4 address to stand in for a pod IP")
     manifests = render([CI["sidecar"]], values_for(kafka.bootstrap))
     config = materialise(manifests, tmp_path, {})
     assert config.toml["listen"].startswith("127.0.0.1:") and config.toml["advertised-host"] == "127.0.0.1"
+    assert config.toml["metrics-host"] == "0.0.0.0"
+    assert 'metrics-host = "0.0.0.0"' in config.config_path.read_text()  # run as rendered
     container = manifests.container()
+    assert all("httpGet" in container[probe] for probe in ("startupProbe", "livenessProbe", "readinessProbe"))
     log_path = tmp_path / "serve.log"
     with running(config, log_path) as process:
-        wait_for_ready_line(process, STARTUP_TIMEOUT, "share-proxy serve (sidecar config)", log_path)
-        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-            command = list(container[probe]["exec"]["command"])
-            # `python` is the image's interpreter; here, this venv's. The port is the one used here.
-            assert command[0] == "python"
-            rendered = config.toml["metrics-port"]
-            command = [sys.executable, *command[1:-1],
-                       command[-1].replace(f":{rendered}/", f":{config.port(rendered)}/")]
-            result = subprocess.run(command, capture_output=True, text=True, timeout=container[probe]["timeoutSeconds"] + 10)
-            assert result.returncode == 0, (probe, result.stderr)
+        check_probes(manifests, config, process, log_path, host=pod_ip)
+        metrics_url = f"http://{pod_ip}:{config.port(config.toml['metrics-port'])}/metrics"
+        assert http_status(metrics_url, 5) == 200  # a scrape from outside the pod
+        # Kafka stays inside the pod: its bootstrap port is not open on the pod IP...
+        bootstrap_port = config.port(int(config.toml["listen"].rpartition(":")[2]))
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((pod_ip, bootstrap_port), timeout=5).close()
+        # ...and is on loopback, advertising 127.0.0.1 to the pod's applications.
         check_metadata(config, {}, kafka.broker_id, None)
-    # ...and fails once the proxy is gone, so the probe can fail at all.
-    result = subprocess.run(command, capture_output=True, text=True, timeout=30)
-    assert result.returncode != 0
+    log = log_path.read_text()
+    assert "Traceback" not in log

@@ -26,6 +26,10 @@ CACHED_HELM = Path.home() / ".cache" / "kafka-share-proxy" / f"helm-{HELM_VERSIO
 HELM_ENV = "KSP_HELM"
 RELEASE = "ksp"
 NAMESPACE = "queues"
+# The Kubernetes version `helm template`/`lint` render for. Chart.yaml requires >=1.21 (policy/v1
+# PodDisruptionBudget), and a helm built with `go install` carries no version stamp: its default
+# Kubernetes version is v1.20.0, which the chart refuses. So every render names one explicitly.
+KUBE_VERSION = "1.30.0"
 
 
 def find_helm() -> Path | None:
@@ -48,9 +52,12 @@ class RenderError(RuntimeError):
 
 
 def helm(*args: str, helm_path: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run helm; `template` and `lint` get `--kube-version KUBE_VERSION` unless args name one."""
     binary = helm_path or find_helm()
     if binary is None:
         raise FileNotFoundError(SKIP_REASON)
+    if args and args[0] in ("template", "lint") and "--kube-version" not in args:
+        args = (*args, "--kube-version", KUBE_VERSION)
     # HOME and the XDG dirs are not touched: `helm template`/`lint` of a local chart read no repos.
     return subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=60)
 

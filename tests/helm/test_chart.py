@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from tests.helm.chart import (
-    CHART, CI_VALUES, NAMESPACE, ROOT, SKIP_REASON, Manifests, RenderError, container_ports, find_helm,
-    helm, mounts_by_path, render, render_text, volumes_by_name, write_values,
+    CHART, CI_VALUES, KUBE_VERSION, NAMESPACE, ROOT, SKIP_REASON, Manifests, RenderError, container_ports,
+    find_helm, helm, mounts_by_path, render, render_text, volumes_by_name, write_values,
 )
 
 pytestmark = pytest.mark.skipif(find_helm() is None, reason=SKIP_REASON)
@@ -63,6 +63,24 @@ def test_helm_template_renders_every_example(rendered: dict[str, Manifests]) -> 
                                            "PodDisruptionBudget", "ServiceMonitor", "PrometheusRule"}
 
 
+def test_kubernetes_before_1_21_is_refused() -> None:
+    """Chart.yaml's kubeVersion: the PodDisruptionBudget is policy/v1, GA in Kubernetes 1.21."""
+    assert yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"] == ">=1.21.0-0"
+    for version, accepted in (("1.20.0", False), ("1.21.0", True), (KUBE_VERSION, True)):
+        result = helm("template", "x", str(CHART), "-f", str(CI["default"]), "--kube-version", version)
+        assert (result.returncode == 0) is accepted, (version, result.stderr)
+        if not accepted:
+            assert "chart requires kubeVersion: >=1.21.0-0" in result.stderr
+    assert rendered_pdb_api(KUBE_VERSION) == "policy/v1"
+
+
+def rendered_pdb_api(kube_version: str) -> str:
+    result = helm("template", "x", str(CHART), "-f", str(CI["default"]), "--kube-version", kube_version,
+                  "--show-only", "templates/pdb.yaml")
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)["apiVersion"]
+
+
 # -- refused values ---------------------------------------------------------------------------------
 
 
@@ -96,7 +114,12 @@ def test_a_values_file_that_violates_the_schema_is_refused(tmp_path: Path, text:
     ({"service.type": "NodePort"}, "node-port range 30000-32767"),
     ({"proxy.metricsPort": "9094"}, "collides with proxy.port or proxy.metricsPort"),
     ({"proxy.brokerPortBase": "65531"}, "beyond 65535"),
-    ({"mode": "sidecar", "sidecar.podSelector.app": "orders"}, "cannot reach a proxy bound to 127.0.0.1"),
+    ({"mode": "sidecar", "sidecar.podSelector.app": "orders", "service.exposeMetrics": "false"},
+     "the Service would have no port: the Kafka ports of a proxy listening on 127.0.0.1"),
+    ({"proxy.metricsHost": "127.0.0.1"}, "the kubelet's HTTP probes come to the pod IP"),
+    ({"proxy.metricsHost": "::1", "startupProbe.enabled": "false", "livenessProbe.enabled": "false",
+      "readinessProbe.enabled": "false"}, "cannot be reached through the Service's metrics port"),
+    ({"config.metrics_host": "0.0.0.0"}, "config.metrics_host is set by the chart"),
     ({"metrics.serviceMonitor.enabled": "true", "service.exposeMetrics": "false"}, "needs a Service with the metrics port"),
 ], ids=lambda v: v if isinstance(v, str) else ",".join(v))
 def test_values_the_proxy_could_not_run_with_are_refused(values: dict[str, str], complaint: str) -> None:
@@ -174,17 +197,38 @@ def test_probes_ask_healthz_and_readyz_on_the_metrics_port(rendered: dict[str, M
     assert paths == {"startupProbe": "/healthz", "livenessProbe": "/healthz", "readinessProbe": "/readyz"}
 
 
-def test_a_loopback_sidecar_is_probed_from_inside_its_container(rendered: dict[str, Manifests]) -> None:
-    """The kubelet probes the pod IP; a proxy bound to 127.0.0.1 is asked by an exec probe instead."""
+def test_a_loopback_sidecar_keeps_kafka_on_loopback_but_is_probed_over_http(rendered: dict[str, Manifests]) -> None:
+    """Kafka on 127.0.0.1 (the pod's own containers only); metrics and health on 0.0.0.0, so the
+    kubelet's httpGet probes reach them on the pod IP."""
     manifests = rendered["sidecar"]
     toml = manifests.proxy_toml()
     assert toml["listen"].startswith("127.0.0.1:") and toml["advertised-host"] == "127.0.0.1"
+    assert toml["metrics-host"] == "0.0.0.0"
     container = manifests.container()
     for probe, path in (("startupProbe", "/healthz"), ("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
-        command = container[probe]["exec"]["command"]
-        assert command[:2] == ["python", "-c"], probe
-        assert f"'http://127.0.0.1:{toml['metrics-port']}{path}'" in command[2], probe
-        assert "httpGet" not in container[probe]
+        assert container[probe]["httpGet"] == {"path": path, "port": "ksp-metrics"}, probe
+        assert "exec" not in container[probe], probe
+    assert container_ports(container)["ksp-metrics"] == toml["metrics-port"]
+
+
+@pytest.mark.parametrize("name", sorted(CI))
+def test_metrics_host_is_always_in_proxy_toml(rendered: dict[str, Manifests], name: str) -> None:
+    assert rendered[name].proxy_toml()["metrics-host"] == "0.0.0.0"
+
+
+def test_metrics_host_follows_the_value() -> None:
+    assert render([CI["default"]], {"proxy.metricsHost": "::"}).proxy_toml()["metrics-host"] == "::"
+
+
+def test_a_loopback_sidecar_with_a_pod_selector_gets_a_metrics_only_service() -> None:
+    """Prometheus can scrape a loopback sidecar through a Service; its Kafka ports stay out of it."""
+    manifests = render([CI["sidecar"]], {"sidecar.podSelector.app": "orders",
+                                         "metrics.serviceMonitor.enabled": "true"})
+    service = manifests.one("Service")
+    assert service["spec"]["selector"] == {"app": "orders"}
+    assert [(p["name"], p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [("metrics", 9404, 9404)]
+    assert manifests.one("ServiceMonitor")["spec"]["endpoints"][0]["port"] == "metrics"
+    assert manifests.proxy_toml()["listen"].startswith("127.0.0.1:")
 
 
 def test_a_sidecar_on_all_interfaces_with_a_service_gets_http_probes_and_a_service() -> None:
@@ -396,6 +440,7 @@ def test_install_notes_render_for_every_example(tmp_path: Path) -> None:
         assert "ONE proxy per Kafka cluster" in notes, name
         if name == "sidecar":
             assert "127.0.0.1:9092" in notes and "container\\.yaml" in notes
+            assert "served\non 0.0.0.0:9404 (the pod IP)" in notes, notes
         else:
             assert f"ksp-kafka-share-proxy.{NAMESPACE}.svc:9092" in notes, notes
 
