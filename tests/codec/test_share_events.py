@@ -3,7 +3,7 @@ import time
 import uuid
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from kio.static.primitive import i8, i16, i32, i64
 
@@ -107,15 +107,23 @@ def test_the_hand_written_writer_produces_the_schemas_bytes(batch):
     assert value == struct.pack(">h", EVENT_VALUE_VERSION) + encode(value_entity)
 
 
+UNKNOWN_TAGS = "unknown tagged fields"
+
+
 def _schema_reading(key, value):
-    """What the schema-built (kio) classes read from the bytes, in the fast reader's terms; None: refused."""
+    """What the schema-built (kio) classes read from the bytes, in the fast reader's terms; None: refused.
+
+    UNKNOWN_TAGS: the bytes carry tagged fields this version does not define. Kafka's rule for flexible
+    versions, and the fast reader, skip them (a later version's fields); kio refuses them, so such
+    bytes have no reference reading to compare with.
+    """
     try:
         if key[:2] != b"\x00\x00" or value[:2] != b"\x00\x00":
             return None
         key_entity = decode_entity(ShareEventKey, memoryview(key)[2:])
         value_entity = decode_entity(ShareEventValue, memoryview(value)[2:])
-    except CodecError:
-        return None
+    except CodecError as error:
+        return UNKNOWN_TAGS if "Unknown tagged field" in str(error) else None
     if key_entity.group_id is None or value_entity.topic_name is None:
         return None
     return (
@@ -143,7 +151,9 @@ def test_the_fast_reader_agrees_with_the_schema_on_damaged_values(encoded, damag
     key = encoded[0]
     fast = _fast_reading(key, damaged_value)
     if fast is not None:  # whatever the fast reader accepts, the schema reads the same way
-        assert _schema_reading(key, damaged_value) == fast
+        reference = _schema_reading(key, damaged_value)
+        assume(reference != UNKNOWN_TAGS)
+        assert reference == fast
 
 
 @FUZZ
