@@ -1,0 +1,600 @@
+"""State-topic bytes per acknowledged record, and acknowledgement latency: the proxy vs Kafka's native share groups.
+
+One run, Kafka 4.4.0 by default, brokers one after the other (never two at once on this small
+machine), the same records on both sides:
+
+* **proxy** -- `share-proxy serve` in front of a LocalKafka with share groups off; its state goes
+  to ``--state-topic`` (default ``__share_proxy_state``, 3 partitions, compacted, lz4-compressed by
+  the proxy's state producer);
+* **native** -- a LocalKafka with Kafka's own share groups on (``share_groups=True``); its share
+  coordinator writes ``__share_group_state`` (1 partition here, ``cleanup.policy=delete``, no
+  compression, a ShareSnapshot every 500 ShareUpdates: Kafka's defaults).
+
+Per side: an uncounted warm-up (1,000 records, so the state topics exist and the first writes and
+connections are paid), then each workload on a fresh topic (``--records`` x ``--size`` B on
+``--partitions`` partitions) with a fresh group read from the earliest offset, one
+confluent_kafka.ShareConsumer in **explicit** acknowledgement mode: poll, acknowledge every
+record, ``commit_sync`` per poll batch (one ShareAcknowledge round trip, answered once the state
+write is durable -- on both sides), the same on both sides:
+
+* ``easy`` -- every record accepted, in the order delivered;
+* ``fragmented`` -- ``--release-fraction`` (10%) of the records released on their first delivery
+  (chosen by a hash of partition, offset and ``--seed``: the same records on both sides), then
+  accepted when redelivered; the acknowledgements of each poll batch in a random order.
+
+Measured per workload, as the difference before/after it (the group and topic are new, so nothing
+else writes meanwhile; the run waits until the state topic stops growing):
+
+1. **state bytes**: the on-disk size of the state topic's partition directories under the
+   LocalKafka data directory (the .log segment files), and the records written (end offsets, from
+   the segment files and, as a check, from the broker). Segments roll at 1 GiB (proxy) / 100 MiB
+   (native) and the cleaner only compacts rolled segments, so with one segment per partition
+   nothing was compacted or deleted: the script reports the segment count. Per acknowledged
+   (accepted) record: bytes and state records, and proxy / native.
+2. **acknowledgement latency**: p50 / p99 of the ``commit_sync`` round trip; proxy - native in ms.
+3. the state records by type (the segments are decoded with the codec), and an **estimate of a
+   delta-per-change scheme** computed from the proxy's own snapshots: for every snapshot after a
+   share-partition's first, the ShareUpdate that carries only the offset ranges whose state or
+   delivery count changed (plus the SPSO when it moved), with a full snapshot every
+   ``--snapshot-every`` changes (Kafka's 500), encoded with the codec; per-record framing taken from
+   the native log (uncompressed, as the proxy's bytes would be without lz4).
+
+Not a test: it prints a table (``--json`` writes the numbers). About 3-5 minutes at the defaults.
+
+    PYTHONPATH=$PWD .venv/bin/python -m integration.bench.state_bench --records 100000 --size 1024 --partitions 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import re
+import shutil
+import struct
+import sys
+import tempfile
+import time
+import zlib
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import AcknowledgeType, Consumer, ShareConsumer, TopicPartition
+
+from codec.batch_records import decode_records
+from codec.records import iter_batches
+from codec.share_state import (
+    RecordType,
+    ShareSnapshotKey,
+    ShareUpdateKey,
+    ShareUpdateValue,
+    decode_key,
+    decode_value,
+    encode_record,
+)
+from integration.bench.passthrough import produce
+from integration.bench.share_bench import set_native_share_reset_earliest
+from integration.kafka_fixtures import ProxyProcess, create_topics, unique_name
+from proxy.localkafka import DEFAULT_VERSION, LocalKafka
+
+NATIVE_STATE_TOPIC = "__share_group_state"
+IDLE_STOP_S = 10.0
+WARMUP_RECORDS = 1000
+KAFKA_SNAPSHOT_EVERY = 500  # share.coordinator.snapshot.update.records.per.snapshot's default
+_INT16 = struct.Struct(">h")
+
+
+# ----- which records the fragmented workload releases ---------------------------------------------------
+
+
+def released_once(partition: int, offset: int, fraction: float, seed: int) -> bool:
+    """Whether the fragmented workload releases this record on its first delivery.
+
+    A hash of (seed, partition, offset): the same records on both sides and in every run, about
+    ``fraction`` of them, independent of how the records are batched into polls."""
+    if fraction <= 0:
+        return False
+    digest = zlib.crc32(f"{seed}:{partition}:{offset}".encode())
+    return digest < fraction * 2**32
+
+
+# ----- the state topic on disk ------------------------------------------------------------------------
+
+
+@dataclass
+class TypeUsage:
+    records: int = 0
+    key_bytes: int = 0
+    value_bytes: int = 0
+    max_value_bytes: int = 0
+
+
+@dataclass
+class LogUsage:
+    """A state topic's partitions on disk: what the segment files hold (from ``start`` offsets on)."""
+
+    disk_bytes: int = 0  # sum of the .log segment file sizes (the whole files)
+    segments: int = 0  # .log files over all partitions
+    max_segments: int = 0  # .log files of the partition that has most: 1 = never rolled, so never cleaned
+    end_offsets: dict[int, int] = field(default_factory=dict)  # partition -> next offset
+    batch_bytes: int = 0  # sizes of the batches at or after ``start`` (header included)
+    batches: int = 0
+    records: int = 0  # records at or after ``start``
+    by_type: dict[str, TypeUsage] = field(default_factory=dict)
+    snapshots: list[tuple[bytes, bytes]] = field(default_factory=list)  # (key, value) in offset order per key
+
+    @property
+    def end_offset(self) -> int:
+        return sum(self.end_offsets.values())
+
+
+def partition_dirs(log_dir: Path, topic: str) -> dict[int, Path]:
+    """{partition: directory} of ``topic`` under a broker's log.dirs (deleted ``-delete`` dirs skipped)."""
+    pattern = re.compile(rf"^{re.escape(topic)}-(\d+)$")
+    found = {}
+    for path in log_dir.iterdir() if log_dir.is_dir() else ():
+        if (match := pattern.match(path.name)) and path.is_dir():
+            found[int(match.group(1))] = path
+    return found
+
+
+def _type_name(key: bytes | None) -> str:
+    if key is None or len(key) < 2:
+        return "no key"
+    number = _INT16.unpack_from(key)[0]
+    try:
+        return RecordType(number).name
+    except ValueError:
+        return f"type {number}"
+
+
+def read_state_log(dirs: dict[int, Path], start: dict[int, int] | None = None, *,
+                   keep_snapshots: bool = False) -> LogUsage:
+    """What the segment files of a state topic hold, counting records from ``start`` (partition ->
+    offset) on: pass a previous :class:`LogUsage`'s ``end_offsets`` to measure what came since."""
+    usage = LogUsage()
+    start = start or {}
+    for partition, directory in sorted(dirs.items()):
+        end = start.get(partition, 0)
+        segments = sorted(directory.glob("*.log"))
+        usage.max_segments = max(usage.max_segments, len(segments))
+        for segment in segments:
+            usage.segments += 1
+            data = segment.read_bytes()
+            usage.disk_bytes += len(data)
+            view = memoryview(data)
+            for batch in iter_batches(view):
+                end = max(end, batch.last_offset + 1)
+                if batch.last_offset < start.get(partition, 0):
+                    continue
+                usage.batch_bytes += batch.size
+                usage.batches += 1
+                for record in decode_records(view[batch.position:batch.position + batch.size], verify_crc=False):
+                    if record.offset < start.get(partition, 0):
+                        continue
+                    usage.records += 1
+                    name = _type_name(record.key)
+                    kind = usage.by_type.setdefault(name, TypeUsage())
+                    value_size = len(record.value) if record.value is not None else 0
+                    kind.records += 1
+                    kind.key_bytes += len(record.key or b"")
+                    kind.value_bytes += value_size
+                    kind.max_value_bytes = max(kind.max_value_bytes, value_size)
+                    if keep_snapshots and name == RecordType.SHARE_SNAPSHOT.name and record.value is not None:
+                        usage.snapshots.append((record.key, record.value))
+        usage.end_offsets[partition] = end
+    return usage
+
+
+def kafka_offsets(bootstrap: str, topic: str) -> dict[int, tuple[int, int]]:
+    """{partition: (log start offset, end offset)} as the broker reports them (a check on the files)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique_name("state-bench-offsets")})
+    try:
+        metadata = consumer.list_topics(topic, timeout=10).topics[topic]
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
+                for p in metadata.partitions}
+    finally:
+        consumer.close()
+
+
+# ----- what a delta-per-change scheme would write -------------------------------------------------------
+
+# A state batch as (first, last, attributes): attributes are every field but the offsets.
+Range = tuple[int, int, tuple]
+
+
+def _ranges(batches: Iterable[object]) -> list[Range]:
+    return [(b.first_offset, b.last_offset, (b.delivery_state, b.delivery_count, b.in_progress_start_timestamp,
+                                             b.last_progress_timestamp, b.in_progress_member_id, b.archive_reason))
+            for b in batches]
+
+
+def changed_ranges(old: Sequence[Range], new: Sequence[Range]) -> list[Range]:
+    """The parts of ``new`` (sorted, non-overlapping ranges) whose attributes differ from ``old``
+    at the same offsets (or that ``old`` does not cover): what a ShareUpdate would have to carry."""
+    out: list[Range] = []
+    index = 0
+    for first, last, attributes in new:
+        while index < len(old) and old[index][1] < first:
+            index += 1
+        cursor = first
+        scan = index
+        while scan < len(old) and old[scan][0] <= last:
+            old_first, old_last, old_attributes = old[scan]
+            if old_attributes == attributes and old_last >= cursor:
+                if old_first > cursor:
+                    out.append((cursor, old_first - 1, attributes))
+                cursor = max(cursor, old_last + 1)
+            scan += 1
+        if cursor <= last:
+            out.append((cursor, last, attributes))
+    return out
+
+
+@dataclass
+class DeltaEstimate:
+    changes: int = 0  # snapshots after a share-partition's first: state changes written
+    updates: int = 0
+    snapshots: int = 0
+    update_bytes: int = 0  # key + value of the ShareUpdates
+    snapshot_bytes: int = 0  # key + value of the snapshots kept (the first, then every Nth change)
+    update_ranges: int = 0  # state batches carried by the updates
+    snapshot_encode_s: float = 0.0  # encoding every change as the full snapshot (what the proxy does)
+    update_encode_s: float = 0.0  # encoding every change as its ShareUpdate
+
+    @property
+    def records(self) -> int:
+        return self.updates + self.snapshots
+
+    @property
+    def logical_bytes(self) -> int:
+        return self.update_bytes + self.snapshot_bytes
+
+
+def delta_scheme(snapshots: Iterable[tuple[bytes, bytes]], snapshot_every: int = KAFKA_SNAPSHOT_EVERY) -> DeltaEstimate:
+    """Replays full snapshots (key, value bytes, in offset order per key) as a delta scheme would
+    write them: each share-partition's first snapshot as it is, then per change a ShareUpdate of
+    the changed ranges, except every ``snapshot_every``-th change, written as the full snapshot."""
+    estimate = DeltaEstimate()
+    previous: dict[bytes, tuple[list[Range], int]] = {}
+    since_snapshot: Counter[bytes] = Counter()
+    for key_bytes, value_bytes in snapshots:
+        _, key = decode_key(key_bytes)
+        value = decode_value(RecordType.SHARE_SNAPSHOT, value_bytes)
+        assert isinstance(key, ShareSnapshotKey)
+        ranges = _ranges(value.state_batches)
+        before = previous.get(key_bytes)
+        previous[key_bytes] = (ranges, value.start_offset)
+        if before is None:
+            estimate.snapshots += 1
+            estimate.snapshot_bytes += len(key_bytes) + len(value_bytes)
+            continue
+        estimate.changes += 1
+        started = time.perf_counter()
+        encode_record(key, value)
+        estimate.snapshot_encode_s += time.perf_counter() - started
+        since_snapshot[key_bytes] += 1
+        if snapshot_every and since_snapshot[key_bytes] >= snapshot_every:
+            since_snapshot[key_bytes] = 0
+            estimate.snapshots += 1
+            estimate.snapshot_bytes += len(key_bytes) + len(value_bytes)
+            continue
+        old_ranges, old_start = before
+        changed = changed_ranges([r for r in old_ranges if r[1] >= value.start_offset], ranges)
+        update_key = ShareUpdateKey(group_id=key.group_id, topic_id=key.topic_id, partition=key.partition)
+        update = ShareUpdateValue(
+            snapshot_epoch=value.snapshot_epoch, leader_epoch=value.leader_epoch,
+            start_offset=value.start_offset if value.start_offset != old_start else -1,
+            delivery_complete_count=value.delivery_complete_count,
+            state_batches=tuple(
+                ShareUpdateValue.StateBatch(
+                    first_offset=first, last_offset=last, delivery_state=attrs[0], delivery_count=attrs[1],
+                    in_progress_start_timestamp=attrs[2], last_progress_timestamp=attrs[3],
+                    in_progress_member_id=attrs[4], archive_reason=attrs[5])
+                for first, last, attrs in changed),
+        )
+        started = time.perf_counter()
+        encoded_key, encoded_value = encode_record(update_key, update)
+        estimate.update_encode_s += time.perf_counter() - started
+        estimate.updates += 1
+        estimate.update_ranges += len(changed)
+        estimate.update_bytes += len(encoded_key) + len(encoded_value or b"")
+    return estimate
+
+
+# ----- the workloads -------------------------------------------------------------------------------------
+
+
+@dataclass
+class WorkloadRun:
+    accepted: int = 0
+    released: int = 0
+    polls: int = 0
+    partition_commits: int = 0  # (commit, partition) pairs: the share-partitions each commit acknowledged
+    seconds: float = 0.0  # first record to the last commit
+    round_trips: list[float] = field(default_factory=list)  # commit_sync, seconds
+
+
+def consume(bootstrap: str, topic: str, group: str, records: int, *, fragmented: bool,
+            release_fraction: float, seed: int) -> WorkloadRun:
+    """One explicit-mode ShareConsumer until ``records`` distinct records are accepted."""
+    consumer = ShareConsumer({"bootstrap.servers": bootstrap, "group.id": group,
+                              "share.acknowledgement.mode": "explicit"})
+    consumer.subscribe([topic])
+    run = WorkloadRun()
+    order = random.Random(seed)
+    accepted: set[tuple[int, int]] = set()
+    first = last = None
+    idle_since = time.monotonic()
+    try:
+        while len(accepted) < records and time.monotonic() - idle_since < IDLE_STOP_S:
+            batch = [m for m in consumer.poll(1.0) if m.error() is None]
+            if not batch:
+                continue
+            first = first or time.monotonic()
+            run.polls += 1
+            run.partition_commits += len({m.partition() for m in batch})
+            if fragmented:
+                order.shuffle(batch)
+            for message in batch:
+                where = (message.partition(), message.offset())
+                if fragmented and message.delivery_count() == 1 and released_once(*where, release_fraction, seed):
+                    consumer.acknowledge(message, AcknowledgeType.RELEASE)
+                    run.released += 1
+                else:
+                    consumer.acknowledge(message)
+                    accepted.add(where)
+            started = time.perf_counter()
+            results = consumer.commit_sync(30)
+            run.round_trips.append(time.perf_counter() - started)
+            failed = {f"{tp.topic}[{tp.partition}]": str(error) for tp, error in results.items() if error is not None}
+            if failed:
+                raise RuntimeError(f"acknowledgement failed: {failed}")
+            last = idle_since = time.monotonic()
+    finally:
+        consumer.close()
+    run.accepted = len(accepted)
+    run.seconds = (last - first) if first and last else 0.0
+    if run.accepted < records:
+        raise RuntimeError(f"only {run.accepted} of {records} records accepted before {IDLE_STOP_S} s without records")
+    return run
+
+
+def wait_quiet(dirs_of: Callable[[], dict[int, Path]], quiet_s: float = 2.0, limit_s: float = 30.0) -> None:
+    """Until the state topic's files stop growing for ``quiet_s`` (the last linger, a leave)."""
+    def size() -> int:
+        return sum(p.stat().st_size for d in dirs_of().values() for p in d.glob("*.log"))
+    deadline = time.monotonic() + limit_s
+    last, since = size(), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = size()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return
+
+
+@dataclass
+class Measured:
+    side: str
+    workload: str
+    run: WorkloadRun
+    state: LogUsage  # what the workload added (records decoded from its first state offset)
+    disk_bytes: int  # growth of the .log files
+    records_written: int  # growth of the end offsets (segment files)
+    kafka_records_written: int  # growth of the end offsets (the broker's watermarks)
+    segments: int  # the most .log files of one partition
+    log_start_offsets: dict[int, int]
+    delta: DeltaEstimate | None = None
+
+    def per_accepted(self, amount: float) -> float:
+        return amount / self.run.accepted if self.run.accepted else float("nan")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f} {five:.2f} {fifteen:.2f}"
+
+
+def run_side(side: str, args: argparse.Namespace, kafka: LocalKafka, bootstrap: str, state_topic: str,
+             prepare_group: Callable[[str], None]) -> list[Measured]:
+    assert kafka.data_dir is not None
+    log_dir = kafka.data_dir / "kraft"
+
+    def dirs() -> dict[int, Path]:
+        return partition_dirs(log_dir, state_topic)
+
+    def workload(name: str, records: int, fragmented: bool) -> tuple[WorkloadRun, str]:
+        topic = create_topics(kafka.bootstrap, [unique_name(f"state-bench-{name}")], partitions=args.partitions)[0]
+        produce(kafka.bootstrap, topic, records, args.size, "none")
+        group = unique_name(f"state-bench-{name}")
+        prepare_group(group)
+        return consume(bootstrap, topic, group, records, fragmented=fragmented,
+                       release_fraction=args.release_fraction, seed=args.seed), group
+
+    workload("warmup", WARMUP_RECORDS, False)
+    wait_quiet(dirs)
+    results = []
+    for name in args.workloads:
+        before = read_state_log(dirs())
+        kafka_before = kafka_offsets(kafka.bootstrap, state_topic)
+        print(f"  {side} {name}: load {load()} before", file=sys.stderr, flush=True)
+        run, _ = workload(name, args.records, name == "fragmented")
+        wait_quiet(dirs)
+        after = read_state_log(dirs(), before.end_offsets, keep_snapshots=side == "proxy")
+        kafka_after = kafka_offsets(kafka.bootstrap, state_topic)
+        measured = Measured(
+            side, name, run, after,
+            disk_bytes=after.disk_bytes - before.disk_bytes,
+            records_written=after.end_offset - before.end_offset,
+            kafka_records_written=sum(high for _, high in kafka_after.values())
+            - sum(high for _, high in kafka_before.values()),
+            segments=after.max_segments, log_start_offsets={p: low for p, (low, _) in kafka_after.items()},
+        )
+        if side == "proxy":
+            measured.delta = delta_scheme(after.snapshots, args.snapshot_every)
+        after.snapshots = []
+        results.append(measured)
+        print(f"  {side} {name}: {run.accepted:,} accepted, {run.released:,} released, {len(run.round_trips)} commits, "
+              f"{measured.disk_bytes:,} state bytes, {measured.records_written:,} state records, "
+              f"commit p50 {percentile(run.round_trips, 0.5) * 1000:.2f} ms; load {load()} after",
+              file=sys.stderr, flush=True)
+    return results
+
+
+# ----- the report ----------------------------------------------------------------------------------------
+
+
+def report(results: Sequence[Measured], args: argparse.Namespace) -> tuple[str, dict]:
+    by = {(m.side, m.workload): m for m in results}
+    lines = [
+        "| workload | side | accepted | released | commits | share-partition acks | state bytes (disk) | state records | "
+        "bytes / accepted | records / accepted | records / share-partition ack | commit p50 ms | commit p99 ms |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    numbers: dict = {"workloads": {}}
+    for name in args.workloads:
+        for side in ("proxy", "native"):
+            m = by.get((side, name))
+            if m is None:
+                continue
+            trips = m.run.round_trips
+            lines.append(
+                f"| {name} | {side} | {m.run.accepted:,} | {m.run.released:,} | {len(trips):,} | "
+                f"{m.run.partition_commits:,} | {m.disk_bytes:,} | {m.records_written:,} | "
+                f"{m.per_accepted(m.disk_bytes):.2f} | {m.per_accepted(m.records_written):.4f} | "
+                f"{m.records_written / max(m.run.partition_commits, 1):.2f} | "
+                f"{percentile(trips, 0.5) * 1000:.2f} | {percentile(trips, 0.99) * 1000:.2f} |")
+            numbers["workloads"].setdefault(name, {})[side] = {
+                "accepted": m.run.accepted, "released": m.run.released, "polls": m.run.polls,
+                "partition_commits": m.run.partition_commits,
+                "commits": len(trips), "seconds": round(m.run.seconds, 2),
+                "disk_bytes": m.disk_bytes, "batch_bytes": m.state.batch_bytes, "batches": m.state.batches,
+                "records_written": m.records_written, "kafka_records_written": m.kafka_records_written,
+                "segments": m.segments, "log_start_offsets": m.log_start_offsets,
+                "bytes_per_accepted": m.per_accepted(m.disk_bytes),
+                "records_per_accepted": m.per_accepted(m.records_written),
+                "commit_p50_ms": percentile(trips, 0.5) * 1000, "commit_p99_ms": percentile(trips, 0.99) * 1000,
+                "by_type": {k: dataclasses.asdict(v) for k, v in m.state.by_type.items()},
+                "delta_estimate": dataclasses.asdict(m.delta) if m.delta else None,
+            }
+    lines += ["", "| workload | bytes / accepted proxy / native | records / accepted proxy / native | "
+                  "commit p50 proxy - native ms | commit p99 proxy - native ms |", "|---|---:|---:|---:|---:|"]
+    for name in args.workloads:
+        proxy, native = by.get(("proxy", name)), by.get(("native", name))
+        if not proxy or not native:
+            continue
+        ratios = {
+            "bytes": proxy.per_accepted(proxy.disk_bytes) / native.per_accepted(native.disk_bytes),
+            "records": proxy.per_accepted(proxy.records_written) / native.per_accepted(native.records_written),
+            "p50_ms": (percentile(proxy.run.round_trips, 0.5) - percentile(native.run.round_trips, 0.5)) * 1000,
+            "p99_ms": (percentile(proxy.run.round_trips, 0.99) - percentile(native.run.round_trips, 0.99)) * 1000,
+        }
+        numbers["workloads"][name]["proxy_vs_native"] = ratios
+        lines.append(f"| {name} | {ratios['bytes']:.2f} | {ratios['records']:.2f} | {ratios['p50_ms']:+.2f} | "
+                     f"{ratios['p99_ms']:+.2f} |")
+    lines += ["", "State records by type (key + value bytes, uncompressed; the largest value):", ""]
+    for m in results:
+        kinds = ", ".join(f"{k} {v.records:,} x {(v.key_bytes + v.value_bytes) / max(v.records, 1):,.0f} B "
+                          f"(max {v.max_value_bytes:,})" for k, v in sorted(m.state.by_type.items()))
+        check = "" if m.records_written == m.kafka_records_written else \
+            f"; NOTE the broker's end offsets say {m.kafka_records_written:,}"
+        lines.append(f"- {m.workload}, {m.side}: {kinds}; {m.state.batches:,} batches; at most {m.segments} segment file(s) per partition, "
+                     f"log start offsets {m.log_start_offsets}{check}")
+    lines += ["", f"Delta-per-change estimate from the proxy's snapshots (a full snapshot every {args.snapshot_every} "
+                  "changes per share-partition; framing per record as measured on the native log):", ""]
+    for m in results:
+        if m.delta is None:
+            continue
+        native = by.get(("native", m.workload))
+        logical = sum(v.key_bytes + v.value_bytes for v in m.state.by_type.values())
+        framing = None
+        if native and native.records_written:
+            native_logical = sum(v.key_bytes + v.value_bytes for v in native.state.by_type.values())
+            framing = (native.disk_bytes - native_logical) / native.records_written
+        snapshot_logical = m.state.by_type.get(RecordType.SHARE_SNAPSHOT.name, TypeUsage())
+        d = m.delta
+        estimate_disk = d.logical_bytes + framing * d.records if framing is not None else float("nan")
+        numbers["workloads"][m.workload]["proxy"]["delta_estimate"] |= {
+            "framing_per_record": framing, "estimated_disk_bytes": estimate_disk,
+            "estimated_bytes_per_accepted": m.per_accepted(estimate_disk)}
+        native_per = native.per_accepted(native.disk_bytes) if native else float("nan")
+        lines.append(
+            f"- {m.workload}: the proxy wrote {snapshot_logical.records:,} snapshots, "
+            f"{snapshot_logical.key_bytes + snapshot_logical.value_bytes:,} B uncompressed ({logical:,} B with its group "
+            f"records; {m.disk_bytes:,} B on disk with lz4). As deltas: {d.updates:,} updates carrying {d.update_ranges:,} "
+            f"ranges ({d.update_bytes:,} B) + {d.snapshots:,} snapshots ({d.snapshot_bytes:,} B) = {d.logical_bytes:,} B, "
+            f"~{estimate_disk:,.0f} B on disk uncompressed (framing {framing or 0:.0f} B/record): "
+            f"{m.per_accepted(estimate_disk):.2f} B per accepted record vs native {native_per:.2f}. Encoding every "
+            f"change: as snapshots {d.snapshot_encode_s * 1000:,.1f} ms, as updates {d.update_encode_s * 1000:,.1f} ms "
+            f"(codec, this process)")
+    return "\n".join(lines), numbers
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=100_000, help="records per workload")
+    parser.add_argument("--size", type=int, default=1024, help="record value size in bytes")
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--workloads", type=lambda s: s.split(","), default=["easy", "fragmented"],
+                        help="comma separated: easy, fragmented")
+    parser.add_argument("--release-fraction", type=float, default=0.1,
+                        help="fragmented: fraction of records released once, then accepted")
+    parser.add_argument("--seed", type=int, default=14, help="which records are released, and the ack order")
+    parser.add_argument("--snapshot-every", type=int, default=KAFKA_SNAPSHOT_EVERY,
+                        help="the delta estimate's full snapshot every N changes (Kafka's default 500)")
+    parser.add_argument("--sides", type=lambda s: s.split(","), default=["proxy", "native"])
+    parser.add_argument("--kafka-version", default=DEFAULT_VERSION)
+    parser.add_argument("--keep-logs", action="store_true", help="keep the broker data and proxy logs")
+    parser.add_argument("--json", type=Path, help="also write the numbers here")
+    args = parser.parse_args(argv)
+    unknown = set(args.workloads) - {"easy", "fragmented"}
+    if unknown:
+        parser.error(f"unknown workloads {sorted(unknown)}")
+
+    work = Path(tempfile.mkdtemp(prefix="state-bench-"))
+    started = time.monotonic()
+    loads = [f"start {load()}"]
+    print(f"Apache Kafka {args.kafka_version}, {args.records:,} records x {args.size} B on {args.partitions} "
+          f"partitions per workload; work directory {work}; load {load()}", file=sys.stderr, flush=True)
+    results: list[Measured] = []
+    try:
+        if "proxy" in args.sides:
+            with LocalKafka(version=args.kafka_version, share_groups=False, data_dir=work / "kafka") as kafka:
+                state_topic = "__share_proxy_state"
+                extra = ("--share-auto-offset-reset", "earliest", "--state-topic", state_topic, "--log-level", "warning")
+                with ProxyProcess(upstream=kafka.bootstrap, log_path=work / "proxy.log", extra_args=extra) as proxy:
+                    results += run_side("proxy", args, kafka, proxy.bootstrap, state_topic, lambda group: None)
+            loads.append(f"after the proxy side {load()}")
+        if "native" in args.sides:
+            with LocalKafka(version=args.kafka_version, share_groups=True, data_dir=work / "native-kafka") as kafka:
+                results += run_side("native", args, kafka, kafka.bootstrap, NATIVE_STATE_TOPIC,
+                                    lambda group: set_native_share_reset_earliest(kafka.bootstrap, group))
+            loads.append(f"after the native side {load()}")
+    finally:
+        if not args.keep_logs:
+            shutil.rmtree(work, ignore_errors=True)
+    text, numbers = report(results, args)
+    print(text)
+    print(f"\n{args.records:,} records x {args.size} B, {args.partitions} partitions, one explicit-mode "
+          f"confluent_kafka.ShareConsumer, commit_sync per poll; fragmented: {args.release_fraction:.0%} released once "
+          f"(seed {args.seed}), acks shuffled per poll; Apache Kafka {args.kafka_version}; "
+          f"{time.monotonic() - started:.0f} s in all; load average {'; '.join(loads)}")
+    if args.json:
+        numbers |= {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "loads": loads}
+        args.json.write_text(json.dumps(numbers, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
