@@ -51,7 +51,6 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 SCENARIOS = ("idle", "parked", "contiguous", "fragmented")
