@@ -427,44 +427,53 @@ def http_get(url: str) -> tuple[int, str] | None:
         return None
 
 
-def end_to_end(args: argparse.Namespace, groups: int, partitions: int, records: int, log_dir: Path) -> dict:
+def end_to_end(args: argparse.Namespace, groups: int, partitions: int, counts: Sequence[int], log_dir: Path) -> list[dict]:
+    """One broker; per record count a fresh state topic, written, then a fresh proxy replaying it."""
     from integration.kafka_fixtures import ProxyProcess, admin_client, create_topics, unique_name
     from proxy.localkafka import LocalKafka
     from proxy.localkafka.broker import free_port
     from proxy.share.persister import StateTopicSpec, ensure_state_topics
 
-    out: dict = {"groups": groups, "partitions": partitions, "records": records}
+    rows = []
     with LocalKafka(version=args.kafka_version, share_groups=False, data_dir=log_dir / "kafka") as kafka:
         topic = create_topics(kafka.bootstrap, [unique_name("cost-model")], partitions=partitions)[0]
         topic_id = topic_uuid(admin_client(kafka.bootstrap), topic)
-        state_topic = unique_name("__cost_model_state")
-        ensure_state_topics(kafka.bootstrap, [StateTopicSpec(state_topic)])  # the proxy's own spec
-        out["written"], out["write_s"] = write_state_topic(
-            kafka.bootstrap, state_topic,
-            state_records(groups, partitions, records, topic_id=topic_id, batches=args.snapshot_batches))
-        port = free_port()
-        extra = ("--state-topic", state_topic, "--metrics-port", str(port), "--log-level", "warning")
-        load_before = os.getloadavg()
-        started = time.monotonic()
-        with ProxyProcess(upstream=kafka.bootstrap, log_path=log_dir / "proxy.log", extra_args=extra,
-                          startup_timeout=args.e2e_timeout) as proxy:
-            while True:
-                answer = http_get(f"http://127.0.0.1:{port}/readyz")
-                if answer is not None and answer[0] == 200:
-                    break
-                if time.monotonic() - started > args.e2e_timeout:
-                    raise RuntimeError(f"/readyz not 200 after {args.e2e_timeout}s: {answer}")
-                time.sleep(0.2)
-            out["ready_s"] = time.monotonic() - started
-            metrics = http_get(f"http://127.0.0.1:{port}/metrics")
-            assert metrics is not None and metrics[0] == 200, metrics
-            out["replay_seconds"] = metric_value(metrics[1], "ksp_share_state_replay_seconds")
-            out["replay_records"] = metric_value(metrics[1], "ksp_share_state_replay_records")
-            assert proxy.process is not None
-            out["vm_rss_kib"] = proc_status_kib(proxy.process.pid, "VmRSS")
-            out["vm_hwm_kib"] = proc_status_kib(proxy.process.pid, "VmHWM")
-        out["load_before"], out["load_after"] = load_before, os.getloadavg()
-    return out
+        for records in counts:
+            out: dict = {"groups": groups, "partitions": partitions, "records": records}
+            state_topic = unique_name("__cost_model_state")
+            ensure_state_topics(kafka.bootstrap, [StateTopicSpec(state_topic)])  # the proxy's own spec
+            out["written"], out["write_s"] = write_state_topic(
+                kafka.bootstrap, state_topic,
+                state_records(groups, partitions, records, topic_id=topic_id, batches=args.snapshot_batches))
+            port = free_port()
+            extra = ("--state-topic", state_topic, "--metrics-port", str(port), "--log-level", "warning")
+            out["load_before"] = os.getloadavg()
+            started = time.monotonic()
+            with ProxyProcess(upstream=kafka.bootstrap, log_path=log_dir / f"proxy-{records}.log", extra_args=extra,
+                              startup_timeout=args.e2e_timeout) as proxy:
+                while True:
+                    answer = http_get(f"http://127.0.0.1:{port}/readyz")
+                    if answer is not None and answer[0] == 200:
+                        break
+                    if time.monotonic() - started > args.e2e_timeout:
+                        raise RuntimeError(f"/readyz not 200 after {args.e2e_timeout}s: {answer}")
+                    time.sleep(0.2)
+                out["ready_s"] = time.monotonic() - started
+                metrics = http_get(f"http://127.0.0.1:{port}/metrics")
+                assert metrics is not None and metrics[0] == 200, metrics
+                out["replay_seconds"] = metric_value(metrics[1], "ksp_share_state_replay_seconds")
+                out["replay_records"] = metric_value(metrics[1], "ksp_share_state_replay_records")
+                assert proxy.process is not None
+                out["vm_rss_kib"] = proc_status_kib(proxy.process.pid, "VmRSS")
+                out["vm_hwm_kib"] = proc_status_kib(proxy.process.pid, "VmHWM")
+            out["load_after"] = os.getloadavg()
+            rows.append(out)
+            print(f"{groups}x{partitions}: wrote {out['written']:,} records in {out['write_s']:.1f}s; "
+                  f"replay_seconds {out['replay_seconds']:.2f} for {out['replay_records']:,.0f} records; ready after "
+                  f"{out['ready_s']:.1f}s; proxy VmRSS {out['vm_rss_kib'] / 1024:.0f} MiB, VmHWM "
+                  f"{out['vm_hwm_kib'] / 1024:.0f} MiB; load {out['load_before'][0]:.2f} -> {out['load_after'][0]:.2f}",
+                  flush=True)
+    return rows
 
 
 # ----- the run ---------------------------------------------------------------------------------
@@ -535,8 +544,10 @@ def replay_part(args: argparse.Namespace, shapes: list[tuple[int, int]]) -> dict
     kinds = [("steady", args.replay_records, args.snapshot_batches, 5)]
     if args.fragmented_records:
         kinds.append(("fragmented", args.fragmented_records, args.fragmented_batches, 1))
-    for groups, partitions in shapes:
+    for index, (groups, partitions) in enumerate(shapes):
         for kind, records, batches, run in kinds:
+            if kind == "fragmented" and index:
+                continue  # per state batch, whatever the shape: measured at the first shape only
             records = max(records, 3 * groups * partitions)
             row = in_child("replay", {"groups": groups, "partitions": partitions, "records": records,
                                       "batches": batches, "run": run})
@@ -561,13 +572,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timer-repeat", type=int, default=3, help="timer rounds per shape; the best is reported")
     parser.add_argument("--replay-records", type=int, default=1_000_000, help="state records per in-process replay")
     parser.add_argument("--snapshot-batches", type=int, default=4, help="state batches per steady snapshot")
-    parser.add_argument("--fragmented-records", type=int, default=20_000,
-                        help="state records of the fragmented replay (0: skip)")
+    parser.add_argument("--fragmented-records", type=int, default=1_000,
+                        help="state records of the fragmented replay, at the first shape only (0: skip)")
     parser.add_argument("--fragmented-batches", type=int, default=2000,
                         help="state batches (one offset each) per fragmented snapshot")
     parser.add_argument("--e2e-shape", type=parse_shapes, default=parse_shapes("100x100"))
-    parser.add_argument("--e2e-records", type=int, default=1_000_000, help="state records replayed by share-proxy "
-                        "serve (0: skip)")
+    parser.add_argument("--e2e-records", type=lambda s: [int(n) for n in s.split(",") if int(n)],
+                        default=[20_000, 1_000_000], help="state records replayed by share-proxy serve, one fresh "
+                        "state topic and proxy per count (0: skip)")
     parser.add_argument("--e2e-timeout", type=float, default=600.0)
     parser.add_argument("--kafka-version", default=None)
     parser.add_argument("--json", type=Path, help="also write every number here")
@@ -593,13 +605,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         (groups, partitions), = args.e2e_shape
         print(f"\n## End-to-end replay: share-proxy serve on Kafka {args.kafka_version} ({uptime()})")
         with tempfile.TemporaryDirectory(prefix="cost-model-") as tmp:
-            row = end_to_end(args, groups, partitions, args.e2e_records, Path(tmp))
-        results["e2e"] = row
-        print(f"{groups}x{partitions}: wrote {row['written']:,} records in {row['write_s']:.1f}s; "
-              f"replay_seconds {row['replay_seconds']:.2f} for {row['replay_records']:,.0f} records "
-              f"({row['replay_seconds'] / row['replay_records'] * 1e6:.2f} s per million); ready after "
-              f"{row['ready_s']:.1f}s; proxy VmRSS {row['vm_rss_kib'] / 1024:.0f} MiB, VmHWM "
-              f"{row['vm_hwm_kib'] / 1024:.0f} MiB; load {row['load_before'][0]:.2f} -> {row['load_after'][0]:.2f}")
+            rows = end_to_end(args, groups, partitions, args.e2e_records, Path(tmp))
+        results["e2e"] = rows
+        if len(rows) > 1:
+            fixed, per_record = fit_line([(r["replay_records"], r["replay_seconds"]) for r in rows])
+            _, rss_per_record = fit_line([(r["replay_records"], r["vm_hwm_kib"] * 1024) for r in rows])
+            print(f"fitted replay_seconds = {fixed:.2f} s + {per_record * 1e6:.2f} s per million records; "
+                  f"proxy VmHWM + {rss_per_record:.0f} B per replayed record")
     results["load_end"] = os.getloadavg()
     print(f"\ndone, {uptime()}")
     if args.json:
