@@ -21,7 +21,9 @@ What a user sizes a deployment with, measured at several shapes (groups x partit
   served by ``ShareService.restore`` (engines rebuilt), in process; steady snapshots (a few state
   batches) and fragmented ones (one state batch per few offsets) -- then one end-to-end replay:
   the same records written to a real LocalKafka state topic (created by the proxy's own
-  ``ensure_state_topics``) and ``share-proxy serve`` started against it, reading
+  ``ensure_state_topics``; a fresh topic per count of ``--e2e-records``, 20,000 and 1,000,000 by
+  default, so a line separates start-up from the per-record cost) and ``share-proxy serve`` started
+  against it, reading
   ``ksp_share_state_replay_seconds`` / ``_records`` from /metrics once /readyz answers 200, and the
   proxy's VmRSS / VmHWM from /proc.
 
