@@ -1,0 +1,77 @@
+"""The cost-model benchmark's pure helpers (integration/bench/cost_model.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from integration.bench.cost_model import (
+    TOPIC_ID,
+    fit_line,
+    metric_value,
+    parse_shapes,
+    split_evenly,
+    state_batches_for,
+    state_records,
+)
+from proxy.share import state_store
+from proxy.share.states import RecordState
+
+
+def test_parse_shapes() -> None:
+    assert parse_shapes("1x10, 100X100") == [(1, 10), (100, 100)]
+    for bad in ("10", "0x5", "2x", "ax3"):
+        with pytest.raises(ValueError):
+            parse_shapes(bad)
+
+
+def test_fit_line_recovers_an_exact_line_and_handles_one_point() -> None:
+    intercept, slope = fit_line([(10, 130), (1000, 3100), (10_000, 30_100)])
+    assert intercept == pytest.approx(100)
+    assert slope == pytest.approx(3)
+    assert fit_line([(4, 10)]) == (0.0, 2.5)
+    assert fit_line([(4, 10), (4, 14)]) == (0.0, 2.5)  # no spread in x: through the first point
+    with pytest.raises(ValueError):
+        fit_line([])
+
+
+def test_metric_value_reads_unlabelled_samples_only() -> None:
+    text = ("# HELP ksp_share_state_replay_seconds x\n# TYPE ksp_share_state_replay_seconds gauge\n"
+            "ksp_share_state_replay_seconds 12.5\nksp_share_state_replay_records 1e+06\n"
+            'ksp_requests_total{api="Fetch"} 3.0\n')
+    assert metric_value(text, "ksp_share_state_replay_seconds") == 12.5
+    assert metric_value(text, "ksp_share_state_replay_records") == 1_000_000
+    assert metric_value(text, "ksp_share_state_replay") is None
+    assert metric_value(text, "ksp_requests_total") is None
+
+
+def test_split_evenly() -> None:
+    assert split_evenly(10, 3) == [4, 3, 3]
+    assert sum(split_evenly(1_000_003, 10_000)) == 1_000_003
+
+
+def test_state_batches_for_tiles_the_window_in_turn() -> None:
+    batches = state_batches_for(100, 4, 5)
+    assert [(b.first_offset, b.last_offset) for b in batches] == [(100, 104), (105, 109), (110, 114), (115, 119)]
+    assert [b.delivery_state for b in batches] == [RecordState.ACKNOWLEDGED, RecordState.AVAILABLE,
+                                                   RecordState.ARCHIVED, RecordState.ACKNOWLEDGED]
+
+
+def test_state_records_replay_to_every_share_partition_at_its_newest_snapshot() -> None:
+    records = list(state_records(2, 3, 2 * 2 + 6 * 3 + 2, batches=3))
+    assert len(records) == 24
+    recovered = state_store.recover(records, clock_offset_ms=0)
+    assert not recovered.skipped
+    assert set(recovered.groups) == {"cost-group-00000", "cost-group-00001"}
+    assert recovered.groups["cost-group-00001"].initialized == {(TOPIC_ID, p) for p in range(3)}
+    assert len(recovered.partitions) == 6
+    # 20 snapshots over 6 share-partitions: the first two got 4, the rest 3 (epochs count up).
+    epochs = [recovered.partitions[(f"cost-group-0000{g}", TOPIC_ID, p)].snapshot_epoch
+              for g in range(2) for p in range(3)]
+    assert epochs == [4, 4, 3, 3, 3, 3]
+    newest = recovered.partitions[("cost-group-00000", TOPIC_ID, 0)].snapshot
+    assert newest.start_offset == 4000 and len(newest.state_batches) == 3
+
+
+def test_state_records_refuses_too_few_records() -> None:
+    with pytest.raises(ValueError):
+        list(state_records(2, 3, 9))
