@@ -55,6 +55,8 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
 SCENARIOS = ("idle", "parked", "contiguous", "fragmented")
 TOPIC_ID = uuid.UUID("c0570000-0000-4000-8000-000000000001")  # in-process runs: no cluster to ask
 MEMBER = "cost-model-member-0000000000"  # 28 characters, like a member id a client sends
@@ -93,9 +95,10 @@ def fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
 
 def metric_value(text: str, name: str) -> float | None:
     """The value of an unlabelled sample `name` in Prometheus text exposition, None if absent."""
-    for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{}"):
-            return float(line.rsplit(None, 1)[1])
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and not sample.labels:
+                return sample.value
     return None
 
 

@@ -36,7 +36,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -49,13 +48,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer, ShareConsumer
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from integration.deploy.dockerfile import ROOT, copy_build_context, read_dockerfile
 from integration.kafka_fixtures import create_topic, terminate, unique_name, wait_for_ready_line
+from integration.share.conftest import poll_until, produce, share_consumer
+from ksp_testcontainers import free_port_layout
 from proxy.localkafka import LocalKafka
+from proxy.localkafka.broker import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -65,27 +66,6 @@ BASE_IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 RECORDS = 20
 # librdkafka's log line: %SEVERITY|UNIX-TIME|FACILITY|CLIENT-NAME| message
 LIBRDKAFKA_LINE = re.compile(r"^%\d\|\d+\.\d+\|[A-Z_]+\|rdkafka#[a-z]+-\d+\| ")
-
-
-def free_listen_port(broker_id: int) -> int:
-    """A port P with P and P + 1 + broker_id both free (bootstrap and the broker's listener)."""
-    for _ in range(100):
-        with socket.socket() as bootstrap:
-            bootstrap.bind(("0.0.0.0", 0))
-            port = bootstrap.getsockname()[1]
-            with socket.socket() as broker:
-                try:
-                    broker.bind(("0.0.0.0", port + 1 + broker_id))
-                except OSError:
-                    continue
-                return port
-    raise RuntimeError("no free port pair found")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("0.0.0.0", 0))
-        return sock.getsockname()[1]
 
 
 def replace_once(text: str, pattern: str, replacement: str) -> str:
@@ -166,7 +146,9 @@ def test_image_entrypoint_and_configuration_path(kafka: LocalKafka, installed: P
     config_paths = image_env["KSP_CONFIG"].split(",")
     assert config_paths == list(copied), (config_paths, copied)  # KSP_CONFIG names exactly the files it COPYs
     defaults_path, mounted_path = config_paths
-    listen_port, metrics_port = free_listen_port(kafka.broker_id), free_port()
+    # The image listens on all interfaces: its bootstrap port and broker port (base = listen + 1) must be free there.
+    listen_port, _ = free_port_layout([kafka.broker_id])
+    metrics_port = free_port("0.0.0.0")
     defaults = (ROOT / copied[defaults_path]).read_text()
     defaults = replace_once(defaults, r'^listen = "0\.0\.0\.0:9092"$', f'listen = "0.0.0.0:{listen_port}"')
     defaults = replace_once(defaults, r"^metrics-port = 9404$", f"metrics-port = {metrics_port}")
@@ -225,22 +207,11 @@ def test_image_entrypoint_and_configuration_path(kafka: LocalKafka, installed: P
         assert status == 200 and "ksp_" in metrics
 
         topic = create_topic(kafka.bootstrap, unique_name("image-entrypoint"))
-        producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
-        values = [f"record-{i}".encode() for i in range(RECORDS)]
-        for value in values:
-            producer.produce(topic, value=value)
-        assert producer.flush(30) == 0
-        del producer  # closes it: no reconnect attempts while the proxy stops
+        values = produce(bootstrap, topic, RECORDS)  # its producer is closed on return: no reconnects while the proxy stops
 
-        consumer = ShareConsumer({"bootstrap.servers": bootstrap, "group.id": unique_name("image-group")})
+        consumer = share_consumer(bootstrap, unique_name("image-group"), topic)
         try:
-            consumer.subscribe([topic])
-            received: list[bytes] = []
-            deadline = time.monotonic() + 30
-            while len(received) < RECORDS and time.monotonic() < deadline:
-                for message in consumer.poll(0.5):
-                    assert message.error() is None, message.error()
-                    received.append(message.value())
+            received = [message.value() for message in poll_until(consumer, RECORDS, timeout=30)]
         finally:
             consumer.close()
         assert sorted(received) == sorted(values)
