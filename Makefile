@@ -149,12 +149,37 @@ lint: venv
 unit: venv lint helm
 	$(BIN)/pytest -q tests $(PYTEST_ARGS)
 
+# The per-version suites run side by side (INTEGRATION_JOBS=2, the default; 1 runs them one after the
+# other): each is mostly waiting on its own broker's JVM and on client time-outs, so two at once finish in
+# about the time of the longer one on a 2-core machine. Each suite has its own broker, proxies and free
+# ports; its output goes to build/integration/kafka-VERSION.log and is printed when it ends.
+INTEGRATION_JOBS ?= 2
+INTEGRATION_LOGS := build/integration
+
 integration: venv kafka java spark-jars helm
-	for v in $(KAFKA_VERSIONS); do \
-	  echo "=== integration suite against Apache Kafka $$v ==="; \
-	  skip=""; [ "$$v" = "$(ONE_VERSION_KAFKA)" ] || skip="$(addprefix --ignore=,$(ONE_VERSION_SUITES))"; \
-	  KSP_KAFKA_VERSION=$$v $(BIN)/pytest -q integration $$skip $(PYTEST_ARGS) || exit 1; \
-	done
+	@run_suite() { \
+	  skip=""; [ "$$1" = "$(ONE_VERSION_KAFKA)" ] || skip="$(addprefix --ignore=,$(ONE_VERSION_SUITES))"; \
+	  KSP_KAFKA_VERSION=$$1 $(BIN)/pytest -q -p no:cacheprovider integration $$skip $(PYTEST_ARGS); \
+	}; \
+	if [ "$(INTEGRATION_JOBS)" = 1 ]; then \
+	  for v in $(KAFKA_VERSIONS); do \
+	    echo "=== integration suite against Apache Kafka $$v ==="; run_suite $$v || exit 1; \
+	  done; \
+	else \
+	  mkdir -p $(INTEGRATION_LOGS); jobs=""; \
+	  for v in $(KAFKA_VERSIONS); do \
+	    echo "=== integration suite against Apache Kafka $$v: started, output in $(INTEGRATION_LOGS)/kafka-$$v.log ==="; \
+	    ( start=$$(date +%s); run_suite $$v; rc=$$?; \
+	      echo "suite exit status $$rc after $$(( $$(date +%s) - start )) s"; exit $$rc ) > $(INTEGRATION_LOGS)/kafka-$$v.log 2>&1 & \
+	    jobs="$$jobs $$!:$$v"; \
+	  done; \
+	  failed=""; \
+	  for job in $$jobs; do \
+	    v=$${job#*:}; if wait $${job%%:*}; then result=passed; else result=FAILED; failed="$$failed $$v"; fi; \
+	    echo "=== integration suite against Apache Kafka $$v: $$result ==="; cat $(INTEGRATION_LOGS)/kafka-$$v.log; \
+	  done; \
+	  if [ -n "$$failed" ]; then echo "integration suites failed against Kafka:$$failed" >&2; exit 1; fi; \
+	fi
 
 test: unit integration
 
