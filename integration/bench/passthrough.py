@@ -111,11 +111,12 @@ def owned_partitions(partitions: int, clients: int) -> list[list[int]]:
     return [[p for p in range(partitions) if p % clients == index] for index in range(clients)]
 
 
-def run_parallel(workers: Sequence[Callable[[], None]]) -> float:
-    """Start every worker in its own thread at once; the seconds until the last one finished.
+def run_parallel(workers: Sequence[Callable[[], None]], cpu_clock: Callable[[], float | None]) -> tuple[float, float | None]:
+    """Start every worker in its own thread at once: (seconds until the last one finished, the
+    proxy CPU seconds `cpu_clock` counted meanwhile, None without a proxy).
 
-    Clients are created before (by the caller), so connecting is not timed but the first
-    requests are. A worker's exception is re-raised here.
+    Clients are created before (by the caller), so connecting is neither timed nor counted, but
+    the first requests are. A worker's exception is re-raised here.
     """
     start = threading.Barrier(len(workers) + 1)
     errors: list[BaseException] = []
@@ -130,14 +131,16 @@ def run_parallel(workers: Sequence[Callable[[], None]]) -> float:
     threads = [threading.Thread(target=body, args=(work,), daemon=True) for work in workers]
     for thread in threads:
         thread.start()
+    cpu_before = cpu_clock()
     start.wait()
     started = time.perf_counter()
     for thread in threads:
         thread.join()
     elapsed = time.perf_counter() - started
+    cpu_after = cpu_clock()
     if errors:
         raise errors[0]
-    return elapsed
+    return elapsed, None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
 
 
 def producer_config(path: Target, compression: str) -> dict[str, object]:
@@ -154,8 +157,8 @@ def producer_config(path: Target, compression: str) -> dict[str, object]:
 
 
 def produce(path: Target, topic: str, partitions: int, records: int, size: int, compression: str,
-            connections: int = 1) -> float:
-    """Produce `records` to `topic` with `connections` producers; the seconds it took."""
+            connections: int = 1) -> tuple[float, float | None]:
+    """Produce `records` to `topic` with `connections` producers: (seconds, proxy CPU seconds)."""
     value = os.urandom(size)
     owned = owned_partitions(partitions, connections)
     counts = split(records, connections)
@@ -191,11 +194,11 @@ def produce(path: Target, topic: str, partitions: int, records: int, size: int, 
         if producer.flush(60) != 0:
             raise RuntimeError(f"produce to {topic} via {path.name}: the warm-up record was not delivered")
     first_keys = [sum(counts[:index]) for index in range(connections)]
-    seconds = run_parallel([worker(p, mine, count, first)
-                            for p, mine, count, first in zip(producers, owned, counts, first_keys)])
+    timing = run_parallel([worker(p, mine, count, first)
+                           for p, mine, count, first in zip(producers, owned, counts, first_keys)], path.cpu_seconds)
     if failures[0]:
         raise RuntimeError(f"produce to {topic} via {path.name}: {failures[0]} failed deliveries")
-    return seconds
+    return timing
 
 
 def watermarks(bootstrap: str, topic: str, partitions: int) -> list[tuple[int, int]]:
@@ -207,8 +210,8 @@ def watermarks(bootstrap: str, topic: str, partitions: int) -> list[tuple[int, i
         consumer.close()
 
 
-def consume(path: Target, topic: str, marks: list[tuple[int, int]], connections: int = 1) -> tuple[float, int]:
-    """Read `topic` between its watermarks `marks` with `connections` consumers; (seconds, records).
+def consume(path: Target, topic: str, marks: list[tuple[int, int]], connections: int = 1) -> tuple[float, float | None]:
+    """Read `topic` between its watermarks `marks` with `connections` consumers: (seconds, proxy CPU seconds).
 
     The consumers start at explicit offsets and know the topic's metadata before the clock
     starts: OFFSET_BEGINNING costs a ListOffsets round and about 0.6 s before the first record
@@ -228,11 +231,13 @@ def consume(path: Target, topic: str, marks: list[tuple[int, int]], connections:
             }
         )
         consumer.list_topics(topic, timeout=30)
-        consumer.assign([TopicPartition(topic, p, marks[p][0]) for p in mine])
         consumers.append(consumer)
 
-    def worker(consumer: Consumer, expected: int) -> Callable[[], None]:
+    def worker(consumer: Consumer, mine: list[int], expected: int) -> Callable[[], None]:
         def work() -> None:
+            # Assigned only now: an assigned consumer starts fetching at once, and records it
+            # buffered before the clock started would not be timed.
+            consumer.assign([TopicPartition(topic, p, marks[p][0]) for p in mine])
             received = 0
             deadline = time.perf_counter() + 300
             while received < expected:
@@ -247,11 +252,10 @@ def consume(path: Target, topic: str, marks: list[tuple[int, int]], connections:
 
     expected = [sum(marks[p][1] - marks[p][0] for p in mine) for mine in owned]
     try:
-        seconds = run_parallel([worker(c, n) for c, n in zip(consumers, expected)])
+        return run_parallel([worker(c, mine, n) for c, mine, n in zip(consumers, owned, expected)], path.cpu_seconds)
     finally:
         for consumer in consumers:
             consumer.close()
-    return seconds, sum(expected)
 
 
 def load() -> str:
@@ -259,11 +263,8 @@ def load() -> str:
 
 
 def measured(path: Target, operation: str, connections: int, round_number: int, records: int, size: int,
-             action: Callable[[], float]) -> Measurement:
-    cpu_before = path.cpu_seconds()
-    seconds = action()
-    cpu_after = path.cpu_seconds()
-    cpu = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
+             action: Callable[[], tuple[float, float | None]]) -> Measurement:
+    seconds, cpu = action()
     return Measurement(path.name, operation, connections, round_number, records, records * size, seconds, cpu)
 
 
@@ -322,18 +323,21 @@ def run(args: argparse.Namespace) -> tuple[list[Measurement], list[str]]:
                 # Rotate the order every round so that no path always meets a warmer broker.
                 shift = round_number % len(paths)
                 order = paths[shift:] + paths[:shift]
-                for path in order:
+                for path in order if "produce" in args.operations else ():
                     measurements.append(measured(
                         path, "produce", connections, round_number, args.records, args.size,
                         lambda: produce(path, topics[path.name], partitions, args.records, args.size,
                                         args.compression, connections)))
+                if "produce" not in args.operations:  # consume only: the records still have to be there
+                    produce(paths[0], topics["direct"], partitions, args.records, args.size, args.compression,
+                            connections)
                 # Every path reads the same records: the topic produced directly.
                 marks = watermarks(kafka.bootstrap, topics["direct"], partitions)
                 records = sum(high - low for low, high in marks)
-                for path in order:
+                for path in order if "consume" in args.operations else ():
                     measurements.append(measured(
                         path, "consume", connections, round_number, records, args.size,
-                        lambda: consume(path, topics["direct"], marks, connections)[0]))
+                        lambda: consume(path, topics["direct"], marks, connections)))
                 print(f"connections {connections}: round {round_number + 1}/{args.repeat} done (load {load()})",
                       flush=True)
     notes.append(f"load (1/5/15 min) at end: {load()}")
@@ -357,7 +361,7 @@ def report(measurements: list[Measurement], args: argparse.Namespace, notes: Seq
     ratio_lines = ["", "| connections | operation | ratio | of medians | per-round median | per-round spread |",
                    "|---:|---|---|---:|---:|---:|"]
     for connections in args.connections:
-        for operation in ("produce", "consume"):
+        for operation in args.operations:
             runs = {name: sorted((m for m in measurements if m.operation == operation and m.path == name
                                   and m.connections == connections), key=lambda m: m.round)
                     for name in path_names}
@@ -419,6 +423,9 @@ def main() -> None:
                         help="comma-separated client counts, e.g. 1,8,64 (default 1)")
     parser.add_argument("--compare", type=_named_tree, action="append", default=[], metavar="NAME=TREE",
                         help="also measure a proxy run from another source tree (repeatable)")
+    parser.add_argument("--operations", type=lambda text: [op for op in ("produce", "consume") if op in text.split(",")],
+                        default=["produce", "consume"], help="produce,consume (default both); consume reads what "
+                        "was produced directly, so it always produces there")
     parser.add_argument("--tls-proxy", action="store_true", help="also measure the proxy with TLS listeners")
     parser.add_argument("--proxy-arg", action="append", default=[], help="extra `serve` argument (repeatable)")
     parser.add_argument("--profile", help="run the current proxy under cProfile; DIR/proxy.prof at exit")
