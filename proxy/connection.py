@@ -38,7 +38,8 @@ below the budget, so a single frame larger than the budget still passes (alone);
 and the upstream reader always reads the response the writer is waiting for next,
 because only writing that response can free bytes. At worst a connection therefore
 holds its budget plus one request frame and one response frame (and what the frame
-decoders have buffered of the next frames: at most one read, 256 KiB, per side),
+decoders have buffered of the next frames: at most one read per side, 256 KiB, or
+1 MiB while the rest of a large frame is read),
 plus the answers of local handlers that were already running (``max_in_flight``
 bounds how many).
 
