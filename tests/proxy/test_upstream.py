@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import struct
 
 import pytest
 import trio
@@ -22,17 +23,26 @@ async def tcp_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
     return client, server
 
 
-class CountingSocket:
-    """Delegates to a trio socket, counting sendmsg calls and what each one carried."""
+class CountingWritev:
+    """Stands in for os.writev, counting the calls and what each one wrote."""
 
-    def __init__(self, sock) -> None:
-        self._sock = sock
-        self.sendmsg_calls: list[int] = []
+    def __init__(self) -> None:
+        self.calls: list[int] = []
 
-    async def sendmsg(self, buffers):
-        sent = await self._sock.sendmsg(buffers)
-        self.sendmsg_calls.append(sent)
-        return sent
+    def __call__(self, fd, buffers):
+        written = REAL_WRITEV(fd, buffers)
+        self.calls.append(written)
+        return written
+
+
+REAL_WRITEV = os.writev
+
+
+@pytest.fixture
+def writev(monkeypatch) -> CountingWritev:
+    spy = CountingWritev()
+    monkeypatch.setattr("proxy.upstream.os.writev", spy)
+    return spy
 
 
 async def test_frames_of_every_size_cross_tcp_intact():
@@ -55,32 +65,70 @@ async def test_frames_of_every_size_cross_tcp_intact():
     await server.aclose()
 
 
-async def test_on_tcp_a_frame_is_one_scatter_write_of_prefix_and_payload():
+async def test_on_tcp_a_frame_is_one_scatter_write_of_prefix_and_payload(writev):
     client, server = await tcp_pair()
     sender = FramedStream(client, 1 << 20)
-    spy = CountingSocket(client.socket)
-    sender._socket = spy
     payload = os.urandom(100_000)  # above the size where prefix and payload used to go apart
     await sender.send_frame(payload)
     # The prefix never goes alone: the first call carries it and (part of) the payload.
-    assert spy.sendmsg_calls[0] > 4 and sum(spy.sendmsg_calls) == 4 + len(payload)
+    assert writev.calls[0] > 4 and sum(writev.calls) == 4 + len(payload)
     assert await FramedStream(server, 1 << 20).receive_frame() == payload
     await client.aclose()
     await server.aclose()
 
 
-async def test_a_scatter_write_the_peer_cannot_take_at_once_is_finished_in_pieces():
+async def test_a_scatter_write_the_peer_cannot_take_at_once_is_finished_in_pieces(writev):
     client, server = await tcp_pair()
     sender = FramedStream(client, 64 << 20)
-    spy = CountingSocket(client.socket)
-    sender._socket = spy
     payload = os.urandom(32 << 20)  # far more than loopback buffers hold
     async with trio.open_nursery() as nursery:
         nursery.start_soon(sender.send_frame, payload)
         await trio.sleep(0.05)  # let the sender fill the buffers before anyone reads
         assert await FramedStream(server, 64 << 20).receive_frame() == payload
-    assert len(spy.sendmsg_calls) > 1 and sum(spy.sendmsg_calls) == 4 + len(payload)
+    assert len(writev.calls) > 1 and sum(writev.calls) == 4 + len(payload)
     await client.aclose()
+    await server.aclose()
+
+
+async def test_a_send_the_socket_takes_at_once_does_not_go_through_the_scheduler():
+    client, server = await tcp_pair()
+    sender = FramedStream(client, 1 << 20)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await trio.lowlevel.checkpoint()
+            ticks += 1
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ticker)
+        await trio.lowlevel.checkpoint()  # the ticker is running
+        before = ticks
+        for _ in range(50):
+            await sender.send_frame(b"x" * 100)
+        assert ticks == before  # no send yielded
+        nursery.cancel_scope.cancel()
+    await client.aclose()
+    await server.aclose()
+
+
+async def test_closing_the_socket_while_a_send_waits_raises_closed_resource_error():
+    client, server = await tcp_pair()
+    sender = FramedStream(client, 64 << 20)
+    raised: list[BaseException] = []
+
+    async def send() -> None:
+        try:
+            await sender.send_frame(os.urandom(32 << 20))  # fills the buffers, then waits
+        except trio.ClosedResourceError as exc:
+            raised.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(send)
+        await trio.sleep(0.05)
+        await client.aclose()
+    assert len(raised) == 1
     await server.aclose()
 
 
@@ -96,7 +144,7 @@ async def test_sending_on_a_closed_tcp_stream_raises_closed_resource_error():
 async def test_sending_to_a_peer_that_reset_raises_broken_resource_error():
     client, server = await tcp_pair()
     framed = FramedStream(client, 64 << 20)
-    server.socket.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    server.socket.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_LINGER, struct.pack("ii", 1, 0))
     await server.aclose()  # linger 0: the peer answers with RST
     with pytest.raises(trio.BrokenResourceError):
         for _ in range(100):
