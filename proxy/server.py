@@ -48,6 +48,7 @@ from proxy.rewrite import (
     Endpoint,
     decode_response,
     encode_response,
+    locate_metadata_brokers,
     rewrite_endpoints,
     upstream_endpoints,
 )
@@ -125,6 +126,15 @@ class EndpointRewrite:
 
     async def __call__(self, request: Request, payload: bytes) -> bytes:
         api_key, api_version = request.header.api_key, request.header.api_version
+        if api_key == METADATA:
+            # Only its brokers array is read and written (proxy.rewrite): the topics pass as bytes.
+            brokers = locate_metadata_brokers(api_version, payload)
+            endpoints = brokers.endpoints()
+            if not endpoints:
+                return payload
+            await self.directory.learn(endpoints)
+            metrics.REWRITES.labels(api_key=str(api_key)).inc()
+            return brokers.rewritten(self.directory.advertised)
         header, entity = decode_response(api_key, api_version, payload)
         endpoints = upstream_endpoints(api_key, entity)
         if not endpoints:
