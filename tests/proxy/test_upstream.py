@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import struct
 
 import pytest
@@ -10,7 +11,7 @@ import trio
 import trio.testing
 
 from codec.framing import encode_frame
-from proxy.upstream import MAX_RECEIVE, RECEIVE_CHUNK, FramedStream
+from proxy.upstream import MAX_RECEIVE, NOTSENT_LOWAT, RECEIVE_CHUNK, FramedStream
 
 
 async def tcp_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
@@ -195,3 +196,12 @@ async def test_over_a_non_socket_stream_frames_still_go_whole():
         assert await receiver.receive_frame() == b"small"
         nursery.start_soon(sender.send_frame, big)
         assert await receiver.receive_frame() == big
+
+
+async def test_a_tcp_stream_may_queue_more_unsent_bytes_than_trios_default():
+    client, server = await tcp_pair()
+    # trio sets 16 KiB; a large frame to a slow reader would go out in many small writes.
+    FramedStream(client, 1 << 20)
+    assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT) == NOTSENT_LOWAT
+    await client.aclose()
+    await server.aclose()
