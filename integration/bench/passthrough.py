@@ -17,8 +17,9 @@ it is steadier than a rate.
 
 ``--compare before=/tmp/tree`` starts a second proxy from another source tree (its
 ``python -m proxy.cli``, same venv) beside the current one: a before/after in one run, the same
-rounds alternating over all paths. ``--tls-proxy`` adds the current proxy once more with TLS
-listeners (a fresh CA; the clients verify it), upstream plaintext: the cost of terminating TLS.
+rounds alternating over all paths. ``--tls-proxy`` adds every proxy once more with TLS listeners
+(``proxy-tls``, ``before-tls``; a fresh CA, the clients verify it; upstream plaintext): the cost
+of terminating TLS, and the before/after over TLS.
 ``--profile DIR`` runs the current proxy under cProfile (``DIR/proxy.prof`` at exit).
 
     .venv/bin/python -m integration.bench.passthrough --records 200000 --size 1024
@@ -269,36 +270,34 @@ def measured(path: Target, operation: str, connections: int, round_number: int, 
 
 
 def start_proxies(stack: ExitStack, kafka: LocalKafka, scratch: Path, args: argparse.Namespace) -> list[Target]:
-    paths = [Target("direct", kafka.bootstrap)]
+    """direct, proxy, one per --compare tree; with --tls-proxy each proxy once more with TLS listeners."""
     python = sys.executable
-    current = ("--log-level", "warning", *args.proxy_arg)
+    common = ("--log-level", "warning", *args.proxy_arg)
     # -P: the working directory must not shadow the tree PYTHONPATH names.
-    profile = [python, "-P", "-m", "cProfile", "-o", str(Path(args.profile) / "proxy.prof"), "-m", "proxy.cli"] \
-        if args.profile else []
+    profile = (python, "-P", "-m", "cProfile", "-o", str(Path(args.profile) / "proxy.prof"), "-m", "proxy.cli") \
+        if args.profile else ()
     if profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
-    proxy = stack.enter_context(ProxyProcess(upstream=kafka.bootstrap, log_path=scratch / "proxy.log",
-                                             extra_args=current, launcher=profile))
-    assert proxy.process is not None
-    paths.append(Target("proxy", proxy.bootstrap, pid=proxy.process.pid))
+    # name -> (launcher, environment): the current tree (the venv's share-proxy) and the others.
+    kinds: dict[str, tuple[tuple[str, ...], dict[str, str] | None]] = {"proxy": (profile, None)}
     for name, tree in args.compare:
-        env = dict(os.environ, PYTHONPATH=tree)
-        other = stack.enter_context(ProxyProcess(upstream=kafka.bootstrap, log_path=scratch / f"proxy-{name}.log",
-                                                 extra_args=current, launcher=(python, "-P", "-m", "proxy.cli"), env=env))
-        assert other.process is not None
-        paths.append(Target(name, other.bootstrap, pid=other.process.pid))
+        kinds[name] = ((python, "-P", "-m", "proxy.cli"), dict(os.environ, PYTHONPATH=tree))
+    variants: list[tuple[str, tuple[str, ...], dict[str, str]]] = [(name, (), {}) for name in kinds]
     if args.tls_proxy:
         from proxy.localkafka.certs import Certificates
 
         certificates = Certificates(scratch / "pki")
         cert, key = certificates.issue("proxy", hosts=("127.0.0.1", "localhost"))
-        tls_args = (*current, "--listener-ssl-certificate-location", str(cert), "--listener-ssl-key-location", str(key))
-        secured = stack.enter_context(ProxyProcess(upstream=kafka.bootstrap, log_path=scratch / "proxy-tls.log",
-                                                   extra_args=tls_args))
-        assert secured.process is not None
-        paths.append(Target("proxy-tls", secured.bootstrap,
-                           {"security.protocol": "SSL", "ssl.ca.location": str(certificates.ca_cert)},
-                           pid=secured.process.pid))
+        listener = ("--listener-ssl-certificate-location", str(cert), "--listener-ssl-key-location", str(key))
+        client = {"security.protocol": "SSL", "ssl.ca.location": str(certificates.ca_cert)}
+        variants += [(f"{name}-tls", listener, client) for name in kinds]
+    paths = [Target("direct", kafka.bootstrap)]
+    for name, listener_args, client_config in variants:
+        launcher, env = kinds[name.removesuffix("-tls")]
+        started = stack.enter_context(ProxyProcess(upstream=kafka.bootstrap, log_path=scratch / f"{name}.log",
+                                                   extra_args=(*common, *listener_args), launcher=launcher, env=env))
+        assert started.process is not None
+        paths.append(Target(name, started.bootstrap, client_config, pid=started.process.pid))
     return paths
 
 
@@ -379,6 +378,8 @@ def report(measurements: list[Measurement], args: argparse.Namespace, notes: Seq
                              f"| {throughput:,.1f} | {cpu} | {each} |")
             pairs = [(name, "direct") for name in path_names if name != "direct"]
             pairs += [("proxy", name) for name, _tree in args.compare]
+            pairs += [("proxy-tls", f"{name}-tls") for name, _tree in args.compare]
+            pairs += [("proxy-tls", "proxy")]  # what terminating TLS costs
             for top, bottom in pairs:
                 if top not in medians or bottom not in medians:
                     continue
@@ -405,7 +406,7 @@ def _connection_counts(text: str) -> list[int]:
 
 def _named_tree(text: str) -> tuple[str, str]:
     name, _, tree = text.partition("=")
-    if not name or not tree or name in ("direct", "proxy", "proxy-tls") or not Path(tree, "proxy").is_dir():
+    if not name or not tree or name in ("direct", "proxy") or name.endswith("-tls") or not Path(tree, "proxy").is_dir():
         raise argparse.ArgumentTypeError(f"expected NAME=SOURCE_TREE with a proxy/ package in it, not {text!r}")
     return name, str(Path(tree).resolve())
 
@@ -426,7 +427,7 @@ def main() -> None:
     parser.add_argument("--operations", type=lambda text: [op for op in ("produce", "consume") if op in text.split(",")],
                         default=["produce", "consume"], help="produce,consume (default both); consume reads what "
                         "was produced directly, so it always produces there")
-    parser.add_argument("--tls-proxy", action="store_true", help="also measure the proxy with TLS listeners")
+    parser.add_argument("--tls-proxy", action="store_true", help="also measure every proxy with TLS listeners")
     parser.add_argument("--proxy-arg", action="append", default=[], help="extra `serve` argument (repeatable)")
     parser.add_argument("--profile", help="run the current proxy under cProfile; DIR/proxy.prof at exit")
     args = parser.parse_args()
