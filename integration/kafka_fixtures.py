@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -97,6 +97,10 @@ class ProxyProcess:
     log_path: Path
     extra_args: Sequence[str] = ()
     startup_timeout: float = 60.0
+    # The command that runs the CLI (default: the venv's `share-proxy`), e.g. another source
+    # tree's `python -m proxy.cli` for a before/after benchmark; `env` replaces the environment.
+    launcher: Sequence[str] = ()
+    env: Mapping[str, str] | None = None
     bootstrap: str = ""
     host: str = ""
     port: int = 0
@@ -105,7 +109,7 @@ class ProxyProcess:
 
     def command(self) -> list[str]:
         return [
-            share_proxy_executable(),
+            *(self.launcher or (share_proxy_executable(),)),
             "serve",
             "--upstream",
             self.upstream,
@@ -123,6 +127,7 @@ class ProxyProcess:
                 stdout=subprocess.PIPE,
                 stderr=log,
                 text=True,
+                env=None if self.env is None else dict(self.env),
                 start_new_session=True,  # Ctrl-C on pytest must not hit the proxy before teardown
                 # ...and a killed pytest must not leave the proxy behind.
                 preexec_fn=die_with_parent if threading.current_thread() is threading.main_thread() else None,

@@ -91,14 +91,18 @@ class ApiVersionTable:
         self._forwardable = dict(forwardable)
         self._local: dict[int, VersionRange] = {}
         self._features: dict[str, VersionRange] = {}
+        #: Changes whenever the table does: what was narrowed with an older table is stale.
+        self.generation = 0
 
     def register_local(self, api_key: int, versions: VersionRange) -> None:
         """Declare an API the proxy serves itself (advertised even if the broker lacks it)."""
         self._local[api_key] = versions
+        self.generation += 1
 
     def register_feature(self, name: str, versions: VersionRange) -> None:
         """Advertise a supported feature of the proxy's own (ApiVersions v3+ SupportedFeatures)."""
         self._features[name] = versions
+        self.generation += 1
 
     @property
     def features(self) -> dict[str, VersionRange]:

@@ -38,7 +38,8 @@ below the budget, so a single frame larger than the budget still passes (alone);
 and the upstream reader always reads the response the writer is waiting for next,
 because only writing that response can free bytes. At worst a connection therefore
 holds its budget plus one request frame and one response frame (and what the frame
-decoders have buffered of the next frames: at most one read, 256 KiB, per side),
+decoders have buffered of the next frames: at most one read per side, 256 KiB, or
+1 MiB while the rest of a large frame is read),
 plus the answers of local handlers that were already running (``max_in_flight``
 bounds how many).
 
@@ -95,6 +96,11 @@ CALL_CLIENT_ID = "kafka-share-proxy"
 #: (KIP-368) while a request whose call waits is unanswered would wait for that answer forever;
 #: past this bound the call fails and the connection closes (the client reconnects).
 SASL_WAIT_TIMEOUT_S = 30.0
+#: The reader and the writer go through the scheduler at least once per this many frames. Most
+#: frames pass none at all (a frame already buffered, a send the socket takes at once, a slot
+#: the channel has room for: each a trip round trio's run loop saved), so without this a client
+#: that pipelines a burst (acks=0 Produce has no max_in_flight bound) could hold the loop.
+FRAMES_PER_YIELD = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,10 +351,14 @@ class ClientConnection:
         return None
 
     async def _read_requests(self) -> None:
-        while True:
+        for handled in itertools.count(1):
             frame = await self._receive_request_frame()
             if frame is None:
                 break
+            if handled % FRAMES_PER_YIELD == 0:
+                # Frames already buffered and sends the socket takes at once pass no
+                # scheduling point: a burst must still let other connections run.
+                await trio.lowlevel.checkpoint()
             request = self._parse_request(frame)
             self._note_request(request.header)
             # Locals dropped before the next frame is awaited: once passed on, a request's
@@ -382,10 +392,15 @@ class ClientConnection:
 
     async def _write_responses(self) -> None:
         async with self._order_receive:
-            async for pending in self._order_receive:
+            for written in itertools.count(1):
+                if (pending := await _next_in_order(self._order_receive)) is None:
+                    break
+                if written % FRAMES_PER_YIELD == 0:
+                    await trio.lowlevel.checkpoint()  # as in the reader
                 self._writer_waits_for = pending
                 self.budget.notify()  # the upstream reader may owe exactly this response
-                await pending.ready.wait()
+                if not pending.ready.is_set():
+                    await pending.ready.wait()
                 if pending.close_reason is not None:
                     # Logged here, not raised: leaving this block lets the reader run into the
                     # closed channel, and its error would then be the only one reported.
@@ -479,9 +494,15 @@ class ClientConnection:
             pending = PendingResponse(_header_only(request), transform)
             # Outside the send lock: this waits for the writer, which may wait for a handler
             # whose call needs the lock.
-            await self._order_send.send(pending)
-        async with self._send_lock:
-            upstream = await self._ensure_upstream()
+            await self._enqueue(pending)
+        lock = self._send_lock
+        # Uncontended (the common case) the lock is taken without a trip through the scheduler.
+        if lock.locked():
+            await lock.acquire()
+        else:
+            lock.acquire_nowait()
+        try:
+            upstream = self._upstream or await self._ensure_upstream()
             if self._upstream_closed:
                 # Its answer could never come: nobody reads the closed upstream any more.
                 raise UpstreamError("upstream closed the connection")
@@ -489,7 +510,16 @@ class ClientConnection:
                 self._awaiting_upstream.append(pending)
                 self.budget.notify()
             await _send(upstream, request.frame)
+        finally:
+            lock.release()
         self.budget.release(len(request.frame))
+
+    async def _enqueue(self, pending: PendingResponse) -> None:
+        """A slot into the order channel: waits only when it is full (max_in_flight)."""
+        try:
+            self._order_send.send_nowait(pending)
+        except trio.WouldBlock:
+            await self._order_send.send(pending)
 
     async def call_upstream(self, request: Any, response_type: type | None = None) -> Any:
         """The proxy's own request (a kio entity) on this client's upstream connection; its response.
@@ -544,7 +574,7 @@ class ClientConnection:
         self.budget.charge(len(payload))
         self.budget.release(len(request.frame))
         pending.complete(payload)
-        await self._order_send.send(pending)
+        await self._enqueue(pending)
 
     async def close_in_order(self, request: Request, reason: str) -> None:
         """Close the connection once every response owed before `request` is written.
@@ -555,12 +585,12 @@ class ClientConnection:
         pending = PendingResponse(request)
         pending.close_reason = reason
         pending.complete(None)
-        await self._order_send.send(pending)
+        await self._enqueue(pending)
 
     async def serve_locally(self, request: Request, handler: LocalHandler) -> None:
         """Run ``handler`` concurrently; its response is delivered in order."""
         pending = PendingResponse(_header_only(request))
-        await self._order_send.send(pending)
+        await self._enqueue(pending)
         assert self._nursery is not None
         budget = self.budget
 
@@ -586,6 +616,20 @@ async def _send(upstream: FramedStream, payload: bytes) -> None:
         await upstream.send_frame(payload)
     except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
         raise UpstreamError(f"cannot send to upstream: {exc}") from exc
+
+
+async def _next_in_order(channel: trio.MemoryReceiveChannel[PendingResponse]) -> PendingResponse | None:
+    """The next slot, None once the reader closed the channel; without a trip through the
+    scheduler when one is already waiting (the writer still yields at every send)."""
+    try:
+        return channel.receive_nowait()
+    except trio.WouldBlock:
+        try:
+            return await channel.receive()
+        except trio.EndOfChannel:
+            return None
+    except trio.EndOfChannel:
+        return None
 
 
 def _header_only(request: Request) -> Request:

@@ -96,3 +96,84 @@ def test_garbage_raises_only_frame_errors(garbage, max_frame_size):
     except CodecError as exc:
         assert isinstance(exc, FrameError)
     assert frames <= len(garbage) // 4
+
+
+def test_a_frame_split_over_feeds_reports_what_it_still_misses():
+    decoder = FrameDecoder(max_frame_size=1 << 20)
+    payload = bytes(range(256)) * 40
+    data = encode_frame(payload)
+    decoder.feed(data[:1000])
+    assert decoder.next_frame() is None
+    assert decoder.missing == len(payload) - (1000 - 4)
+    assert decoder.buffered == 1000
+    decoder.feed(data[1000:5000])
+    assert decoder.next_frame() is None
+    assert decoder.missing == len(data) - 5000
+    decoder.feed(data[5000:] + encode_frame(b"next"))
+    assert decoder.missing == 0
+    assert decoder.next_frame() == payload
+    assert decoder.next_frame() == b"next"
+    assert decoder.next_frame() is None
+    assert decoder.buffered == 0
+
+
+def test_a_prefix_alone_starts_a_frame_that_counts_as_buffered():
+    decoder = FrameDecoder(max_frame_size=100)
+    decoder.feed((10).to_bytes(4, "big"))
+    assert decoder.next_frame() is None
+    assert (decoder.missing, decoder.buffered) == (10, 4)  # EOF now is EOF inside a frame
+
+
+def test_a_split_prefix_is_kept_until_its_last_bytes_come():
+    decoder = FrameDecoder(max_frame_size=100)
+    data = encode_frame(b"a") + encode_frame(b"bcd")
+    decoder.feed(data[:7])  # the first frame and two bytes of the second prefix
+    assert decoder.next_frame() == b"a"
+    assert decoder.next_frame() is None
+    assert (decoder.missing, decoder.buffered) == (0, 2)
+    decoder.feed(data[7:])
+    assert decoder.next_frame() == b"bcd"
+
+
+def test_a_fed_buffer_the_caller_reuses_does_not_change_the_frames():
+    decoder = FrameDecoder(max_frame_size=100)
+    buffer = bytearray(encode_frame(b"hello") + encode_frame(b"world")[:6])
+    decoder.feed(buffer)
+    buffer[:] = b"\x00" * len(buffer)  # a reader reusing its receive buffer
+    assert decoder.next_frame() == b"hello"
+    assert decoder.next_frame() is None
+    decoder.feed(memoryview(bytearray(b"rld")))
+    assert decoder.next_frame() == b"world"
+
+
+def test_frames_come_out_as_bytes():
+    decoder = FrameDecoder(max_frame_size=1 << 20)
+    big = encode_frame(b"x" * 100_000)
+    decoder.feed(big[:10])
+    decoder.feed(big[10:])
+    frame = decoder.next_frame()
+    assert type(frame) is bytes and len(frame) == 100_000
+    decoder.feed(encode_frame(b"small"))
+    assert type(decoder.next_frame()) is bytes
+
+
+@given(
+    payloads=st.lists(st.binary(max_size=3000), max_size=12),
+    cuts=st.lists(st.integers(min_value=0, max_value=40_000), max_size=20),
+    drain_every=st.integers(min_value=1, max_value=4),
+)
+def test_round_trip_when_feeds_and_drains_interleave_unevenly(payloads, cuts, drain_every):
+    stream = b"".join(encode_frame(p) for p in payloads)
+    points = sorted({c % (len(stream) + 1) for c in cuts} | {0, len(stream)})
+    decoder = FrameDecoder(max_frame_size=3000)
+    out = []
+    for index, (start, end) in enumerate(zip(points, points[1:])):
+        decoder.feed(memoryview(stream)[start:end])
+        if index % drain_every == 0:
+            while (frame := decoder.next_frame()) is not None:
+                out.append(frame)
+        assert decoder.buffered + sum(len(p) + 4 for p in out) == end
+    while (frame := decoder.next_frame()) is not None:
+        out.append(frame)
+    assert out == payloads
+    assert (decoder.buffered, decoder.missing) == (0, 0)

@@ -161,3 +161,42 @@ def test_features_are_not_added_before_v3():
     narrowed = narrow_response(response, table)
     assert not hasattr(narrowed, "supported_features")
     assert [(a.api_key, a.max_version) for a in narrowed.api_keys] == [(18, 2)]
+
+
+def broker_answer(correlation_id: int, keys=BROKER_4X) -> bytes:
+    m = load_payload_module(API_VERSIONS, 3, EntityType.response)
+    response = build(
+        m.ApiVersionsResponse,
+        api_keys=tuple(m.ApiVersion(api_key=i16(k), min_version=i16(lo), max_version=i16(hi)) for k, lo, hi in keys),
+    )
+    return response_frame(response, correlation_id=correlation_id)
+
+
+def ranges(payload: bytes) -> list[tuple[int, int, int]]:
+    _, decoded = decode_response(API_VERSIONS, 3, payload)
+    return [(a.api_key, a.min_version, a.max_version) for a in decoded.api_keys]
+
+
+async def test_the_same_broker_answer_is_narrowed_once_and_each_client_gets_its_correlation_id(monkeypatch):
+    route = ApiVersionsRoute(ApiVersionTable())
+    first = await route.narrow(Request(RequestHeader(API_VERSIONS, 3, 1, "a"), b"", 0), broker_answer(1))
+
+    def no_second_narrowing(*args):
+        raise AssertionError("narrowed again")
+
+    monkeypatch.setattr(route, "_narrow", no_second_narrowing)
+    second = await route.narrow(Request(RequestHeader(API_VERSIONS, 3, 7, "b"), b"", 0), broker_answer(7))
+    assert (first[:4], second[:4]) == ((1).to_bytes(4, "big"), (7).to_bytes(4, "big"))
+    assert first[4:] == second[4:]
+
+
+async def test_a_different_broker_answer_or_a_changed_table_is_narrowed_afresh():
+    table = ApiVersionTable()
+    route = ApiVersionsRoute(table)
+    request = Request(RequestHeader(API_VERSIONS, 3, 1, "a"), b"", 0)
+    before = ranges(await route.narrow(request, broker_answer(1)))
+    assert (SHARE_FETCH, 1, 2) not in before
+    table.register_local(SHARE_FETCH, VersionRange(1, 1))  # the share service starts
+    assert (SHARE_FETCH, 1, 1) in ranges(await route.narrow(request, broker_answer(1)))
+    older_broker = [(k, lo, min(hi, 2)) for k, lo, hi in BROKER_4X]
+    assert (METADATA, 0, 2) in ranges(await route.narrow(request, broker_answer(1, older_broker)))

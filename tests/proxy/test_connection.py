@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import itertools
+
 import trio
 import trio.testing
 from structlog.testing import capture_logs
@@ -374,3 +377,53 @@ async def test_over_budget_the_response_the_writer_waits_for_is_still_read():
             assert await h.client.receive_frame() == response(1, b"forwarded")
             assert await h.client.receive_frame() == response(2, b"L" * (64 * KIB))
         await h.client_side.aclose()
+
+
+async def test_a_burst_of_buffered_requests_still_lets_other_tasks_run():
+    """Forwarding on TCP passes no scheduling point; the reader yields every FRAMES_PER_YIELD frames."""
+    from proxy.connection import FRAMES_PER_YIELD
+
+    ticks = 0
+    seen: list[int] = []  # the tick count when each request was handled
+
+    class Recording:
+        async def start(self, req: Request, connection: ClientConnection) -> None:
+            seen.append(ticks)
+            await connection.forward(req)
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await trio.lowlevel.checkpoint()
+            ticks += 1
+
+    async def drain(stream: trio.SocketStream) -> None:
+        while await stream.receive_some(1 << 20):
+            pass
+
+    async with trio.open_nursery() as nursery:
+        (broker,) = await nursery.start(functools.partial(trio.serve_tcp, drain, 0, host="127.0.0.1"))
+        (listener,) = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        client = await trio.open_tcp_stream("127.0.0.1", listener.socket.getsockname()[1])
+        proxy_side = await listener.accept()
+
+        async def open_upstream() -> FramedStream:
+            return FramedStream(await trio.open_tcp_stream("127.0.0.1", broker.socket.getsockname()[1]), 1 << 20)
+
+        connection = ClientConnection(FramedStream(proxy_side, 1 << 20), open_upstream=open_upstream,
+                                      routes={PRODUCE: Recording()}, api_versions=ApiVersionTable(), max_in_flight=8)
+        nursery.start_soon(connection.serve)
+        await client.send_all(encode_frame(produce_request(0, acks=0)))  # opens the upstream connection
+        while len(seen) < 1:
+            await trio.sleep(0.01)
+        nursery.start_soon(ticker)
+        frames = 2000  # acks=0: no slot, so max_in_flight does not bound the burst
+        await client.send_all(b"".join(encode_frame(produce_request(cid, acks=0)) for cid in range(1, frames + 1)))
+        while len(seen) < frames + 1:
+            await trio.sleep(0.01)
+        runs = [len(list(group)) for _, group in itertools.groupby(seen[1:])]
+        # The ticker and the reader run once each per scheduler batch, in either order.
+        assert max(runs) <= 2 * FRAMES_PER_YIELD
+        await client.aclose()
+        await listener.aclose()
+        nursery.cancel_scope.cancel()

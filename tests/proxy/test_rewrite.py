@@ -1,6 +1,8 @@
 """Every response that names brokers comes back naming only the proxy."""
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from kio.index import load_payload_module, load_response_schema
 from kio.schema.index import schema_name_map
 from kio.static.constants import EntityType
@@ -16,9 +18,13 @@ from proxy.rewrite import (
     PRODUCE,
     Endpoint,
     decode_response,
+    encode_response,
+    locate_metadata_brokers,
+    rewrite_endpoints,
     rewrite_response,
     upstream_endpoints,
 )
+from tests.codec.strategies import entities
 from tests.proxy.kio_build import build, has_field, response_frame
 
 PROXY_PORTS = {1: 30001, 2: 30002, 7: 30007}
@@ -180,3 +186,49 @@ def test_response_schema_versions_cover_all_rewritten_apis():
     for api_key in (METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER, PRODUCE, FETCH):
         assert load_response_schema(api_key, 0 if api_key != FETCH and api_key != PRODUCE else 10)
     assert parse_response_header(b"\x00\x00\x00\x01", 0)[0].correlation_id == 1
+
+
+# -- Metadata: only the brokers array is re-encoded ------------------------------------------
+
+
+def any_endpoint(node_id: int) -> tuple[str, int]:
+    return f"proxy-{node_id % 7}.example", 20000 + node_id % 1000
+
+
+@pytest.mark.parametrize("version", versions("metadata"))
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_metadata_rewrite_of_the_brokers_alone_equals_rewriting_the_whole_response(version, data):
+    response = data.draw(entities(module(METADATA, version).MetadataResponse))
+    frame = response_frame(response, correlation_id=7, header_tags=((3, b"t"),) if version >= 9 else ())
+    header, entity = decode_response(METADATA, version, frame)
+    whole = encode_response(header, rewrite_endpoints(METADATA, entity, any_endpoint))
+    assert rewrite_response(METADATA, version, frame, any_endpoint) == whole
+    located = locate_metadata_brokers(version, frame)
+    assert located.endpoints() == upstream_endpoints(METADATA, entity)
+
+
+def test_metadata_rewrite_keeps_the_bytes_after_the_brokers_verbatim():
+    m = module(METADATA, 12)
+    response = build(m.MetadataResponse,
+                     brokers=(build(m.MetadataResponseBroker, node_id=i32(1), host="kafka-1", port=i32(9092)),),
+                     topics=())
+    frame = response_frame(response, correlation_id=5)
+    # Bytes kio would not write back (say, a tagged field it does not know) survive: only the
+    # brokers array is re-encoded.
+    unknown_tail = frame[:-1] + b"\x01\x63\x02hi"  # the response's tagged fields: tag 99, 2 bytes
+    rewritten = rewrite_response(METADATA, 12, unknown_tail, endpoint_of)
+    assert rewritten.endswith(b"\x01\x63\x02hi")
+    assert locate_metadata_brokers(12, rewritten).endpoints() == [Endpoint(1, "proxy.example", 30001)]
+
+
+@pytest.mark.parametrize("version", [0, 3, 12])
+def test_metadata_with_a_truncated_brokers_array_is_an_upstream_error(version):
+    m = module(METADATA, version)
+    response = build(m.MetadataResponse,
+                     brokers=(build(m.MetadataResponseBroker, node_id=i32(1), host="kafka-1", port=i32(9092)),),
+                     topics=())
+    frame = response_frame(response, correlation_id=5)
+    cut = frame.index(b"kafka-1") + 3
+    with pytest.raises(UpstreamError):
+        rewrite_response(METADATA, version, frame[:cut], endpoint_of)
