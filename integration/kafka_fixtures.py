@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -97,6 +97,8 @@ class ProxyProcess:
     log_path: Path
     extra_args: Sequence[str] = ()
     startup_timeout: float = 60.0
+    # Added to the proxy's environment, e.g. {"PYTHONPATH": tree} to run another checkout's code.
+    env: Mapping[str, str] | None = None
     bootstrap: str = ""
     host: str = ""
     port: int = 0
@@ -123,6 +125,7 @@ class ProxyProcess:
                 stdout=subprocess.PIPE,
                 stderr=log,
                 text=True,
+                env=None if self.env is None else {**os.environ, **self.env},
                 start_new_session=True,  # Ctrl-C on pytest must not hit the proxy before teardown
                 # ...and a killed pytest must not leave the proxy behind.
                 preexec_fn=die_with_parent if threading.current_thread() is threading.main_thread() else None,

@@ -1,0 +1,60 @@
+"""share_bench's pure parts: shapes, proxy trees, and the tables built from measurements."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from integration.bench.share_bench import Measurement, best, parse_trees, repeats_table, rotated, table, trees_table
+
+
+def measurement(label: str, path: str, consumers: int, partitions: int, seconds: float) -> Measurement:
+    kind = "share group" if label.startswith("share") else "consumer group"
+    return Measurement(label, path, kind, consumers, 100_000, 100.0, seconds, 0.0, partitions=partitions)
+
+
+def test_parse_trees_resolves_paths_and_refuses_what_is_not_name_equals_path(tmp_path):
+    assert parse_trees(f"before={tmp_path},after=.") == [("before", str(tmp_path)), ("after", str(Path.cwd()))]
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_trees("before")
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_trees("=/tmp")
+
+
+def test_rotated_alternates_which_side_goes_first():
+    assert [rotated(["a", "b"], n) for n in range(3)] == [["a", "b"], ["b", "a"], ["a", "b"]]
+    assert rotated([], 3) == []
+
+
+def test_best_and_tables_keep_the_partition_shapes_apart():
+    results = [
+        measurement("consumer group, direct", "direct", 1, 4, 1.0),
+        measurement("consumer group, direct", "direct", 1, 32, 2.0),
+        measurement("share group x4, native", "native", 4, 4, 2.0),
+        measurement("share group x4, native", "native", 4, 32, 4.0),
+        measurement("share group x4, proxy before", "proxy", 4, 4, 2.0),
+        measurement("share group x4, proxy after", "proxy", 4, 4, 1.0),
+        measurement("share group x4, proxy after", "proxy", 4, 4, 1.6),  # a slower repeat
+        measurement("share group x4, proxy before", "proxy", 4, 32, 4.0),
+        measurement("share group x4, proxy after", "proxy", 4, 32, 5.0),
+    ]
+    assert best(results, "share group x4, native", 32).seconds == 4.0
+    assert best(results, "share group x4, proxy after", 4).seconds == 1.0
+    assert best(results, "share group x4, proxy after", 8) is None
+
+    four = table(results, [4], 4, ["before", "after"])
+    assert "| share group x4, proxy after | 4 | 100,000 |" in four
+    assert "| 2.00 / 2.00 |" in four  # after / native at 4 partitions
+    thirty_two = table(results, [4], 32, ["before", "after"])
+    assert "| share group x4, proxy after | 4 | 20,000 |" in thirty_two
+    assert "| 0.80 / 0.80 |" in thirty_two
+
+    assert trees_table(results, [4], 4, ["before", "after"]).splitlines()[-1] == "| 4 | 2.00 / 2.00 |"
+    assert trees_table(results, [4], 32, ["before", "after"]).splitlines()[-1] == "| 4 | 0.80 / 0.80 |"
+
+    repeats = repeats_table(results, 4).splitlines()
+    assert repeats[0] == "| measurement | repeat 1 | repeat 2 |"
+    assert "| share group x4, proxy after | 100,000 · 100,000 · 0.0 | 62,500 · 62,500 · 0.0 |" in repeats
+    assert "| share group x4, native | 50,000 · 50,000 · 0.0 |  |" in repeats
