@@ -59,6 +59,7 @@ import itertools
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -94,6 +95,7 @@ class Measurement:
     first_record_s: float  # from the tool's start to the first record
     acquired: int | None = None  # records the proxy acquired during the run (its metrics)
     partitions: int = 0  # of the topic consumed (one topic per --partitions shape)
+    proxy_cpu_s: float | None = None  # CPU the proxy process used during the run (all its threads)
 
     @property
     def records_per_second(self) -> float:
@@ -208,6 +210,60 @@ def proxy_counter_sum(metrics_url: str, name: str) -> float:
     return sum(float(value) for value in re.findall(rf"^{re.escape(name)}_total\{{[^}}]*\}} (\S+)$", text, re.MULTILINE))
 
 
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU of a process and all its threads so far (Linux /proc), None elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+@contextlib.contextmanager
+def py_spy(executable: str | None, pid: int, output: Path):
+    """Sample `pid` with py-spy (raw collapsed stacks into `output`) while the block runs."""
+    if executable is None:
+        yield
+        return
+    output.parent.mkdir(parents=True, exist_ok=True)
+    process = subprocess.Popen([executable, "record", "--pid", str(pid), "--rate", "200", "--format", "raw",
+                                "--output", str(output)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(0.5)  # attached before the run starts
+    try:
+        yield
+    finally:
+        process.send_signal(signal.SIGINT)  # py-spy writes its output on Ctrl-C
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def profile_summary(path: Path, top: int = 25) -> str:
+    """The functions with the most samples in a py-spy raw profile: self and inclusive share."""
+    own: dict[str, int] = {}
+    inclusive: dict[str, int] = {}
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = [re.sub(r":\d+\)$", ")", frame) for frame in stack.split(";")]
+        total += count
+        own[frames[-1]] = own.get(frames[-1], 0) + count
+        for frame in set(frames):
+            inclusive[frame] = inclusive.get(frame, 0) + count
+    lines = [f"{total} samples; self % / inclusive %, by self:"]
+    for frame, count in sorted(own.items(), key=lambda item: -item[1])[:top]:
+        lines.append(f"  {100 * count / total:5.1f} {100 * inclusive[frame] / total:5.1f}  {frame}")
+    lines.append("by inclusive:")
+    for frame, count in sorted(inclusive.items(), key=lambda item: -item[1])[:top]:
+        lines.append(f"  {100 * own.get(frame, 0) / total:5.1f} {100 * count / total:5.1f}  {frame}")
+    return "\n".join(lines)
+
+
 # ----- data ---------------------------------------------------------------------------------------
 
 
@@ -261,7 +317,7 @@ def phase_proxy(args: argparse.Namespace, tools: PerfTools, log_dir: Path) -> li
                     upstream=kafka.bootstrap, log_path=log_dir / f"proxy{'-' + tree if tree else ''}.log",
                     extra_args=extra, env={"PYTHONPATH": path} if path else None))
                 proxies.append((tree, proxy, f"http://127.0.0.1:{metrics_port}/metrics"))
-            round_ = itertools.count()
+            round_, runs = itertools.count(), itertools.count()
             for _ in range(args.repeat):
                 for partitions, topic in topics.items():
                     sides = [(kafka.bootstrap, "direct", "direct")] + [
@@ -273,16 +329,27 @@ def phase_proxy(args: argparse.Namespace, tools: PerfTools, log_dir: Path) -> li
                         report_progress(results[-1])
                     for consumers in args.consumers:
                         for tree, proxy, metrics_url in rotated(proxies, next(round_)):
+                            assert proxy.process is not None
+                            pid = proxy.process.pid
                             acquired_before = proxy_counter(metrics_url, "ksp_share_records_acquired")
-                            measured = share_perf(tools, proxy.bootstrap, topic, unique_name("bench-share"),
-                                                  args.records, consumers,
-                                                  f"share group x{consumers}, {proxy_label(tree)}", "proxy")
+                            profile = args.profile_dir / f"p{partitions}-x{consumers}-{tree or 'proxy'}-{next(runs)}.txt"
+                            with py_spy(args.py_spy, pid, profile):
+                                cpu_before = process_cpu_seconds(pid)
+                                measured = share_perf(tools, proxy.bootstrap, topic, unique_name("bench-share"),
+                                                      args.records, consumers,
+                                                      f"share group x{consumers}, {proxy_label(tree)}", "proxy")
+                                cpu_after = process_cpu_seconds(pid)
                             # More acquisitions than records would mean redeliveries inflated the count.
                             acquired = int(proxy_counter(metrics_url, "ksp_share_records_acquired") - acquired_before)
-                            results.append(dataclasses.replace(measured, acquired=acquired, partitions=partitions))
+                            cpu = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
+                            results.append(dataclasses.replace(measured, acquired=acquired, partitions=partitions,
+                                                               proxy_cpu_s=cpu))
                             report_progress(results[-1])
                             print(f"    the proxy acquired {acquired:,} records for {results[-1].records:,} consumed",
                                   file=sys.stderr, flush=True)
+                            if args.py_spy and profile.exists():
+                                print(f"    profile {profile}:\n{profile_summary(profile, args.profile_top)}",
+                                      file=sys.stderr, flush=True)
     return results
 
 
@@ -353,9 +420,11 @@ def phase_native(args: argparse.Namespace, tools: PerfTools, log_dir: Path) -> l
 
 def report_progress(measurement: Measurement) -> None:
     shape = f" ({measurement.partitions} partitions)" if measurement.partitions else ""
+    cpu = ("" if measurement.proxy_cpu_s is None else
+           f", proxy CPU {measurement.proxy_cpu_s:.1f} s = {measurement.proxy_cpu_s / measurement.seconds:.0%} of a core")
     print(f"  {measurement.label}{shape}: {measurement.records_per_second:,.0f} records/s whole run, "
           f"{measurement.streaming_records_per_second:,.0f} after the first record "
-          f"({measurement.first_record_s:.1f} s)", file=sys.stderr, flush=True)
+          f"({measurement.first_record_s:.1f} s){cpu}", file=sys.stderr, flush=True)
 
 
 def best(results: Sequence[Measurement], label: str, partitions: int | None = None) -> Measurement | None:
@@ -460,6 +529,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--proxy-trees", type=parse_trees, default=None,
                         help="NAME=PATH,...: a proxy per source tree (PYTHONPATH=PATH), measured side by side "
                              "in alternating order, e.g. before=/tmp/base,after=.")
+    parser.add_argument("--py-spy", default=None, metavar="PATH",
+                        help="profile the proxy during each proxied share run with this py-spy executable")
+    parser.add_argument("--profile-dir", type=Path, default=Path(tempfile.gettempdir()) / "share-bench-profiles",
+                        help="where --py-spy writes its raw profiles (one file per run)")
+    parser.add_argument("--profile-top", type=int, default=25, help="functions listed per profile")
     parser.add_argument("--share-authorization", type=lambda s: s.split(","), default=None,
                         help="measure these --share-authorization modes against each other instead (e.g. off,cluster)")
     args = parser.parse_args(argv)

@@ -7,7 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from integration.bench.share_bench import Measurement, best, parse_trees, repeats_table, rotated, table, trees_table
+from integration.bench.share_bench import (
+    Measurement,
+    best,
+    parse_trees,
+    process_cpu_seconds,
+    profile_summary,
+    repeats_table,
+    rotated,
+    table,
+    trees_table,
+)
 
 
 def measurement(label: str, path: str, consumers: int, partitions: int, seconds: float) -> Measurement:
@@ -58,3 +68,23 @@ def test_best_and_tables_keep_the_partition_shapes_apart():
     assert repeats[0] == "| measurement | repeat 1 | repeat 2 |"
     assert "| share group x4, proxy after | 100,000 · 100,000 · 0.0 | 62,500 · 62,500 · 0.0 |" in repeats
     assert "| share group x4, native | 50,000 · 50,000 · 0.0 |  |" in repeats
+
+
+def test_profile_summary_counts_self_and_inclusive_samples(tmp_path):
+    raw = tmp_path / "profile.txt"
+    raw.write_text("main (a.py:1);read (r.py:10);parse (p.py:3) 6\n"
+                   "main (a.py:1);read (r.py:12) 2\n"
+                   "main (a.py:1);encode (e.py:7) 2\n")
+    lines = profile_summary(raw, top=2).splitlines()
+    assert lines[0].startswith("10 samples")
+    assert lines[1].split() == ["60.0", "60.0", "parse", "(p.py)"]
+    assert lines[2].split() == ["20.0", "80.0", "read", "(r.py)"]  # line numbers merged: one function
+    by_inclusive = lines[lines.index("by inclusive:") + 1:]
+    assert by_inclusive[0].split() == ["0.0", "100.0", "main", "(a.py)"]
+    assert by_inclusive[1].split() == ["20.0", "80.0", "read", "(r.py)"]
+
+
+def test_process_cpu_seconds_reads_this_process():
+    import os
+    spent = process_cpu_seconds(os.getpid())
+    assert spent is None or spent > 0
