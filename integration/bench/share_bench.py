@@ -70,6 +70,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+from prometheus_client.parser import text_string_to_metric_families
 
 from integration.bench.passthrough import produce
 from integration.kafka_fixtures import ProxyProcess, admin_client, create_topics, kafka_tools_jar, unique_name
@@ -203,6 +204,36 @@ def proxy_counter(metrics_url: str, name: str) -> float:
     return float(match.group(1)) if match else 0.0
 
 
+def proxy_samples(metrics_url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample on the proxy's Prometheus endpoint: (name, sorted labels) -> value."""
+    with urllib.request.urlopen(metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+LATENCY_SERIES = (  # (what, histogram name, labels)
+    ("ShareFetch", "ksp_request_seconds", (("api", "ShareFetch"),)),
+    ("ShareAcknowledge", "ksp_request_seconds", (("api", "ShareAcknowledge"),)),
+    ("state write", "ksp_share_state_write_seconds", ()),
+)
+
+
+def latency_breakdown(before: dict, after: dict, records: int) -> str:
+    """Requests and state writes during a run, from the proxy's histograms: count and mean latency."""
+    parts = []
+    for what, name, labels in LATENCY_SERIES:
+        count = after.get((f"{name}_count", labels), 0.0) - before.get((f"{name}_count", labels), 0.0)
+        total = after.get((f"{name}_sum", labels), 0.0) - before.get((f"{name}_sum", labels), 0.0)
+        if count:
+            parts.append(f"{what} {count:,.0f} x {1000 * total / count:.2f} ms")
+    fetches = (after.get(("ksp_request_seconds_count", LATENCY_SERIES[0][2]), 0.0)
+               - before.get(("ksp_request_seconds_count", LATENCY_SERIES[0][2]), 0.0))
+    if fetches:
+        parts.append(f"{records / fetches:,.0f} records per ShareFetch")
+    return ", ".join(parts)
+
+
 def proxy_counter_sum(metrics_url: str, name: str) -> float:
     """The sum of a labelled counter's series on the proxy's Prometheus endpoint."""
     with urllib.request.urlopen(metrics_url, timeout=10) as response:
@@ -241,21 +272,30 @@ def py_spy(executable: str | None, pid: int, output: Path):
 
 
 def profile_summary(path: Path, top: int = 25) -> str:
-    """The functions with the most samples in a py-spy raw profile: self and inclusive share."""
+    """The functions with the most samples in a py-spy raw profile: self and inclusive share.
+
+    Only the main thread counts (the trio loop: the proxy's Python work); the librdkafka poller
+    threads block in C and would be sampled as busy.
+    """
     own: dict[str, int] = {}
     inclusive: dict[str, int] = {}
-    total = 0
+    total = other_threads = 0
     for line in path.read_text().splitlines():
         stack, _, count_text = line.rpartition(" ")
         if not stack or not count_text.isdigit():
             continue
         count = int(count_text)
+        if stack.startswith("Thread._bootstrap"):
+            other_threads += count
+            continue
         frames = [re.sub(r":\d+\)$", ")", frame) for frame in stack.split(";")]
         total += count
         own[frames[-1]] = own.get(frames[-1], 0) + count
         for frame in set(frames):
             inclusive[frame] = inclusive.get(frame, 0) + count
-    lines = [f"{total} samples; self % / inclusive %, by self:"]
+    if not total:
+        return f"no main-thread samples ({other_threads} in other threads)"
+    lines = [f"{total} main-thread samples ({other_threads} in other threads); self % / inclusive %, by self:"]
     for frame, count in sorted(own.items(), key=lambda item: -item[1])[:top]:
         lines.append(f"  {100 * count / total:5.1f} {100 * inclusive[frame] / total:5.1f}  {frame}")
     lines.append("by inclusive:")
@@ -332,6 +372,7 @@ def phase_proxy(args: argparse.Namespace, tools: PerfTools, log_dir: Path) -> li
                             assert proxy.process is not None
                             pid = proxy.process.pid
                             acquired_before = proxy_counter(metrics_url, "ksp_share_records_acquired")
+                            samples_before = proxy_samples(metrics_url)
                             profile = args.profile_dir / f"p{partitions}-x{consumers}-{tree or 'proxy'}-{next(runs)}.txt"
                             with py_spy(args.py_spy, pid, profile):
                                 cpu_before = process_cpu_seconds(pid)
@@ -345,7 +386,8 @@ def phase_proxy(args: argparse.Namespace, tools: PerfTools, log_dir: Path) -> li
                             results.append(dataclasses.replace(measured, acquired=acquired, partitions=partitions,
                                                                proxy_cpu_s=cpu))
                             report_progress(results[-1])
-                            print(f"    the proxy acquired {acquired:,} records for {results[-1].records:,} consumed",
+                            print(f"    the proxy acquired {acquired:,} records for {results[-1].records:,} consumed; "
+                                  f"{latency_breakdown(samples_before, proxy_samples(metrics_url), measured.records)}",
                                   file=sys.stderr, flush=True)
                             if args.py_spy and profile.exists():
                                 print(f"    profile {profile}:\n{profile_summary(profile, args.profile_top)}",

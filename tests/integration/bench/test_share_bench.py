@@ -10,6 +10,7 @@ import pytest
 from integration.bench.share_bench import (
     Measurement,
     best,
+    latency_breakdown,
     parse_trees,
     process_cpu_seconds,
     profile_summary,
@@ -74,9 +75,10 @@ def test_profile_summary_counts_self_and_inclusive_samples(tmp_path):
     raw = tmp_path / "profile.txt"
     raw.write_text("main (a.py:1);read (r.py:10);parse (p.py:3) 6\n"
                    "main (a.py:1);read (r.py:12) 2\n"
-                   "main (a.py:1);encode (e.py:7) 2\n")
+                   "main (a.py:1);encode (e.py:7) 2\n"
+                   "Thread._bootstrap (threading.py:1);_poll_loop (persister.py:9) 40\n")
     lines = profile_summary(raw, top=2).splitlines()
-    assert lines[0].startswith("10 samples")
+    assert lines[0].startswith("10 main-thread samples (40 in other threads)")
     assert lines[1].split() == ["60.0", "60.0", "parse", "(p.py)"]
     assert lines[2].split() == ["20.0", "80.0", "read", "(r.py)"]  # line numbers merged: one function
     by_inclusive = lines[lines.index("by inclusive:") + 1:]
@@ -88,3 +90,12 @@ def test_process_cpu_seconds_reads_this_process():
     import os
     spent = process_cpu_seconds(os.getpid())
     assert spent is None or spent > 0
+
+
+def test_latency_breakdown_takes_the_runs_share_of_the_histograms():
+    fetch = (("api", "ShareFetch"),)
+    before = {("ksp_request_seconds_count", fetch): 10.0, ("ksp_request_seconds_sum", fetch): 1.0}
+    after = {("ksp_request_seconds_count", fetch): 410.0, ("ksp_request_seconds_sum", fetch): 3.0,
+             ("ksp_share_state_write_seconds_count", ()): 100.0, ("ksp_share_state_write_seconds_sum", ()): 0.4}
+    assert latency_breakdown(before, after, 200_000) == (
+        "ShareFetch 400 x 5.00 ms, state write 100 x 4.00 ms, 500 records per ShareFetch")
