@@ -55,6 +55,7 @@ class FakeCluster:
         self.appended = trio.Event()
         self.fail_fetch = False
         self.fetches = 0
+        self.fetch_requests: list[list[tuple[int, int, int]]] = []  # (partition, offset, max bytes) per Fetch
         self.refreshes = 0
         self._created: list[TopicInfo] = []
 
@@ -106,6 +107,19 @@ class FakeCluster:
                 chunks.append(batch)
                 size += len(batch)
         return FetchedPartition(error_code=0, log_start_offset=0, aborted_transactions=(), records=b"".join(chunks))
+
+    async def fetch_many(self, reads, *, read_committed):
+        """One upstream Fetch for several partitions (one broker here): each served as `fetch` serves it."""
+        self.fetch_requests.append([(read.partition, read.offset, read.max_bytes) for read in reads])
+        answers = {}
+        for read in reads:
+            try:
+                answers[(read.topic.topic_id, read.partition)] = await self.fetch(
+                    read.topic, read.partition, read.offset, max_bytes=read.max_bytes, max_wait_ms=0,
+                    read_committed=read_committed)
+            except UpstreamError as exc:
+                answers[(read.topic.topic_id, read.partition)] = exc
+        return answers
 
     async def aclose(self) -> None:
         pass

@@ -1,7 +1,10 @@
-"""The reader's bounds: one read-cache byte budget, and metadata refreshes bounded per interval."""
+"""The reader: its bounds (one read-cache byte budget, metadata refreshes per interval) and its
+reads (one upstream Fetch per leader for every partition needing records, the read caches, one
+partition's records per response)."""
 
 from __future__ import annotations
 
+import dataclasses
 import tracemalloc
 import uuid
 
@@ -10,6 +13,7 @@ import trio
 from proxy.share.leaders import Leader
 from proxy.share.partition import PartitionConfig, SharePartition
 from proxy.share.reader import MetadataRefresher, ReadCache, ReadCacheBudget
+from tests.proxy.share.test_manager import TOPIC_ID, FakeCluster, acquired, service_config, start_service
 
 MIB = 1024 * 1024
 
@@ -77,3 +81,93 @@ async def test_background_refreshes_coalesce(autojump_clock):
         for _ in range(100):
             refresher.refresh_soon(nursery, "stale-leader")
     assert cluster.refreshes == 1
+
+
+# ----- reads: one upstream Fetch per leader, the read caches, one partition per response ---------
+# Driven through ShareService with test_manager's in-memory upstream (one broker) on virtual time.
+
+TPS = [(TOPIC_ID, p) for p in range(4)]
+
+
+def partitions_of(result: dict) -> dict:
+    """{partition: records acquired} of one ShareFetch response."""
+    return {tp[1]: sum(last - first + 1 for first, last, _ in acquired(result, tp))
+            for tp in result if tp != "error" and acquired(result, tp)}
+
+
+async def test_one_upstream_fetch_reads_every_partition_and_the_next_fetches_take_from_the_caches(
+        nursery, autojump_clock):
+    harness = await start_service(nursery, cluster=FakeCluster(partitions=4))
+    for partition in range(4):
+        for _ in range(3):
+            harness.cluster.append([b"a", b"b"], partition=partition)
+    member = harness.member("m")
+
+    first = await harness.fetch(member, partitions=TPS, max_records=6)
+    assert [[partition for partition, _, _ in request] for request in harness.cluster.fetch_requests] == [[0, 1, 2, 3]]
+    later = [await harness.fetch(member, max_records=6) for _ in range(3)]
+
+    assert len(harness.cluster.fetch_requests) == 1  # the other partitions came from their read caches
+    served = [partitions_of(result) for result in (first, *later)]
+    assert all(len(response) == 1 for response in served)  # one partition's records per response
+    assert sorted(p for response in served for p in response) == [0, 1, 2, 3]
+    assert all(count == 6 for response in served for count in response.values())
+
+
+async def test_a_response_takes_one_partitions_records_while_its_log_has_enough(nursery, autojump_clock):
+    """A read cache holding fewer records than asked is read again, instead of the response being
+    topped up from the next partition (each partition in a response costs a state write)."""
+    harness = await start_service(nursery, cluster=FakeCluster(partitions=2))
+    for partition in range(2):
+        for _ in range(100):
+            harness.cluster.append([bytes(16 * 1024)], partition=partition)
+    member = harness.member("m")
+    served = [partitions_of(await harness.fetch(member, partitions=TPS[:2], max_records=7))]
+    served += [partitions_of(await harness.fetch(member, max_records=7)) for _ in range(24)]
+    assert [len(response) for response in served] == [1] * 25
+    assert [sum(response.values()) for response in served] == [7] * 25
+
+
+async def test_a_batched_read_fills_at_most_a_quarter_of_the_cache_budget(nursery, autojump_clock):
+    config = dataclasses.replace(service_config(), max_read_cache_bytes=4 * MIB)
+    harness = await start_service(nursery, cluster=FakeCluster(partitions=4), config=config)
+    for partition in range(4):
+        for _ in range(100):
+            harness.cluster.append([bytes(16 * 1024)], partition=partition)
+    member = harness.member("m")
+    await harness.fetch(member, partitions=TPS, max_records=5)
+    for _ in range(3):
+        await harness.fetch(member, max_records=5)
+    # A partition's first read is 1 MiB (its record size is not known yet): one per request fits
+    # the 1 MiB a batched read may take, where four would otherwise have gone in the first.
+    assert [[partition for partition, _, _ in request] for request in harness.cluster.fetch_requests] == [
+        [0], [1], [2], [3]]
+    assert all(size == MIB for request in harness.cluster.fetch_requests for _, _, size in request)
+
+
+class SlowCluster(FakeCluster):
+    """An upstream whose Fetch takes 10 ms, so members' fetches overlap."""
+
+    async def fetch(self, *args, **kwargs):
+        await trio.sleep(0.01)
+        return await super().fetch(*args, **kwargs)
+
+
+async def test_members_of_one_partition_share_one_upstream_read(nursery, autojump_clock):
+    harness = await start_service(nursery, cluster=SlowCluster())
+    for _ in range(30):
+        harness.cluster.append([b"x"])
+    members = [harness.member(f"m{i}") for i in range(3)]
+    for member in members:
+        await harness.join(member)
+    got = {}
+
+    async def fetch(member) -> None:
+        got[member.member_id] = acquired(await harness.fetch(member, max_records=5))
+
+    async with trio.open_nursery() as fetches:
+        for member in members:
+            fetches.start_soon(fetch, member)
+    assert len(harness.cluster.fetch_requests) == 1
+    offsets = sorted(first for ranges in got.values() for first, _, _ in ranges)
+    assert offsets == [0, 5, 10]  # each member its own records, from the one read
