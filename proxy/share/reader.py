@@ -5,22 +5,29 @@ Theory of operation
 A ShareFetch takes records from the partitions of the member's share session in turn (rotating
 the start so none starves) until it has MaxRecords. A partition whose **read cache** (the
 batches of an earlier upstream read not yet acquired) holds that many records from the engine's
-``next_fetch_offset()`` on, or all the log had, is served from it. Otherwise the reader reads the
-log upstream -- and with the same request the log of every later partition of the session whose
-cache does not hold enough: **one upstream Fetch per leader broker** (the leaders at once), each
-partition sized for the records still wanted (bytes per record are learned). The partitions
-served later take from those caches without an upstream round trip. The engine acquires from
-the batch headers; the batches overlapping the acquired ranges go back to the client as the
-broker's raw bytes (never decoded). A cache short of the records wanted is read again rather
-than topped up from the next partition, so a response carries one partition's records while its
-log has enough (each partition in a response costs a state write when its records are
-acknowledged). One batched read fills at most a quarter of the cache budget.
+``next_fetch_offset()`` on, or all the log had, is served from it; otherwise the reader reads
+its log upstream. The engine acquires from the batch headers; the batches overlapping the
+acquired ranges go back to the client as the broker's raw bytes (never decoded). A cache short
+of the records wanted is read again rather than topped up from the next partition, so a
+response carries one partition's records while its log has enough (each partition in a
+response costs a state write when its records are acknowledged).
 
-Only one read per share-partition runs at a time (its ``read_lock``, held from before the
-upstream read until the fetch has taken its records): members fetching the same partition skip
-it while another fetch reads it, and only if nothing else was acquirable wait and take their
-records from the batches it brought in, so the log is read once, not once per member (a read is
-sized for the members queued behind it too).
+Reads are sized for what can be acquired: the records wanted times the bytes per record learned
+from earlier reads, never less than the partition's largest recent log batch (a broker answers a
+partition whose next batch exceeds its PartitionMaxBytes with nothing unless it comes first in
+the response).
+
+**Read-ahead.** Once a fetch has taken records, the partitions of its session whose caches hold
+fewer than a fetch takes, and whose log had more at their last read, are read in the background
+with **one upstream Fetch per leader broker** (the leaders at once; at most a quarter of the
+cache budget per batch), so the member's next fetch -- or another member's -- finds its records
+in a cache instead of waiting for an upstream round trip.
+
+Only one read per share-partition runs at a time (its ``read_lock``, held by a fetch from before
+its read until it has taken its records, and by a read-ahead until its reads are cached):
+members fetching the same partition skip it while it is being read, and only if nothing else was
+acquirable wait and take their records from the batches that read brought in, so the log is read
+once, not once per member (a read is sized for the members queued behind it too).
 
 The read caches of all share-partitions share **one byte budget** (``max_read_cache_bytes``):
 when a new read would exceed it, the least recently used caches are dropped (a later fetch reads
@@ -272,7 +279,10 @@ class Reader:
                         break
                     outcome = await self.fetch_partition(group_id, member_id, tp, params, budget)
                     _note(tp, outcome, budget, results, idle_partitions)
-            if any(r.count for r in results.values()) or trio.current_time() >= params.deadline or not order:
+            if any(r.count for r in results.values()):
+                self._read_ahead(group_id, order, params)
+                return results
+            if trio.current_time() >= params.deadline or not order:
                 return results
             if any(r.error is not ErrorCode.none for r in results.values()):
                 return results
@@ -283,53 +293,73 @@ class Reader:
         results: dict[TopicIdPartition, Fetched], idle_partitions: list,
     ) -> list[TopicIdPartition]:
         """Take records from the partitions no other fetch is reading, in order: from a partition's
-        read cache when that holds enough, else from one upstream read per leader broker that also
-        brings in the later partitions' records (kept in their caches for the next fetches).
-        Returns the partitions another fetch was reading."""
+        read cache when that holds enough, else from an upstream read of it. Returns the partitions
+        another fetch (or a read-ahead) was reading."""
         busy: list[TopicIdPartition] = []
-        held: dict[TopicIdPartition, _Held | None] = {}  # locked by this round, or None: skipped
-        reads: dict[TopicIdPartition, ReadCache | Fetched | None] = {}
-
-        async def hold(tp: TopicIdPartition) -> _Held | None:
-            if tp in held:
-                return held[tp]
-            held[tp] = None
+        for tp in order:
+            if budget.spent:
+                break
             prepared = await self._prepare(group_id, tp)
             if isinstance(prepared, Fetched):
                 results[(tp[0], tp[1])] = prepared
-            elif prepared is not None:
-                lock = prepared[1].read_lock
-                if lock.locked():
-                    busy.append(tp)
-                else:
-                    lock.acquire_nowait()  # no await since locked(): ours
-                    held[tp] = prepared
-            return held[tp]
-
-        try:
-            for index, tp in enumerate(order):
-                if budget.spent:
-                    break
-                entry = await hold(tp)
-                if entry is None:
-                    continue
-                _, leader, topic = entry
-                if tp not in reads and not self._cache_covers(leader, budget.records):
-                    candidates = [entry]
-                    for later in order[index + 1:]:
-                        other = await hold(later)
-                        if other is not None:
-                            candidates.append(other)
-                    reads.update(await self._read_many(candidates, budget.records, budget.bytes, reads))
-                outcome = reads.get(tp, leader.cache)
-                if isinstance(outcome, ReadCache):
-                    outcome = self._acquire(leader, topic, tp, member_id, outcome, budget, params)
-                _note(tp, outcome, budget, results, idle_partitions)
-        finally:
-            for entry in held.values():
-                if entry is not None:
-                    entry[1].read_lock.release()
+                continue
+            if prepared is None:
+                continue
+            _, leader, topic = prepared
+            if leader.read_lock.locked():
+                busy.append(tp)
+                continue
+            async with leader.read_lock:  # free: taken without waiting
+                outcome = await self._take(prepared, member_id, budget, params)
+            _note(tp, outcome, budget, results, idle_partitions)
         return busy
+
+    async def _take(self, prepared: _Held, member_id: str, budget: _Budget, params: FetchParams) -> Fetched | None:
+        """Acquire from the partition's read cache, or from a fresh read when it holds too few
+        records (the caller holds the partition's read lock)."""
+        tp, leader, topic = prepared
+        if not leader.engine.can_acquire():
+            return None
+        outcome = leader.cache if self._cache_covers(leader, budget.records) else None
+        if outcome is None:
+            outcome = (await self._read_many([prepared], budget.records, budget.bytes)).get(tp)
+        if isinstance(outcome, ReadCache):
+            return self._acquire(leader, topic, tp, member_id, outcome, budget, params)
+        return outcome
+
+    def _read_ahead(self, group_id: str, order: list[TopicIdPartition], params: FetchParams) -> None:
+        """After a fetch took records: read, in the background, the partitions of its session whose
+        caches hold fewer than a fetch takes and whose log has more, so the member's next fetch
+        (or another member's) finds its records in a cache instead of waiting for a read."""
+        nursery = self._background()
+        if nursery is None:
+            return
+        wanted: list[_Held] = []
+        for tp in order:
+            leader = self.registry.active((group_id, tp[0], tp[1]))
+            topic = self.cluster.topic_by_id(tp[0])
+            if leader is None or topic is None or tp[1] not in topic.partitions or leader.read_lock.locked():
+                continue
+            if 0 <= leader.high_watermark <= leader.engine.next_fetch_offset():
+                continue  # caught up at the last read: a fetch long-polls for more
+            if not self._cache_covers(leader, params.max_records):
+                wanted.append((tp, leader, topic))
+        if wanted:
+            nursery.start_soon(self._read_ahead_task, wanted, params.max_records, params.max_bytes)
+
+    async def _read_ahead_task(self, wanted: list[_Held], records: int, max_bytes: int) -> None:
+        held = []
+        try:
+            for entry in wanted:
+                lock = entry[1].read_lock
+                if not lock.locked():  # a fetch may have started reading it since
+                    lock.acquire_nowait()
+                    held.append(entry)
+            if held:
+                await self._read_many(held, records, max_bytes)  # into the caches
+        finally:
+            for _, leader, _ in held:
+                leader.read_lock.release()
 
     async def _prepare(self, group_id: str, tp: TopicIdPartition) -> _Held | Fetched | None:
         """The partition's leader and topic, an error to answer, or None: nothing to acquire."""
@@ -358,21 +388,14 @@ class Reader:
         prepared = await self._prepare(group_id, tp)
         if not isinstance(prepared, tuple):
             return prepared
-        _, leader, topic = prepared
+        leader = prepared[1]
         leader.readers_waiting += 1
         queued = True
         try:
             async with leader.read_lock:
                 leader.readers_waiting -= 1
                 queued = False
-                if not leader.engine.can_acquire():
-                    return None
-                outcome = leader.cache if self._cache_covers(leader, budget.records) else None
-                if outcome is None:
-                    outcome = (await self._read_many([prepared], budget.records, budget.bytes, {})).get(tp)
-                if isinstance(outcome, ReadCache):
-                    return self._acquire(leader, topic, tp, member_id, outcome, budget, params)
-                return outcome
+                return await self._take(prepared, member_id, budget, params)
         finally:
             if queued:  # cancelled while waiting for the lock
                 leader.readers_waiting -= 1
@@ -401,21 +424,21 @@ class Reader:
             read_bytes = min(read_bytes, max(MIN_FETCH_BYTES, int(wanted)))
         else:
             read_bytes = min(read_bytes, FIRST_FETCH_BYTES)
-        return max(read_bytes, 1)
+        # Never less than the partition's log batches: a broker answers a partition whose next
+        # batch exceeds its PartitionMaxBytes with nothing, unless it comes first in the response.
+        return max(read_bytes, min(leader.batch_bytes, self.max_fetch_bytes_per_partition), 1)
 
     async def _read_many(
-        self, candidates: list[_Held], records: int, max_bytes: int, done: dict,
+        self, candidates: list[_Held], records: int, max_bytes: int,
     ) -> dict[TopicIdPartition, ReadCache | Fetched | None]:
-        """Read the log of the first candidate and of every later one whose cache does not hold
-        enough, one upstream Fetch per leader broker, each partition sized for `records`. Every
-        read goes into its partition's cache; returns per partition the read, or a Fetched/None
-        outcome (an error, caught up, the log start moved)."""
+        """Read the candidates' logs from their next fetch offsets, one upstream Fetch per leader
+        broker, each sized for `records`; the first always, the rest while the total stays within
+        `max_batched_read_bytes`. Every read goes into its partition's cache; returns per partition
+        the read, or a Fetched/None outcome (an error, caught up, the log start moved)."""
         reads: list[tuple[_Held, PartitionRead]] = []
         total = 0
-        for number, held in enumerate(candidates):
+        for held in candidates:
             tp, leader, topic = held
-            if tp in done or (number and self._cache_covers(leader, records)):
-                continue
             size = self._read_size(leader, records, max_bytes)
             if reads and total + size > self.max_batched_read_bytes:
                 break
@@ -424,7 +447,7 @@ class Reader:
         if not reads:
             return {}
         read_committed = reads[0][0][1].engine.config.read_committed  # one group, one isolation level
-        for (tp, leader, _), _ in reads:
+        for (_, leader, _), _ in reads:
             self.cache_budget.drop(leader)
         answers = await self.cluster.fetch_many([read for _, read in reads], read_committed=read_committed)
         out: dict[TopicIdPartition, ReadCache | Fetched | None] = {}
@@ -474,6 +497,7 @@ class Reader:
         observed = (batches[-1].position + batches[-1].size) / records_read
         leader.bytes_per_record = (observed if not leader.bytes_per_record
                                    else 0.8 * leader.bytes_per_record + 0.2 * observed)
+        leader.batch_bytes = max(int(0.8 * leader.batch_bytes), max(b.size for b in batches))
         cache = ReadCache(data.records, tuple(batches), data.aborted_transactions)
         self.cache_budget.store(leader, cache)
         return cache

@@ -13,7 +13,7 @@ import trio
 from proxy.share.leaders import Leader
 from proxy.share.partition import PartitionConfig, SharePartition
 from proxy.share.reader import MetadataRefresher, ReadCache, ReadCacheBudget
-from tests.proxy.share.test_manager import TOPIC_ID, FakeCluster, acquired, service_config, start_service
+from tests.proxy.share.test_manager import ACCEPT, TOPIC_ID, FakeCluster, acquired, service_config, start_service
 
 MIB = 1024 * 1024
 
@@ -83,10 +83,11 @@ async def test_background_refreshes_coalesce(autojump_clock):
     assert cluster.refreshes == 1
 
 
-# ----- reads: one upstream Fetch per leader, the read caches, one partition per response ---------
+# ----- reads: the read caches, read-ahead, one upstream Fetch per leader, one partition per response
 # Driven through ShareService with test_manager's in-memory upstream (one broker) on virtual time.
 
 TPS = [(TOPIC_ID, p) for p in range(4)]
+KIB = 1024
 
 
 def partitions_of(result: dict) -> dict:
@@ -95,19 +96,26 @@ def partitions_of(result: dict) -> dict:
             for tp in result if tp != "error" and acquired(result, tp)}
 
 
-async def test_one_upstream_fetch_reads_every_partition_and_the_next_fetches_take_from_the_caches(
-        nursery, autojump_clock):
+def read_partitions(cluster: FakeCluster) -> list[list[int]]:
+    return [[partition for partition, _, _ in request] for request in cluster.fetch_requests]
+
+
+async def test_after_a_fetch_the_other_partitions_are_read_ahead_in_one_upstream_fetch(nursery, autojump_clock):
     harness = await start_service(nursery, cluster=FakeCluster(partitions=4))
     for partition in range(4):
         for _ in range(3):
             harness.cluster.append([b"a", b"b"], partition=partition)
     member = harness.member("m")
+    await harness.join(member)
+    await trio.sleep(0.1)  # the assigned partitions are initialised
 
     first = await harness.fetch(member, partitions=TPS, max_records=6)
-    assert [[partition for partition, _, _ in request] for request in harness.cluster.fetch_requests] == [[0, 1, 2, 3]]
+    await trio.sleep(0.1)  # the read-ahead runs in the background
+    # Partition 0 read for the fetch; 1-3 read ahead together; 0 is caught up: not read again.
+    assert read_partitions(harness.cluster) == [[0], [1, 2, 3]]
     later = [await harness.fetch(member, max_records=6) for _ in range(3)]
 
-    assert len(harness.cluster.fetch_requests) == 1  # the other partitions came from their read caches
+    assert len(harness.cluster.fetch_requests) == 2  # the next fetches took from the read caches
     served = [partitions_of(result) for result in (first, *later)]
     assert all(len(response) == 1 for response in served)  # one partition's records per response
     assert sorted(p for response in served for p in response) == [0, 1, 2, 3]
@@ -120,7 +128,7 @@ async def test_a_response_takes_one_partitions_records_while_its_log_has_enough(
     harness = await start_service(nursery, cluster=FakeCluster(partitions=2))
     for partition in range(2):
         for _ in range(100):
-            harness.cluster.append([bytes(16 * 1024)], partition=partition)
+            harness.cluster.append([bytes(16 * KIB)], partition=partition)
     member = harness.member("m")
     served = [partitions_of(await harness.fetch(member, partitions=TPS[:2], max_records=7))]
     served += [partitions_of(await harness.fetch(member, max_records=7)) for _ in range(24)]
@@ -133,16 +141,49 @@ async def test_a_batched_read_fills_at_most_a_quarter_of_the_cache_budget(nurser
     harness = await start_service(nursery, cluster=FakeCluster(partitions=4), config=config)
     for partition in range(4):
         for _ in range(100):
-            harness.cluster.append([bytes(16 * 1024)], partition=partition)
+            harness.cluster.append([bytes(16 * KIB)], partition=partition)
     member = harness.member("m")
     await harness.fetch(member, partitions=TPS, max_records=5)
-    for _ in range(3):
+    for _ in range(5):
+        await trio.sleep(0.1)
         await harness.fetch(member, max_records=5)
     # A partition's first read is 1 MiB (its record size is not known yet): one per request fits
-    # the 1 MiB a batched read may take, where four would otherwise have gone in the first.
-    assert [[partition for partition, _, _ in request] for request in harness.cluster.fetch_requests] == [
-        [0], [1], [2], [3]]
-    assert all(size == MIB for request in harness.cluster.fetch_requests for _, _, size in request)
+    # the 1 MiB a batched read may take, where the read-ahead would otherwise take three at once.
+    assert all(sum(size for _, _, size in request) <= MIB for request in harness.cluster.fetch_requests)
+    assert sorted({partition for request in read_partitions(harness.cluster) for partition in request}) == [
+        0, 1, 2, 3]
+
+
+async def test_reads_are_never_smaller_than_the_partitions_log_batches(nursery, autojump_clock):
+    """A broker answers a partition whose next batch exceeds its PartitionMaxBytes with nothing
+    unless it comes first in the response: reads sized for a few records must still cover a batch."""
+    harness = await start_service(nursery, cluster=FakeCluster(partitions=2))
+    for partition in range(2):
+        for _ in range(20):
+            harness.cluster.append([bytes(2 * KIB)] * 100, partition=partition)  # ~200 KiB batches
+    member = harness.member("m")
+    served = [partitions_of(await harness.fetch(member, partitions=TPS[:2], max_records=5))]
+    for _ in range(15):  # the first reads (1 MiB each) hold 10 batches
+        await trio.sleep(0.1)
+        served.append(partitions_of(await harness.fetch(member, max_records=5)))
+    later = [size for request in harness.cluster.fetch_requests[2:] for _, _, size in request]
+    assert later and min(later) >= 200 * KIB  # sized for 5 records alone it would be 64 KiB
+    assert [sum(response.values()) for response in served] == [100] * 16  # a whole batch each time
+
+
+async def test_caught_up_partitions_are_not_read_ahead(nursery, autojump_clock):
+    harness = await start_service(nursery, cluster=FakeCluster(partitions=2))
+    harness.cluster.append([b"a", b"b"], partition=0)
+    member = harness.member("m")
+    await harness.fetch(member, partitions=TPS[:2], max_records=10)
+    await trio.sleep(0.1)
+    reads = len(harness.cluster.fetch_requests)
+    result = await harness.fetch(member, acks=[(TPS[0], 0, 1, ACCEPT)], max_records=10)
+    await trio.sleep(0.1)
+    assert partitions_of(result) == {}
+    # Partition 0 read to its end, partition 1 empty: the fetch read (it found nothing), no read-ahead.
+    assert len(harness.cluster.fetch_requests) <= reads + 2
+    assert all(len(request) == 1 for request in harness.cluster.fetch_requests[reads:])
 
 
 class SlowCluster(FakeCluster):
