@@ -416,11 +416,15 @@ class Reader:
 
     def _read_size(self, leader: Leader, records: int, max_bytes: int) -> int:
         """Bytes to read for `records` (and the members queued behind this read), from the
-        partition's learned bytes per record."""
+        partition's learned bytes per record, no more than the record-lock limit lets be acquired."""
         read_bytes = min(max_bytes, self.max_fetch_bytes_per_partition)
         if leader.bytes_per_record:
             # Read for the members queued behind this read too; they take from the cache.
-            wanted = records * (1 + leader.readers_waiting) * leader.bytes_per_record * 1.25
+            records *= 1 + leader.readers_waiting
+            engine = leader.engine
+            if engine.next_fetch_offset() >= engine.end_offset:  # only new records: the lock limit bounds them
+                records = min(records, max(engine.config.max_record_locks - engine.in_flight_count, 0))
+            wanted = records * leader.bytes_per_record * 1.25
             read_bytes = min(read_bytes, max(MIN_FETCH_BYTES, int(wanted)))
         else:
             read_bytes = min(read_bytes, FIRST_FETCH_BYTES)

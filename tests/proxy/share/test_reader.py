@@ -8,6 +8,7 @@ import dataclasses
 import tracemalloc
 import uuid
 
+import pytest
 import trio
 
 from proxy.share.leaders import Leader
@@ -169,6 +170,22 @@ async def test_reads_are_never_smaller_than_the_partitions_log_batches(nursery, 
     later = [size for request in harness.cluster.fetch_requests[2:] for _, _, size in request]
     assert later and min(later) >= 200 * KIB  # sized for 5 records alone it would be 64 KiB
     assert [sum(response.values()) for response in served] == [100] * 16  # a whole batch each time
+
+
+async def test_reads_are_sized_by_what_the_record_lock_limit_lets_be_acquired(nursery, autojump_clock):
+    harness = await start_service(nursery, config=service_config(max_record_locks=100))
+    for _ in range(300):
+        harness.cluster.append([bytes(4 * KIB)])
+    member = harness.member("m")
+    result = await harness.fetch(member, max_records=1000)
+    assert partitions_of(result) == {0: 100}  # the limit
+    await harness.fetch(member, acks=[(TPS[0], 0, 99, ACCEPT)], max_records=1000)
+    await harness.fetch(member, acks=[(TPS[0], 100, 199, ACCEPT)], max_records=1000)
+    # After the first read (1 MiB: nothing learned yet), reads are for the records the limit
+    # leaves room for -- 100 x ~4 KiB x 1.25 at most (64 KiB when the window is full) -- not for
+    # the 1,000 asked (5 MiB).
+    sizes = [size for request in harness.cluster.fetch_requests[1:] for _, _, size in request]
+    assert max(sizes) == pytest.approx(500 * KIB, rel=0.05)
 
 
 async def test_caught_up_partitions_are_not_read_ahead(nursery, autojump_clock):
