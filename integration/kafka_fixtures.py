@@ -98,7 +98,8 @@ class ProxyProcess:
     extra_args: Sequence[str] = ()
     startup_timeout: float = 60.0
     # The command that runs the CLI (default: the venv's `share-proxy`), e.g. another source
-    # tree's `python -m proxy.cli` for a before/after benchmark; `env` replaces the environment.
+    # tree's `python -m proxy.cli` for a before/after benchmark; `env` is added to the environment
+    # (e.g. {"PYTHONPATH": tree} to run another checkout's code).
     launcher: Sequence[str] = ()
     env: Mapping[str, str] | None = None
     bootstrap: str = ""
@@ -127,7 +128,7 @@ class ProxyProcess:
                 stdout=subprocess.PIPE,
                 stderr=log,
                 text=True,
-                env=None if self.env is None else dict(self.env),
+                env=None if self.env is None else {**os.environ, **self.env},
                 start_new_session=True,  # Ctrl-C on pytest must not hit the proxy before teardown
                 # ...and a killed pytest must not leave the proxy behind.
                 preexec_fn=die_with_parent if threading.current_thread() is threading.main_thread() else None,

@@ -29,6 +29,16 @@ record count would mean redeliveries inflated the tool's count.
 
     .venv/bin/python -m integration.bench.share_bench --records 200000 --size 1024 --repeat 2
 
+``--partitions 4,32`` measures several topic shapes in one run (a topic per shape on each broker,
+a table per shape). ``--proxy-trees before=/tmp/base,after=.`` runs one proxy per source tree
+(``PYTHONPATH`` set to the tree, so an older checkout's code serves), all in front of the same
+broker, and measures each tree's share runs side by side in alternating order (which tree goes
+first rotates every measurement), so a load that comes and goes hits all trees alike; a table of
+each tree against the first follows.
+
+    PYTHONPATH=$PWD .venv/bin/python -m integration.bench.share_bench --partitions 4,32 \\
+        --proxy-trees before=/tmp/reads-before,after=$PWD --repeat 2
+
 With ``--share-authorization off,cluster`` it measures instead what enforcing the cluster's ACLs
 costs (proxy/share/authorization.py): the proxied share runs only, once per mode, each with a
 proxy started with that ``--share-authorization`` mode on a broker without an authorizer (so
@@ -42,11 +52,14 @@ request probes), the worst case.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
+import itertools
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -57,6 +70,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+from prometheus_client.parser import text_string_to_metric_families
 
 from integration.bench.passthrough import produce
 from integration.kafka_fixtures import ProxyProcess, admin_client, create_topics, kafka_tools_jar, unique_name
@@ -81,6 +95,8 @@ class Measurement:
     seconds: float  # the tool's whole run: group join, assignment, consumption
     first_record_s: float  # from the tool's start to the first record
     acquired: int | None = None  # records the proxy acquired during the run (its metrics)
+    partitions: int = 0  # of the topic consumed (one topic per --partitions shape)
+    proxy_cpu_s: float | None = None  # CPU the proxy process used during the run (all its threads)
 
     @property
     def records_per_second(self) -> float:
@@ -188,11 +204,104 @@ def proxy_counter(metrics_url: str, name: str) -> float:
     return float(match.group(1)) if match else 0.0
 
 
+def proxy_samples(metrics_url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample on the proxy's Prometheus endpoint: (name, sorted labels) -> value."""
+    with urllib.request.urlopen(metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+LATENCY_SERIES = (  # (what, histogram name, labels)
+    ("ShareFetch", "ksp_request_seconds", (("api", "ShareFetch"),)),
+    ("ShareAcknowledge", "ksp_request_seconds", (("api", "ShareAcknowledge"),)),
+    ("state write", "ksp_share_state_write_seconds", ()),
+)
+
+
+def latency_breakdown(before: dict, after: dict, records: int) -> str:
+    """Requests and state writes during a run, from the proxy's histograms: count and mean latency."""
+    parts = []
+    for what, name, labels in LATENCY_SERIES:
+        count = after.get((f"{name}_count", labels), 0.0) - before.get((f"{name}_count", labels), 0.0)
+        total = after.get((f"{name}_sum", labels), 0.0) - before.get((f"{name}_sum", labels), 0.0)
+        if count:
+            parts.append(f"{what} {count:,.0f} x {1000 * total / count:.2f} ms")
+    fetches = (after.get(("ksp_request_seconds_count", LATENCY_SERIES[0][2]), 0.0)
+               - before.get(("ksp_request_seconds_count", LATENCY_SERIES[0][2]), 0.0))
+    if fetches:
+        parts.append(f"{records / fetches:,.0f} records per ShareFetch")
+    return ", ".join(parts)
+
+
 def proxy_counter_sum(metrics_url: str, name: str) -> float:
     """The sum of a labelled counter's series on the proxy's Prometheus endpoint."""
     with urllib.request.urlopen(metrics_url, timeout=10) as response:
         text = response.read().decode()
     return sum(float(value) for value in re.findall(rf"^{re.escape(name)}_total\{{[^}}]*\}} (\S+)$", text, re.MULTILINE))
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU of a process and all its threads so far (Linux /proc), None elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+@contextlib.contextmanager
+def py_spy(executable: str | None, pid: int, output: Path):
+    """Sample `pid` with py-spy (raw collapsed stacks into `output`) while the block runs."""
+    if executable is None:
+        yield
+        return
+    output.parent.mkdir(parents=True, exist_ok=True)
+    process = subprocess.Popen([executable, "record", "--pid", str(pid), "--rate", "200", "--format", "raw",
+                                "--output", str(output)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(0.5)  # attached before the run starts
+    try:
+        yield
+    finally:
+        process.send_signal(signal.SIGINT)  # py-spy writes its output on Ctrl-C
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def profile_summary(path: Path, top: int = 25) -> str:
+    """The functions with the most samples in a py-spy raw profile: self and inclusive share.
+
+    Only the main thread counts (the trio loop: the proxy's Python work); the librdkafka poller
+    threads block in C and would be sampled as busy.
+    """
+    own: dict[str, int] = {}
+    inclusive: dict[str, int] = {}
+    total = other_threads = 0
+    for line in path.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        if stack.startswith("Thread._bootstrap"):
+            other_threads += count
+            continue
+        frames = [re.sub(r":\d+\)$", ")", frame) for frame in stack.split(";")]
+        total += count
+        own[frames[-1]] = own.get(frames[-1], 0) + count
+        for frame in set(frames):
+            inclusive[frame] = inclusive.get(frame, 0) + count
+    if not total:
+        return f"no main-thread samples ({other_threads} in other threads)"
+    lines = [f"{total} main-thread samples ({other_threads} in other threads); self % / inclusive %, by self:"]
+    for frame, count in sorted(own.items(), key=lambda item: -item[1])[:top]:
+        lines.append(f"  {100 * count / total:5.1f} {100 * inclusive[frame] / total:5.1f}  {frame}")
+    lines.append("by inclusive:")
+    for frame, count in sorted(inclusive.items(), key=lambda item: -item[1])[:top]:
+        lines.append(f"  {100 * own.get(frame, 0) / total:5.1f} {100 * count / total:5.1f}  {frame}")
+    return "\n".join(lines)
 
 
 # ----- data ---------------------------------------------------------------------------------------
@@ -211,30 +320,78 @@ def set_native_share_reset_earliest(bootstrap: str, group: str) -> None:
 # ----- the run --------------------------------------------------------------------------------------
 
 
+def shape_topics(bootstrap: str, args: argparse.Namespace) -> dict[int, str]:
+    """One topic per --partitions shape, each holding the same records."""
+    topics = {}
+    for partitions in args.partitions:
+        topic = create_topics(bootstrap, [unique_name(f"bench-share-p{partitions}")], partitions=partitions)[0]
+        produce(bootstrap, topic, args.records, args.size, compression="none")
+        topics[partitions] = topic
+    return topics
+
+
+def rotated(items: Sequence, shift: int) -> list:
+    """`items` starting at `shift`: alternating rounds so no side always runs first."""
+    if not items:
+        return []
+    shift %= len(items)
+    return [*items[shift:], *items[:shift]]
+
+
+def proxy_label(tree: str) -> str:
+    return f"proxy {tree}" if tree else "proxy"
+
+
 def phase_proxy(args: argparse.Namespace, tools: PerfTools, log_dir: Path) -> list[Measurement]:
     results: list[Measurement] = []
+    trees = args.proxy_trees or [("", "")]
     with LocalKafka(version=args.kafka_version, share_groups=False, data_dir=log_dir / "kafka") as kafka:
-        topic = create_topics(kafka.bootstrap, [unique_name("bench-share")], partitions=args.partitions)[0]
-        produce(kafka.bootstrap, topic, args.records, args.size, compression="none")
-        metrics_port = free_port()
-        metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-        extra = ("--share-auto-offset-reset", "earliest", "--state-topic", unique_name("__bench_share_state"),
-                 "--log-level", "warning", "--metrics-port", str(metrics_port))
-        with ProxyProcess(upstream=kafka.bootstrap, log_path=log_dir / "proxy.log", extra_args=extra) as proxy:
+        topics = shape_topics(kafka.bootstrap, args)
+        with contextlib.ExitStack() as stack:
+            proxies = []  # (tree name, proxy, metrics url), every tree's proxy in front of the same broker
+            for tree, path in trees:
+                metrics_port = free_port()
+                extra = ("--share-auto-offset-reset", "earliest", "--state-topic", unique_name("__bench_share_state"),
+                         "--log-level", "warning", "--metrics-port", str(metrics_port))
+                proxy = stack.enter_context(ProxyProcess(
+                    upstream=kafka.bootstrap, log_path=log_dir / f"proxy{'-' + tree if tree else ''}.log",
+                    extra_args=extra, env={"PYTHONPATH": path} if path else None))
+                proxies.append((tree, proxy, f"http://127.0.0.1:{metrics_port}/metrics"))
+            round_, runs = itertools.count(), itertools.count()
             for _ in range(args.repeat):
-                for bootstrap, path in ((kafka.bootstrap, "direct"), (proxy.bootstrap, "proxy")):
-                    results.append(consumer_perf(tools, bootstrap, topic, args.records, f"consumer group, {path}", path))
-                    report_progress(results[-1])
-                for consumers in args.consumers:
-                    acquired_before = proxy_counter(metrics_url, "ksp_share_records_acquired")
-                    results.append(share_perf(tools, proxy.bootstrap, topic, unique_name("bench-share"),
-                                              args.records, consumers, f"share group x{consumers}, proxy", "proxy"))
-                    report_progress(results[-1])
-                    # More acquisitions than records would mean redeliveries inflated the count.
-                    acquired = int(proxy_counter(metrics_url, "ksp_share_records_acquired") - acquired_before)
-                    results[-1] = dataclasses.replace(results[-1], acquired=acquired)
-                    print(f"    the proxy acquired {acquired:,} records for {results[-1].records:,} consumed",
-                          file=sys.stderr, flush=True)
+                for partitions, topic in topics.items():
+                    sides = [(kafka.bootstrap, "direct", "direct")] + [
+                        (proxy.bootstrap, "proxy", proxy_label(tree)) for tree, proxy, _ in proxies]
+                    for bootstrap, path, name in sides:
+                        results.append(dataclasses.replace(
+                            consumer_perf(tools, bootstrap, topic, args.records, f"consumer group, {name}", path),
+                            partitions=partitions))
+                        report_progress(results[-1])
+                    for consumers in args.consumers:
+                        for tree, proxy, metrics_url in rotated(proxies, next(round_)):
+                            assert proxy.process is not None
+                            pid = proxy.process.pid
+                            acquired_before = proxy_counter(metrics_url, "ksp_share_records_acquired")
+                            samples_before = proxy_samples(metrics_url)
+                            profile = args.profile_dir / f"p{partitions}-x{consumers}-{tree or 'proxy'}-{next(runs)}.txt"
+                            with py_spy(args.py_spy, pid, profile):
+                                cpu_before = process_cpu_seconds(pid)
+                                measured = share_perf(tools, proxy.bootstrap, topic, unique_name("bench-share"),
+                                                      args.records, consumers,
+                                                      f"share group x{consumers}, {proxy_label(tree)}", "proxy")
+                                cpu_after = process_cpu_seconds(pid)
+                            # More acquisitions than records would mean redeliveries inflated the count.
+                            acquired = int(proxy_counter(metrics_url, "ksp_share_records_acquired") - acquired_before)
+                            cpu = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
+                            results.append(dataclasses.replace(measured, acquired=acquired, partitions=partitions,
+                                                               proxy_cpu_s=cpu))
+                            report_progress(results[-1])
+                            print(f"    the proxy acquired {acquired:,} records for {results[-1].records:,} consumed; "
+                                  f"{latency_breakdown(samples_before, proxy_samples(metrics_url), measured.records)}",
+                                  file=sys.stderr, flush=True)
+                            if args.py_spy and profile.exists():
+                                print(f"    profile {profile}:\n{profile_summary(profile, args.profile_top)}",
+                                      file=sys.stderr, flush=True)
     return results
 
 
@@ -289,27 +446,32 @@ def authorization_table(results: Sequence[Measurement], modes: Sequence[str], co
 def phase_native(args: argparse.Namespace, tools: PerfTools, log_dir: Path) -> list[Measurement]:
     results: list[Measurement] = []
     with LocalKafka(version=args.kafka_version, share_groups=True, data_dir=log_dir / "native-kafka") as kafka:
-        topic = create_topics(kafka.bootstrap, [unique_name("bench-share")], partitions=args.partitions)[0]
-        produce(kafka.bootstrap, topic, args.records, args.size, compression="none")
+        topics = shape_topics(kafka.bootstrap, args)
         for _ in range(args.repeat):
-            for consumers in args.consumers:
-                group = unique_name("bench-share")
-                set_native_share_reset_earliest(kafka.bootstrap, group)
-                results.append(share_perf(tools, kafka.bootstrap, topic, group, args.records, consumers,
-                                          f"share group x{consumers}, native", "native"))
-                report_progress(results[-1])
+            for partitions, topic in topics.items():
+                for consumers in args.consumers:
+                    group = unique_name("bench-share")
+                    set_native_share_reset_earliest(kafka.bootstrap, group)
+                    results.append(dataclasses.replace(
+                        share_perf(tools, kafka.bootstrap, topic, group, args.records, consumers,
+                                   f"share group x{consumers}, native", "native"),
+                        partitions=partitions))
+                    report_progress(results[-1])
     return results
 
 
 def report_progress(measurement: Measurement) -> None:
-    print(f"  {measurement.label}: {measurement.records_per_second:,.0f} records/s whole run, "
+    shape = f" ({measurement.partitions} partitions)" if measurement.partitions else ""
+    cpu = ("" if measurement.proxy_cpu_s is None else
+           f", proxy CPU {measurement.proxy_cpu_s:.1f} s = {measurement.proxy_cpu_s / measurement.seconds:.0%} of a core")
+    print(f"  {measurement.label}{shape}: {measurement.records_per_second:,.0f} records/s whole run, "
           f"{measurement.streaming_records_per_second:,.0f} after the first record "
-          f"({measurement.first_record_s:.1f} s)", file=sys.stderr, flush=True)
+          f"({measurement.first_record_s:.1f} s){cpu}", file=sys.stderr, flush=True)
 
 
-def best(results: Sequence[Measurement], label: str) -> Measurement | None:
+def best(results: Sequence[Measurement], label: str, partitions: int | None = None) -> Measurement | None:
     """The fastest of the repeats: on a shared, noisy machine the best run is the least disturbed."""
-    matching = [m for m in results if m.label == label]
+    matching = [m for m in results if m.label == label and (partitions is None or m.partitions == partitions)]
     return max(matching, key=lambda m: m.records_per_second) if matching else None
 
 
@@ -317,14 +479,15 @@ def _ratio(numerator: float, denominator: float | None) -> str:
     return f"{numerator / denominator:.2f}" if denominator else ""
 
 
-def table(results: Sequence[Measurement], consumers: Sequence[int]) -> str:
-    """Markdown table; ratios are records/s (whole run / first record to last)."""
+def table(results: Sequence[Measurement], consumers: Sequence[int], partitions: int | None = None,
+          trees: Sequence[str] = ("",)) -> str:
+    """Markdown table of one --partitions shape; ratios are records/s (whole run / first record to last)."""
     rows = [
         "| measurement | consumers | records/s | MB/s | first record after s | records/s after first | "
         "MB/s after first | proxy/native | proxy/direct |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    direct = best(results, "consumer group, direct")
+    direct = best(results, "consumer group, direct", partitions)
 
     def row(m: Measurement, baseline: Measurement | None = None, against_direct: bool = False) -> None:
         ratios = ["", ""]
@@ -340,39 +503,95 @@ def table(results: Sequence[Measurement], consumers: Sequence[int]) -> str:
 
     if direct:
         row(direct)
-    if proxied_group := best(results, "consumer group, proxy"):
-        row(proxied_group, against_direct=True)
+    for tree in trees:
+        if proxied_group := best(results, f"consumer group, {proxy_label(tree)}", partitions):
+            row(proxied_group, against_direct=True)
     for count in consumers:
-        native = best(results, f"share group x{count}, native")
+        native = best(results, f"share group x{count}, native", partitions)
         if native:
             row(native, against_direct=True)
-        if proxied := best(results, f"share group x{count}, proxy"):
-            row(proxied, baseline=native, against_direct=True)
+        for tree in trees:
+            if proxied := best(results, f"share group x{count}, {proxy_label(tree)}", partitions):
+                row(proxied, baseline=native, against_direct=True)
     return "\n".join(rows)
+
+
+def trees_table(results: Sequence[Measurement], consumers: Sequence[int], partitions: int,
+                trees: Sequence[str]) -> str:
+    """Each proxy tree against the first (e.g. after / before), share runs, best repeats."""
+    rows = [f"| consumers | {' | '.join(f'{tree} / {trees[0]}' for tree in trees[1:])} |",
+            f"|---:|{'---:|' * (len(trees) - 1)}"]
+    for count in consumers:
+        base = best(results, f"share group x{count}, {proxy_label(trees[0])}", partitions)
+        cells = []
+        for tree in trees[1:]:
+            m = best(results, f"share group x{count}, {proxy_label(tree)}", partitions)
+            cells.append("" if m is None or base is None else
+                         f"{_ratio(m.records_per_second, base.records_per_second)} / "
+                         f"{_ratio(m.streaming_records_per_second, base.streaming_records_per_second)}")
+        rows.append(f"| {count} | {' | '.join(cells)} |")
+    return "\n".join(rows)
+
+
+def repeats_table(results: Sequence[Measurement], partitions: int) -> str:
+    """Every repeat: records/s whole run · after the first record · first record after s."""
+    labels = list(dict.fromkeys(m.label for m in results if m.partitions == partitions))
+    by_label = {label: [m for m in results if m.label == label and m.partitions == partitions] for label in labels}
+    width = max((len(runs) for runs in by_label.values()), default=0)
+    rows = [f"| measurement | {' | '.join(f'repeat {i + 1}' for i in range(width))} |", f"|---|{'---|' * width}"]
+    for label, runs in by_label.items():
+        cells = [f"{m.records_per_second:,.0f} · {m.streaming_records_per_second:,.0f} · {m.first_record_s:.1f}"
+                 for m in runs]
+        rows.append(f"| {label} | {' | '.join(cells + [''] * (width - len(cells)))} |")
+    return "\n".join(rows)
+
+
+def parse_trees(text: str) -> list[tuple[str, str]]:
+    """`before=/tmp/x,after=.` -> [("before", "/tmp/x"), ("after", "/abs/cwd")]."""
+    trees = []
+    for item in text.split(","):
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise argparse.ArgumentTypeError(f"expected NAME=PATH, got {item!r}")
+        trees.append((name, str(Path(path).resolve())))
+    return trees
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--size", type=int, default=1024, help="record value size in bytes")
-    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--partitions", type=lambda s: [int(x) for x in s.split(",")], default=[4],
+                        help="partitions of the topic, comma separated: one topic per shape (e.g. 4,32)")
     parser.add_argument("--consumers", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16],
                         help="share consumer counts, comma separated")
     parser.add_argument("--repeat", type=int, default=1, help="runs per measurement (the best is reported)")
     parser.add_argument("--kafka-version", default=DEFAULT_VERSION)
     parser.add_argument("--keep-logs", action="store_true", help="keep broker and proxy logs")
+    parser.add_argument("--proxy-trees", type=parse_trees, default=None,
+                        help="NAME=PATH,...: a proxy per source tree (PYTHONPATH=PATH), measured side by side "
+                             "in alternating order, e.g. before=/tmp/base,after=.")
+    parser.add_argument("--py-spy", default=None, metavar="PATH",
+                        help="profile the proxy during each proxied share run with this py-spy executable")
+    parser.add_argument("--profile-dir", type=Path, default=Path(tempfile.gettempdir()) / "share-bench-profiles",
+                        help="where --py-spy writes its raw profiles (one file per run)")
+    parser.add_argument("--profile-top", type=int, default=25, help="functions listed per profile")
     parser.add_argument("--share-authorization", type=lambda s: s.split(","), default=None,
                         help="measure these --share-authorization modes against each other instead (e.g. off,cluster)")
     args = parser.parse_args(argv)
 
+    if args.share_authorization and (len(args.partitions) > 1 or args.proxy_trees):
+        parser.error("--share-authorization takes one --partitions shape and no --proxy-trees")
     tools = perf_tools(args.kafka_version)
     log_dir = Path(tempfile.mkdtemp(prefix="share-bench-"))
     started = time.monotonic()
+    shapes = ", ".join(str(p) for p in args.partitions)
     print(f"Apache Kafka {args.kafka_version} brokers, kafka-tools {tools.tools_version} perf tools, "
-          f"{args.records:,} records x {args.size} B on {args.partitions} partitions; logs in {log_dir}",
+          f"{args.records:,} records x {args.size} B on {shapes} partitions; logs in {log_dir}",
           file=sys.stderr, flush=True)
     try:
         if args.share_authorization:
+            args.partitions = args.partitions[0]
             results = phase_authorization(args, tools, log_dir)
             print(authorization_table(results, args.share_authorization, args.consumers))
             print(f"\n{args.records:,} records x {args.size} B, {args.partitions} partitions, best of {args.repeat}; "
@@ -382,10 +601,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if not args.keep_logs:
             shutil.rmtree(log_dir, ignore_errors=True)
-    print(table(results, args.consumers))
-    print(f"\n{args.records:,} records x {args.size} B, {args.partitions} partitions, best of {args.repeat}; "
-          f"ratios are whole run / after the first record; total run {time.monotonic() - started:.0f} s")
-    acquired = [f"x{m.consumers}: {m.acquired:,}" for m in results if m.acquired is not None]
+    trees = [tree for tree, _ in args.proxy_trees] if args.proxy_trees else [""]
+    for number, partitions in enumerate(args.partitions):
+        if number:
+            print()
+        print(table(results, args.consumers, partitions, trees))
+        print(f"\n{args.records:,} records x {args.size} B, {partitions} partitions, best of {args.repeat}; "
+              f"ratios are whole run / after the first record; total run {time.monotonic() - started:.0f} s")
+        if len(trees) > 1:
+            print(f"\nshare runs, {' and '.join(trees[1:])} / {trees[0]} (whole run / after the first record):\n")
+            print(trees_table(results, args.consumers, partitions, trees))
+        if args.repeat > 1:
+            print("\nevery repeat (records/s whole run · after the first record · first record after s):\n")
+            print(repeats_table(results, partitions))
+    acquired = [f"x{m.consumers} {m.label.split(', ', 1)[1]} p{m.partitions}: {m.acquired:,}"
+                for m in results if m.acquired is not None]
     print(f"records the proxy acquired per share run (redeliveries would exceed the count): {', '.join(acquired)}")
     return 0
 

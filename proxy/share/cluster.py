@@ -2,8 +2,9 @@
 
 The share service never forwards client bytes; it makes its own requests on its own connections:
 Metadata (topic names, ids, partition leaders), ListOffsets (SPSO initialisation) and Fetch by
-topic id (the reader). Connections are pooled per upstream broker; a connection that fails is
-dropped, never reused.
+topic id (the reader: ``fetch_many`` reads every partition a ShareFetch needs with one Fetch per
+leader broker, the leaders at once). Connections are pooled per upstream broker; a connection
+that fails is dropped, never reused.
 
 Long polls cannot starve the prompt requests. A Fetch with MaxWaitMs > 0 (the service's wait
 for new data, up to 5 s) holds its connection for that long, so long polls get their own pool
@@ -17,6 +18,7 @@ Metadata is asked on a fresh connection of its own (``refresh``), outside both p
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Sequence
 from contextlib import asynccontextmanager
@@ -84,6 +86,16 @@ class FetchedPartition:
     aborted_transactions: tuple[tuple[int, int], ...]
     records: bytes
     high_watermark: int = -1  # the partition's end offset as the leader answered (-1 unknown)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRead:
+    """One partition of an upstream Fetch: where to read from and at most how many bytes."""
+
+    topic: TopicInfo
+    partition: int
+    offset: int
+    max_bytes: int
 
 
 class _BrokerPool:
@@ -342,6 +354,35 @@ class Cluster:
             del self._long_polls[key]
             shared.done.set()
 
+    async def fetch_many(
+        self, reads: Sequence[PartitionRead], *, read_committed: bool,
+    ) -> dict[tuple[uuid.UUID, int], FetchedPartition | UpstreamError]:
+        """Read several partitions at once: one Fetch (MaxWaitMs 0) per leader broker, all leaders
+        concurrently. Each partition gets its answer, or the UpstreamError its leader's Fetch raised."""
+        answers: dict[tuple[uuid.UUID, int], FetchedPartition | UpstreamError] = {}
+        by_leader: dict[int, list[PartitionRead]] = {}
+        for read in reads:
+            info = read.topic.partitions.get(read.partition)
+            if info is None:
+                answers[(read.topic.topic_id, read.partition)] = UpstreamError(
+                    f"{read.topic.name} has no partition {read.partition}")
+            else:
+                by_leader.setdefault(info.leader_id, []).append(read)
+
+        async def from_leader(leader_id: int, group: list[PartitionRead]) -> None:
+            try:
+                answers.update(await self._fetch_from(leader_id, group, max_wait_ms=0, read_committed=read_committed))
+            except UpstreamError as exc:
+                answers.update({(read.topic.topic_id, read.partition): exc for read in group})
+
+        if len(by_leader) == 1:
+            await from_leader(*next(iter(by_leader.items())))
+        elif by_leader:
+            async with trio.open_nursery() as nursery:
+                for leader_id, group in by_leader.items():
+                    nursery.start_soon(from_leader, leader_id, group)
+        return answers
+
     async def _fetch(
         self,
         topic: TopicInfo,
@@ -356,38 +397,61 @@ class Cluster:
         info = topic.partitions.get(partition)
         if info is None:
             raise UpstreamError(f"{topic.name} has no partition {partition}")
-        schema = load_request_schema(1, self.fetch_version)
-        types = nested_types(schema)
-        topic_type, partition_type = types["FetchTopic"], types["FetchPartition"]
+        answers = await self._fetch_from(info.leader_id, [PartitionRead(topic, partition, offset, max_bytes)],
+                                         max_wait_ms=max_wait_ms, read_committed=read_committed, long_poll=long_poll)
+        return answers[(topic.topic_id, partition)]
+
+    async def _fetch_from(
+        self, leader_id: int, reads: Sequence[PartitionRead], *, max_wait_ms: int, read_committed: bool,
+        long_poll: bool = False,
+    ) -> dict[tuple[uuid.UUID, int], FetchedPartition]:
+        """One upstream Fetch to `leader_id` for `reads` (partitions it leads), answers by partition."""
+        schema, topic_type, partition_type = _fetch_types(self.fetch_version)
+        by_topic: dict[uuid.UUID, list] = {}
+        for read in reads:
+            info = read.topic.partitions[read.partition]
+            by_topic.setdefault(read.topic.topic_id, []).append(partition_type(
+                partition=read.partition, current_leader_epoch=info.leader_epoch, fetch_offset=read.offset,
+                log_start_offset=-1, partition_max_bytes=read.max_bytes))
         request = schema(
             max_wait=_timedelta_ms(max_wait_ms),
             min_bytes=1,
-            max_bytes=max_bytes,
+            max_bytes=sum(read.max_bytes for read in reads),
             isolation_level=1 if read_committed else 0,
             session_id=0,
             session_epoch=-1,
-            topics=(topic_type(topic_id=topic.topic_id, partitions=(
-                partition_type(partition=partition, current_leader_epoch=info.leader_epoch,
-                               fetch_offset=offset, log_start_offset=-1, partition_max_bytes=max_bytes),
-            )),),
+            topics=tuple(topic_type(topic_id=topic_id, partitions=tuple(partitions))
+                         for topic_id, partitions in by_topic.items()),
             forgotten_topics_data=(),
             rack_id="",
         )
-        async with self._client(info.leader_id, long_poll=long_poll) as client:
+        async with self._client(leader_id, long_poll=long_poll) as client:
             response = await client.call(request)
         if _code(response.error_code) != NONE:
             raise UpstreamError(f"Fetch failed: error {_code(response.error_code)}")
-        data = response.responses[0].partitions[0]
-        aborted = tuple(
-            (int(a.producer_id), int(a.first_offset)) for a in (data.aborted_transactions or ())
-        )
-        return FetchedPartition(
-            error_code=_code(data.error_code),
-            log_start_offset=int(data.log_start_offset),
-            aborted_transactions=aborted,
-            records=bytes(data.records or b""),
-            high_watermark=int(data.high_watermark),
-        )
+        answers: dict[tuple[uuid.UUID, int], FetchedPartition] = {}
+        for topic in response.responses:
+            for data in topic.partitions:
+                answers[(topic.topic_id, int(data.partition_index))] = FetchedPartition(
+                    error_code=_code(data.error_code),
+                    log_start_offset=int(data.log_start_offset),
+                    aborted_transactions=tuple(
+                        (int(a.producer_id), int(a.first_offset)) for a in (data.aborted_transactions or ())),
+                    records=bytes(data.records or b""),
+                    high_watermark=int(data.high_watermark),
+                )
+        for read in reads:  # a partition the broker left out read nothing
+            answers.setdefault((read.topic.topic_id, read.partition), FetchedPartition(NONE, -1, (), b""))
+        return answers
+
+
+@functools.lru_cache(maxsize=8)
+def _fetch_types(version: int) -> tuple[type, type, type]:
+    """The Fetch request class of `version` and its topic and partition classes (looked up once:
+    kio resolves them by import path on every call)."""
+    schema = load_request_schema(1, version)
+    types = nested_types(schema)
+    return schema, types["FetchTopic"], types["FetchPartition"]
 
 
 def _code(error_code: object) -> int:

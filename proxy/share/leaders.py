@@ -71,6 +71,7 @@ class Leader:
     # Reader state (proxy.share.reader): log bytes per record learned from fetches, one upstream
     # read at a time, and the batches of the last read kept for the members queued behind it.
     bytes_per_record: float = 0.0
+    batch_bytes: int = 0  # the largest log batch of recent reads (decaying): a read's floor
     read_lock: trio.Lock = field(default_factory=trio.Lock)
     readers_waiting: int = 0
     cache: ReadCache | None = None

@@ -2,13 +2,32 @@
 
 Theory of operation
 -------------------
-For each partition of a member's share session (rotating the start so none starves) the reader
-reads the log upstream from the engine's ``next_fetch_offset()`` and lets the engine acquire
-records from the batch headers; the batches overlapping the acquired ranges go back to the client
-as the broker's raw bytes (never decoded). Reads are sized for what can be acquired (bytes per
-record are learned), and only one read per share-partition runs at a time: members fetching the
-same partition queue behind it and take their records from the batches it brought in (the read
-cache), so the log is read once, not once per member.
+A ShareFetch takes records from the partitions of the member's share session in turn (rotating
+the start so none starves) until it has MaxRecords. A partition whose **read cache** (the
+batches of an earlier upstream read not yet acquired) holds that many records from the engine's
+``next_fetch_offset()`` on, or all the log had, is served from it; otherwise the reader reads
+its log upstream. The engine acquires from the batch headers; the batches overlapping the
+acquired ranges go back to the client as the broker's raw bytes (never decoded). A cache short
+of the records wanted is read again rather than topped up from the next partition, so a
+response carries one partition's records while its log has enough (each partition in a
+response costs a state write when its records are acknowledged).
+
+Reads are sized for what can be acquired: the records wanted times the bytes per record learned
+from earlier reads, never less than the partition's largest recent log batch (a broker answers a
+partition whose next batch exceeds its PartitionMaxBytes with nothing unless it comes first in
+the response).
+
+**Read-ahead.** Once a fetch has taken records, the partitions of its session whose caches hold
+fewer than a fetch takes, and whose log had more at their last read, are read in the background
+with **one upstream Fetch per leader broker** (the leaders at once; at most a quarter of the
+cache budget per batch), so the member's next fetch -- or another member's -- finds its records
+in a cache instead of waiting for an upstream round trip.
+
+Only one read per share-partition runs at a time (its ``read_lock``, held by a fetch from before
+its read until it has taken its records, and by a read-ahead until its reads are cached):
+members fetching the same partition skip it while it is being read, and only if nothing else was
+acquirable wait and take their records from the batches that read brought in, so the log is read
+once, not once per member (a read is sized for the members queued behind it too).
 
 The read caches of all share-partitions share **one byte budget** (``max_read_cache_bytes``):
 when a new read would exceed it, the least recently used caches are dropped (a later fetch reads
@@ -37,7 +56,15 @@ from codec.records import RecordBatchHeader, iter_batches
 from proxy.errors import UpstreamError
 from proxy.share import metrics, observe
 from proxy.share.assignor import TopicIdPartition
-from proxy.share.cluster import EARLIEST_TIMESTAMP, NONE, OFFSET_OUT_OF_RANGE, RETRIABLE_FETCH_ERRORS, TopicInfo
+from proxy.share.cluster import (
+    EARLIEST_TIMESTAMP,
+    NONE,
+    OFFSET_OUT_OF_RANGE,
+    RETRIABLE_FETCH_ERRORS,
+    FetchedPartition,
+    PartitionRead,
+    TopicInfo,
+)
 from proxy.share.commit import Cause, CommitPipeline
 from proxy.share.leaders import Leader, PartitionRegistry
 from proxy.share.partition import AcquireMode
@@ -176,9 +203,6 @@ class Fetched:
     leader_epoch: int = -1
 
 
-_BUSY = object()  # fetch_partition(wait=False): another fetch is reading this partition
-
-
 @dataclass(frozen=True, slots=True)
 class FetchParams:
     max_records: int
@@ -186,6 +210,22 @@ class FetchParams:
     batch_size: int | None
     mode: AcquireMode
     deadline: float  # trio time
+
+
+@dataclass(slots=True)
+class _Budget:
+    """What a ShareFetch may still take: records and bytes."""
+
+    records: int
+    bytes: int
+
+    @property
+    def spent(self) -> bool:
+        return self.records <= 0 or self.bytes <= 0
+
+
+# A share-partition whose records this fetch will take: key, leader, topic.
+_Held = tuple[TopicIdPartition, Leader, TopicInfo]
 
 
 class Reader:
@@ -212,6 +252,9 @@ class Reader:
         self._schedule = schedule
         self.max_fetch_bytes_per_partition = max_fetch_bytes_per_partition
         self.cache_budget = ReadCacheBudget(max_read_cache_bytes)
+        # One batched read may fill at most a quarter of the cache budget (its first partition
+        # always goes), so it never evicts what it read itself before it is served.
+        self.max_batched_read_bytes = max(max_read_cache_bytes // 4, MIN_FETCH_BYTES)
         self._background = background
         self._rotation = itertools.count()
 
@@ -225,30 +268,282 @@ class Reader:
         results: dict[TopicIdPartition, Fetched] = {}
         while True:
             work = self.work.event
-            idle_partitions = []
-            remaining_records, remaining_bytes = params.max_records, params.max_bytes
-            busy: list[TopicIdPartition] = []
-            for tp, wait in _passes(order, results, busy):
-                if remaining_records <= 0 or remaining_bytes <= 0:
-                    break
-                outcome = await self.fetch_partition(group_id, member_id, tp, remaining_records, remaining_bytes,
-                                                     params.batch_size, params.mode, wait=wait)
-                if outcome is _BUSY:
-                    busy.append(tp)
-                    continue
-                if outcome is None:
-                    continue
-                if outcome.idle_at is not None:
-                    idle_partitions.append((tp, outcome.idle_at))
-                if outcome.count or outcome.error is not ErrorCode.none:
-                    results[(tp[0], tp[1])] = outcome
-                    remaining_records -= outcome.count
-                    remaining_bytes -= len(outcome.records)
-            if any(r.count for r in results.values()) or trio.current_time() >= params.deadline or not order:
+            idle_partitions: list[tuple[TopicIdPartition, int]] = []
+            budget = _Budget(params.max_records, params.max_bytes)
+            busy = await self._fetch_round(order, group_id, member_id, params, budget, results, idle_partitions)
+            if not any(r.count for r in results.values()):
+                # Nothing acquired without waiting: wait for the partitions other fetches were
+                # reading, one at a time, and take from what they brought in.
+                for tp in busy:
+                    if budget.spent:
+                        break
+                    outcome = await self.fetch_partition(group_id, member_id, tp, params, budget)
+                    _note(tp, outcome, budget, results, idle_partitions)
+            if any(r.count for r in results.values()):
+                self._read_ahead(group_id, order, params)
+                return results
+            if trio.current_time() >= params.deadline or not order:
                 return results
             if any(r.error is not ErrorCode.none for r in results.values()):
                 return results
             await self._wait_for_work(work, idle_partitions, params.deadline)
+
+    async def _fetch_round(
+        self, order: list[TopicIdPartition], group_id: str, member_id: str, params: FetchParams, budget: _Budget,
+        results: dict[TopicIdPartition, Fetched], idle_partitions: list,
+    ) -> list[TopicIdPartition]:
+        """Take records from the partitions no other fetch is reading, in order: from a partition's
+        read cache when that holds enough, else from an upstream read of it. Returns the partitions
+        another fetch (or a read-ahead) was reading."""
+        busy: list[TopicIdPartition] = []
+        for tp in order:
+            if budget.spent:
+                break
+            prepared = await self._prepare(group_id, tp)
+            if isinstance(prepared, Fetched):
+                results[(tp[0], tp[1])] = prepared
+                continue
+            if prepared is None:
+                continue
+            _, leader, topic = prepared
+            if leader.read_lock.locked():
+                busy.append(tp)
+                continue
+            async with leader.read_lock:  # free: taken without waiting
+                outcome = await self._take(prepared, member_id, budget, params)
+            _note(tp, outcome, budget, results, idle_partitions)
+        return busy
+
+    async def _take(self, prepared: _Held, member_id: str, budget: _Budget, params: FetchParams) -> Fetched | None:
+        """Acquire from the partition's read cache, or from a fresh read when it holds too few
+        records (the caller holds the partition's read lock)."""
+        tp, leader, topic = prepared
+        if not leader.engine.can_acquire():
+            return None
+        outcome = leader.cache if self._cache_covers(leader, budget.records) else None
+        if outcome is None:
+            outcome = (await self._read_many([prepared], budget.records, budget.bytes)).get(tp)
+        if isinstance(outcome, ReadCache):
+            return self._acquire(leader, topic, tp, member_id, outcome, budget, params)
+        return outcome
+
+    def _read_ahead(self, group_id: str, order: list[TopicIdPartition], params: FetchParams) -> None:
+        """After a fetch took records: read, in the background, the partitions of its session whose
+        caches hold fewer than a fetch takes and whose log has more, so the member's next fetch
+        (or another member's) finds its records in a cache instead of waiting for a read."""
+        nursery = self._background()
+        if nursery is None:
+            return
+        wanted: list[_Held] = []
+        for tp in order:
+            leader = self.registry.active((group_id, tp[0], tp[1]))
+            topic = self.cluster.topic_by_id(tp[0])
+            if leader is None or topic is None or tp[1] not in topic.partitions or leader.read_lock.locked():
+                continue
+            if 0 <= leader.high_watermark <= leader.engine.next_fetch_offset():
+                continue  # caught up at the last read: a fetch long-polls for more
+            if not self._cache_covers(leader, params.max_records):
+                wanted.append((tp, leader, topic))
+        if wanted:
+            nursery.start_soon(self._read_ahead_task, wanted, params.max_records, params.max_bytes)
+
+    async def _read_ahead_task(self, wanted: list[_Held], records: int, max_bytes: int) -> None:
+        held = []
+        try:
+            for entry in wanted:
+                lock = entry[1].read_lock
+                if not lock.locked():  # a fetch may have started reading it since
+                    lock.acquire_nowait()
+                    held.append(entry)
+            if held:
+                await self._read_many(held, records, max_bytes)  # into the caches
+        finally:
+            for _, leader, _ in held:
+                leader.read_lock.release()
+
+    async def _prepare(self, group_id: str, tp: TopicIdPartition) -> _Held | Fetched | None:
+        """The partition's leader and topic, an error to answer, or None: nothing to acquire."""
+        topic = self.cluster.topic_by_id(tp[0])
+        if topic is None:
+            # At most one refresh per interval however many partitions and requests ask.
+            await self.refresher.refresh_if_due("unknown-topic-id")
+            topic = self.cluster.topic_by_id(tp[0])
+            if topic is None:
+                return Fetched(error=ErrorCode.unknown_topic_id, message="Unknown topic id.")
+        if tp[1] not in topic.partitions:
+            return Fetched(error=ErrorCode.unknown_topic_or_partition, message="Unknown partition.")
+        try:
+            leader = await self.registry.ensure((group_id, tp[0], tp[1]))
+        except (UpstreamError, PersistError) as exc:
+            return Fetched(error=ErrorCode.coordinator_not_available, message=str(exc))
+        self.registry.refresh_config(leader)
+        if not leader.engine.can_acquire():
+            return None  # record-lock limit reached and nothing released in the window
+        return tp, leader, topic
+
+    async def fetch_partition(
+        self, group_id: str, member_id: str, tp: TopicIdPartition, params: FetchParams, budget: _Budget,
+    ) -> Fetched | None:
+        """One partition, waiting for the fetch reading it first (then usually served from its cache)."""
+        prepared = await self._prepare(group_id, tp)
+        if not isinstance(prepared, tuple):
+            return prepared
+        leader = prepared[1]
+        leader.readers_waiting += 1
+        queued = True
+        try:
+            async with leader.read_lock:
+                leader.readers_waiting -= 1
+                queued = False
+                return await self._take(prepared, member_id, budget, params)
+        finally:
+            if queued:  # cancelled while waiting for the lock
+                leader.readers_waiting -= 1
+
+    def _cache_covers(self, leader: Leader, records: int) -> bool:
+        """Whether the read cache holds `records` from the next fetch offset on, or all the log has."""
+        cache = leader.cache
+        if cache is None:
+            return False
+        offset = leader.engine.next_fetch_offset()
+        batches = cache.batches_from(offset)
+        if not batches:
+            return False
+        end = batches[-1].last_offset + 1
+        # Short of `records`, a fresh read brings more for this partition, so the response takes
+        # one partition's records instead of topping up from the next (one state write per commit).
+        return end - max(offset, batches[0].base_offset) >= records or 0 <= leader.high_watermark <= end
+
+    def _read_size(self, leader: Leader, records: int, max_bytes: int) -> int:
+        """Bytes to read for `records` (and the members queued behind this read), from the
+        partition's learned bytes per record, no more than the record-lock limit lets be acquired."""
+        read_bytes = min(max_bytes, self.max_fetch_bytes_per_partition)
+        if leader.bytes_per_record:
+            # Read for the members queued behind this read too; they take from the cache.
+            records *= 1 + leader.readers_waiting
+            engine = leader.engine
+            if engine.next_fetch_offset() >= engine.end_offset:  # only new records: the lock limit bounds them
+                records = min(records, max(engine.config.max_record_locks - engine.in_flight_count, 0))
+            wanted = records * leader.bytes_per_record * 1.25
+            read_bytes = min(read_bytes, max(MIN_FETCH_BYTES, int(wanted)))
+        else:
+            read_bytes = min(read_bytes, FIRST_FETCH_BYTES)
+        # Never less than the partition's log batches: a broker answers a partition whose next
+        # batch exceeds its PartitionMaxBytes with nothing, unless it comes first in the response.
+        return max(read_bytes, min(leader.batch_bytes, self.max_fetch_bytes_per_partition), 1)
+
+    async def _read_many(
+        self, candidates: list[_Held], records: int, max_bytes: int,
+    ) -> dict[TopicIdPartition, ReadCache | Fetched | None]:
+        """Read the candidates' logs from their next fetch offsets, one upstream Fetch per leader
+        broker, each sized for `records`; the first always, the rest while the total stays within
+        `max_batched_read_bytes`. Every read goes into its partition's cache; returns per partition
+        the read, or a Fetched/None outcome (an error, caught up, the log start moved)."""
+        reads: list[tuple[_Held, PartitionRead]] = []
+        total = 0
+        for held in candidates:
+            tp, leader, topic = held
+            size = self._read_size(leader, records, max_bytes)
+            if reads and total + size > self.max_batched_read_bytes:
+                break
+            total += size
+            reads.append((held, PartitionRead(topic, tp[1], leader.engine.next_fetch_offset(), size)))
+        if not reads:
+            return {}
+        read_committed = reads[0][0][1].engine.config.read_committed  # one group, one isolation level
+        for (_, leader, _), _ in reads:
+            self.cache_budget.drop(leader)
+        answers = await self.cluster.fetch_many([read for _, read in reads], read_committed=read_committed)
+        out: dict[TopicIdPartition, ReadCache | Fetched | None] = {}
+        for (tp, leader, topic), read in reads:
+            answer = answers.get((topic.topic_id, tp[1]))
+            if answer is None:
+                answer = UpstreamError(f"no answer for {topic.name}-{tp[1]}")
+            out[tp] = await self._take_read(leader, topic, tp, read.offset, answer)
+        return out
+
+    async def _take_read(
+        self, leader: Leader, topic: TopicInfo, tp: TopicIdPartition, offset: int,
+        data: FetchedPartition | UpstreamError,
+    ) -> ReadCache | Fetched | None:
+        """One partition's upstream answer: its batches (kept in the read cache), or an outcome."""
+        engine = leader.engine
+        if isinstance(data, UpstreamError):
+            log.warning("upstream fetch failed", topic=topic.name, partition=tp[1], error=str(data))
+            # Without a refresh a leader seen as -1 (or a moved broker) would fail every fetch
+            # until the periodic refresh, while clients retry at once.
+            self.refresher.refresh_soon(self._background(), "stale-leader")
+            return Fetched(error=ErrorCode.not_leader_or_follower, message=str(data))
+        if data.error_code == OFFSET_OUT_OF_RANGE:
+            # Retention removed records below the window: move SPSO up to the log start.
+            try:
+                start = await self.cluster.list_offset(topic, tp[1], EARLIEST_TIMESTAMP)
+            except UpstreamError as exc:
+                return Fetched(error=ErrorCode.not_leader_or_follower, message=str(exc))
+            self._log_start(leader, start)
+            return None
+        if data.error_code in RETRIABLE_FETCH_ERRORS:
+            self.refresher.refresh_soon(self._background(), "stale-leader")
+            return Fetched(error=ErrorCode.not_leader_or_follower, message="Partition leadership moved.")
+        if data.error_code != NONE:
+            return Fetched(error=ErrorCode(data.error_code), message="Upstream fetch failed.")
+        if data.high_watermark >= 0:
+            leader.high_watermark = data.high_watermark
+        if data.log_start_offset > engine.start_offset:
+            self._log_start(leader, data.log_start_offset)
+        try:
+            batches = [b for b in iter_batches(data.records) if isinstance(b, RecordBatchHeader)]
+        except RecordBatchError as exc:
+            return Fetched(error=ErrorCode.corrupt_message, message=str(exc))
+        if not batches:
+            return Fetched(idle_at=offset)
+        records_read = sum(b.record_count for b in batches) or 1
+        observed = (batches[-1].position + batches[-1].size) / records_read
+        leader.bytes_per_record = (observed if not leader.bytes_per_record
+                                   else 0.8 * leader.bytes_per_record + 0.2 * observed)
+        leader.batch_bytes = max(int(0.8 * leader.batch_bytes), max(b.size for b in batches))
+        cache = ReadCache(data.records, tuple(batches), data.aborted_transactions)
+        self.cache_budget.store(leader, cache)
+        return cache
+
+    def _acquire(
+        self, leader: Leader, topic: TopicInfo, tp: TopicIdPartition, member_id: str, cache: ReadCache,
+        budget: _Budget, params: FetchParams,
+    ) -> Fetched | None:
+        """Acquire from the batches of `cache` at the partition's next fetch offset."""
+        engine = leader.engine
+        if not engine.can_acquire():
+            return None
+        batches = cache.batches_from(engine.next_fetch_offset())
+        if not batches:
+            return None
+        if leader.cache is cache:
+            self.cache_budget.touch(leader)
+        result = engine.acquire(
+            member_id, batches, now=self.clock(), max_records=budget.records, batch_size=params.batch_size,
+            mode=params.mode, aborted_transactions=cache.aborted_transactions,
+        )
+        if result.delta is not None:
+            self.commits.record(leader, result.delta, Cause.ACQUIRED)  # archived control/aborted records
+        self.commits.note_delivered(leader.key, result.delivered)
+        if not result.acquired:
+            return None
+        self._schedule(leader)
+        acquired = result.acquired
+        lo, hi = acquired[0].first_offset, acquired[-1].last_offset
+        if hi >= batches[-1].last_offset and leader.cache is cache:
+            self.cache_budget.drop(leader)  # all taken: free the bytes
+        view = memoryview(cache.records)
+        chunks = [
+            view[b.position:b.position + b.size]
+            for b in batches
+            if b.last_offset >= lo and b.base_offset <= hi and not b.is_control
+        ]
+        metrics.RECORDS_ACQUIRED.inc(result.count)
+        observe.EVENTS.acquired(leader.key, acquired)
+        return Fetched(records=b"".join(chunks), acquired=acquired, count=result.count,
+                       leader_id=topic.partitions[tp[1]].leader_id,
+                       leader_epoch=topic.partitions[tp[1]].leader_epoch)
 
     async def _wait_for_work(self, work: trio.Event, idle_partitions, deadline: float) -> None:
         """Sleep until records may be acquirable: a release/expiry, new upstream data, or the deadline."""
@@ -282,149 +577,23 @@ class Reader:
                     await trio.sleep(0.5)
                     nursery.cancel_scope.cancel()
 
-    async def fetch_partition(
-        self, group_id: str, member_id: str, tp: TopicIdPartition, max_records: int, max_bytes: int,
-        batch_size: int | None, mode: AcquireMode, *, wait: bool = True,
-    ):
-        topic = self.cluster.topic_by_id(tp[0])
-        if topic is None:
-            # At most one refresh per interval however many partitions and requests ask.
-            await self.refresher.refresh_if_due("unknown-topic-id")
-            topic = self.cluster.topic_by_id(tp[0])
-            if topic is None:
-                return Fetched(error=ErrorCode.unknown_topic_id, message="Unknown topic id.")
-        if tp[1] not in topic.partitions:
-            return Fetched(error=ErrorCode.unknown_topic_or_partition, message="Unknown partition.")
-        key = (group_id, tp[0], tp[1])
-        try:
-            leader = await self.registry.ensure(key)
-        except (UpstreamError, PersistError) as exc:
-            return Fetched(error=ErrorCode.coordinator_not_available, message=str(exc))
-        self.registry.refresh_config(leader)
-        if not leader.engine.can_acquire():
-            return None  # record-lock limit reached and nothing released in the window
-        if not wait and leader.read_lock.locked():
-            return _BUSY
-        leader.readers_waiting += 1
-        queued = True
-        try:
-            async with leader.read_lock:
-                leader.readers_waiting -= 1
-                queued = False
-                return await self._read_and_acquire(leader, topic, tp, member_id, max_records, max_bytes,
-                                                    batch_size, mode)
-        finally:
-            if queued:  # cancelled while waiting for the lock
-                leader.readers_waiting -= 1
-
-    async def _read_and_acquire(
-        self, leader: Leader, topic: TopicInfo, tp: TopicIdPartition, member_id: str, max_records: int,
-        max_bytes: int, batch_size: int | None, mode: AcquireMode,
-    ) -> Fetched | None:
-        engine = leader.engine
-        if not engine.can_acquire():
-            return None
-        offset = engine.next_fetch_offset()
-        cache = leader.cache
-        cached = cache.batches_from(offset) if cache is not None else ()
-        if cached:
-            assert cache is not None
-            records, batches, aborted = cache.records, cached, cache.aborted_transactions
-            self.cache_budget.touch(leader)
-        else:
-            self.cache_budget.drop(leader)
-            fetched = await self._read(leader, topic, tp, offset, max_records, max_bytes)
-            if not isinstance(fetched, tuple):
-                return fetched
-            records, batches, aborted = fetched
-            self.cache_budget.store(leader, ReadCache(records, batches, aborted))
-        result = engine.acquire(
-            member_id, batches, now=self.clock(), max_records=max_records, batch_size=batch_size, mode=mode,
-            aborted_transactions=aborted,
-        )
-        if result.delta is not None:
-            self.commits.record(leader, result.delta, Cause.ACQUIRED)  # archived control/aborted records
-        self.commits.note_delivered(leader.key, result.delivered)
-        if not result.acquired:
-            return None
-        self._schedule(leader)
-        acquired = result.acquired
-        lo, hi = acquired[0].first_offset, acquired[-1].last_offset
-        if hi >= batches[-1].last_offset:
-            self.cache_budget.drop(leader)  # all taken: free the bytes
-        view = memoryview(records)
-        chunks = [
-            view[b.position:b.position + b.size]
-            for b in batches
-            if b.last_offset >= lo and b.base_offset <= hi and not b.is_control
-        ]
-        metrics.RECORDS_ACQUIRED.inc(result.count)
-        observe.EVENTS.acquired(leader.key, acquired)
-        return Fetched(records=b"".join(chunks), acquired=acquired, count=result.count,
-                       leader_id=topic.partitions[tp[1]].leader_id,
-                       leader_epoch=topic.partitions[tp[1]].leader_epoch)
-
-    async def _read(
-        self, leader: Leader, topic: TopicInfo, tp: TopicIdPartition, offset: int, max_records: int, max_bytes: int,
-    ):
-        """Read the log upstream from `offset`: (records, batches, aborted) or a Fetched/None outcome."""
-        engine = leader.engine
-        read_bytes = min(max_bytes, self.max_fetch_bytes_per_partition)
-        if leader.bytes_per_record:
-            # Read for the members queued behind this read too; they take from the cache.
-            wanted = max_records * (1 + leader.readers_waiting) * leader.bytes_per_record * 1.25
-            read_bytes = min(read_bytes, max(MIN_FETCH_BYTES, int(wanted)))
-        else:
-            read_bytes = min(read_bytes, FIRST_FETCH_BYTES)
-        try:
-            data = await self.cluster.fetch(topic, tp[1], offset, max_bytes=max(read_bytes, 1),
-                                            max_wait_ms=0, read_committed=engine.config.read_committed)
-        except UpstreamError as exc:
-            log.warning("upstream fetch failed", topic=topic.name, partition=tp[1], error=str(exc))
-            # Without a refresh a leader seen as -1 (or a moved broker) would fail every fetch
-            # until the periodic refresh, while clients retry at once.
-            self.refresher.refresh_soon(self._background(), "stale-leader")
-            return Fetched(error=ErrorCode.not_leader_or_follower, message=str(exc))
-        if data.error_code == OFFSET_OUT_OF_RANGE:
-            # Retention removed records below the window: move SPSO up to the log start.
-            start = await self.cluster.list_offset(topic, tp[1], EARLIEST_TIMESTAMP)
-            self._log_start(leader, start)
-            return None
-        if data.error_code in RETRIABLE_FETCH_ERRORS:
-            self.refresher.refresh_soon(self._background(), "stale-leader")
-            return Fetched(error=ErrorCode.not_leader_or_follower, message="Partition leadership moved.")
-        if data.error_code != NONE:
-            return Fetched(error=ErrorCode(data.error_code), message="Upstream fetch failed.")
-        if data.high_watermark >= 0:
-            leader.high_watermark = data.high_watermark
-        if data.log_start_offset > engine.start_offset:
-            self._log_start(leader, data.log_start_offset)
-        try:
-            batches = [b for b in iter_batches(data.records) if isinstance(b, RecordBatchHeader)]
-        except RecordBatchError as exc:
-            return Fetched(error=ErrorCode.corrupt_message, message=str(exc))
-        if not batches:
-            return Fetched(idle_at=offset)
-        records_read = sum(b.record_count for b in batches) or 1
-        observed = (batches[-1].position + batches[-1].size) / records_read
-        leader.bytes_per_record = (observed if not leader.bytes_per_record
-                                   else 0.8 * leader.bytes_per_record + 0.2 * observed)
-        return data.records, tuple(batches), data.aborted_transactions
-
     def _log_start(self, leader: Leader, log_start: int) -> None:
         delta = leader.engine.advance_log_start(log_start)
         if delta is not None:
             self.commits.record(leader, delta, Cause.LOG_TRUNCATED)
 
 
-def _passes(order, results, busy):
-    """Partitions to fetch: all in rotated order without waiting, then -- only if that acquired
-    nothing -- the ones another fetch was reading, waiting for them."""
-    for tp in order:
-        yield tp, False
-    if not any(r.count for r in results.values()):
-        for tp in list(busy):
-            yield tp, True
+def _note(tp: TopicIdPartition, outcome: Fetched | None, budget: _Budget, results: dict[TopicIdPartition, Fetched],
+          idle_partitions: list) -> None:
+    """Add one partition's outcome to the response being built."""
+    if outcome is None:
+        return
+    if outcome.idle_at is not None:
+        idle_partitions.append((tp, outcome.idle_at))
+    if outcome.count or outcome.error is not ErrorCode.none:
+        results[(tp[0], tp[1])] = outcome
+        budget.records -= outcome.count
+        budget.bytes -= len(outcome.records)
 
 
 __all__ = ["Fetched", "FetchParams", "MetadataRefresher", "ReadCache", "ReadCacheBudget", "Reader", "WorkSignal"]

@@ -9,6 +9,7 @@ and long polls take no real time.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import inspect
 import uuid
@@ -55,6 +56,7 @@ class FakeCluster:
         self.appended = trio.Event()
         self.fail_fetch = False
         self.fetches = 0
+        self.fetch_requests: list[list[tuple[int, int, int]]] = []  # (partition, offset, max bytes) per Fetch
         self.refreshes = 0
         self._created: list[TopicInfo] = []
 
@@ -105,7 +107,26 @@ class FakeCluster:
             if last_offset >= offset and (not chunks or size + len(batch) <= max_bytes):
                 chunks.append(batch)
                 size += len(batch)
-        return FetchedPartition(error_code=0, log_start_offset=0, aborted_transactions=(), records=b"".join(chunks))
+        return FetchedPartition(error_code=0, log_start_offset=0, aborted_transactions=(), records=b"".join(chunks),
+                                high_watermark=self.end_offset(partition))
+
+    async def fetch_many(self, reads, *, read_committed):
+        """One upstream Fetch for several partitions (one broker here): each served as `fetch` serves it."""
+        self.fetch_requests.append([(read.partition, read.offset, read.max_bytes) for read in reads])
+        answers = {}
+        oversize_allowed = True  # as Kafka: only the first non-empty partition may exceed its max bytes
+        for read in reads:
+            try:
+                answer = await self.fetch(read.topic, read.partition, read.offset, max_bytes=read.max_bytes,
+                                          max_wait_ms=0, read_committed=read_committed)
+            except UpstreamError as exc:
+                answers[(read.topic.topic_id, read.partition)] = exc
+                continue
+            if len(answer.records) > read.max_bytes and not oversize_allowed:
+                answer = dataclasses.replace(answer, records=b"")
+            oversize_allowed = oversize_allowed and not answer.records
+            answers[(read.topic.topic_id, read.partition)] = answer
+        return answers
 
     async def aclose(self) -> None:
         pass

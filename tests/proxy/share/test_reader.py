@@ -1,15 +1,20 @@
-"""The reader's bounds: one read-cache byte budget, and metadata refreshes bounded per interval."""
+"""The reader: its bounds (one read-cache byte budget, metadata refreshes per interval) and its
+reads (one upstream Fetch per leader for every partition needing records, the read caches, one
+partition's records per response)."""
 
 from __future__ import annotations
 
+import dataclasses
 import tracemalloc
 import uuid
 
+import pytest
 import trio
 
 from proxy.share.leaders import Leader
 from proxy.share.partition import PartitionConfig, SharePartition
 from proxy.share.reader import MetadataRefresher, ReadCache, ReadCacheBudget
+from tests.proxy.share.test_manager import ACCEPT, TOPIC_ID, FakeCluster, acquired, service_config, start_service
 
 MIB = 1024 * 1024
 
@@ -77,3 +82,150 @@ async def test_background_refreshes_coalesce(autojump_clock):
         for _ in range(100):
             refresher.refresh_soon(nursery, "stale-leader")
     assert cluster.refreshes == 1
+
+
+# ----- reads: the read caches, read-ahead, one upstream Fetch per leader, one partition per response
+# Driven through ShareService with test_manager's in-memory upstream (one broker) on virtual time.
+
+TPS = [(TOPIC_ID, p) for p in range(4)]
+KIB = 1024
+
+
+def partitions_of(result: dict) -> dict:
+    """{partition: records acquired} of one ShareFetch response."""
+    return {tp[1]: sum(last - first + 1 for first, last, _ in acquired(result, tp))
+            for tp in result if tp != "error" and acquired(result, tp)}
+
+
+def read_partitions(cluster: FakeCluster) -> list[list[int]]:
+    return [[partition for partition, _, _ in request] for request in cluster.fetch_requests]
+
+
+async def test_after_a_fetch_the_other_partitions_are_read_ahead_in_one_upstream_fetch(nursery, autojump_clock):
+    harness = await start_service(nursery, cluster=FakeCluster(partitions=4))
+    for partition in range(4):
+        for _ in range(3):
+            harness.cluster.append([b"a", b"b"], partition=partition)
+    member = harness.member("m")
+    await harness.join(member)
+    await trio.sleep(0.1)  # the assigned partitions are initialised
+
+    first = await harness.fetch(member, partitions=TPS, max_records=6)
+    await trio.sleep(0.1)  # the read-ahead runs in the background
+    # Partition 0 read for the fetch; 1-3 read ahead together; 0 is caught up: not read again.
+    assert read_partitions(harness.cluster) == [[0], [1, 2, 3]]
+    later = [await harness.fetch(member, max_records=6) for _ in range(3)]
+
+    assert len(harness.cluster.fetch_requests) == 2  # the next fetches took from the read caches
+    served = [partitions_of(result) for result in (first, *later)]
+    assert all(len(response) == 1 for response in served)  # one partition's records per response
+    assert sorted(p for response in served for p in response) == [0, 1, 2, 3]
+    assert all(count == 6 for response in served for count in response.values())
+
+
+async def test_a_response_takes_one_partitions_records_while_its_log_has_enough(nursery, autojump_clock):
+    """A read cache holding fewer records than asked is read again, instead of the response being
+    topped up from the next partition (each partition in a response costs a state write)."""
+    harness = await start_service(nursery, cluster=FakeCluster(partitions=2))
+    for partition in range(2):
+        for _ in range(100):
+            harness.cluster.append([bytes(16 * KIB)], partition=partition)
+    member = harness.member("m")
+    served = [partitions_of(await harness.fetch(member, partitions=TPS[:2], max_records=7))]
+    served += [partitions_of(await harness.fetch(member, max_records=7)) for _ in range(24)]
+    assert [len(response) for response in served] == [1] * 25
+    assert [sum(response.values()) for response in served] == [7] * 25
+
+
+async def test_a_batched_read_fills_at_most_a_quarter_of_the_cache_budget(nursery, autojump_clock):
+    config = dataclasses.replace(service_config(), max_read_cache_bytes=4 * MIB)
+    harness = await start_service(nursery, cluster=FakeCluster(partitions=4), config=config)
+    for partition in range(4):
+        for _ in range(100):
+            harness.cluster.append([bytes(16 * KIB)], partition=partition)
+    member = harness.member("m")
+    await harness.fetch(member, partitions=TPS, max_records=5)
+    for _ in range(5):
+        await trio.sleep(0.1)
+        await harness.fetch(member, max_records=5)
+    # A partition's first read is 1 MiB (its record size is not known yet): one per request fits
+    # the 1 MiB a batched read may take, where the read-ahead would otherwise take three at once.
+    assert all(sum(size for _, _, size in request) <= MIB for request in harness.cluster.fetch_requests)
+    assert sorted({partition for request in read_partitions(harness.cluster) for partition in request}) == [
+        0, 1, 2, 3]
+
+
+async def test_reads_are_never_smaller_than_the_partitions_log_batches(nursery, autojump_clock):
+    """A broker answers a partition whose next batch exceeds its PartitionMaxBytes with nothing
+    unless it comes first in the response: reads sized for a few records must still cover a batch."""
+    harness = await start_service(nursery, cluster=FakeCluster(partitions=2))
+    for partition in range(2):
+        for _ in range(20):
+            harness.cluster.append([bytes(2 * KIB)] * 100, partition=partition)  # ~200 KiB batches
+    member = harness.member("m")
+    served = [partitions_of(await harness.fetch(member, partitions=TPS[:2], max_records=5))]
+    for _ in range(15):  # the first reads (1 MiB each) hold 10 batches
+        await trio.sleep(0.1)
+        served.append(partitions_of(await harness.fetch(member, max_records=5)))
+    later = [size for request in harness.cluster.fetch_requests[2:] for _, _, size in request]
+    assert later and min(later) >= 200 * KIB  # sized for 5 records alone it would be 64 KiB
+    assert [sum(response.values()) for response in served] == [100] * 16  # a whole batch each time
+
+
+async def test_reads_are_sized_by_what_the_record_lock_limit_lets_be_acquired(nursery, autojump_clock):
+    harness = await start_service(nursery, config=service_config(max_record_locks=100))
+    for _ in range(300):
+        harness.cluster.append([bytes(4 * KIB)])
+    member = harness.member("m")
+    result = await harness.fetch(member, max_records=1000)
+    assert partitions_of(result) == {0: 100}  # the limit
+    await harness.fetch(member, acks=[(TPS[0], 0, 99, ACCEPT)], max_records=1000)
+    await harness.fetch(member, acks=[(TPS[0], 100, 199, ACCEPT)], max_records=1000)
+    # After the first read (1 MiB: nothing learned yet), reads are for the records the limit
+    # leaves room for -- 100 x ~4 KiB x 1.25 at most (64 KiB when the window is full) -- not for
+    # the 1,000 asked (5 MiB).
+    sizes = [size for request in harness.cluster.fetch_requests[1:] for _, _, size in request]
+    assert max(sizes) == pytest.approx(500 * KIB, rel=0.05)
+
+
+async def test_caught_up_partitions_are_not_read_ahead(nursery, autojump_clock):
+    harness = await start_service(nursery, cluster=FakeCluster(partitions=2))
+    harness.cluster.append([b"a", b"b"], partition=0)
+    member = harness.member("m")
+    await harness.fetch(member, partitions=TPS[:2], max_records=10)
+    await trio.sleep(0.1)
+    reads = len(harness.cluster.fetch_requests)
+    result = await harness.fetch(member, acks=[(TPS[0], 0, 1, ACCEPT)], max_records=10)
+    await trio.sleep(0.1)
+    assert partitions_of(result) == {}
+    # Partition 0 read to its end, partition 1 empty: the fetch read (it found nothing), no read-ahead.
+    assert len(harness.cluster.fetch_requests) <= reads + 2
+    assert all(len(request) == 1 for request in harness.cluster.fetch_requests[reads:])
+
+
+class SlowCluster(FakeCluster):
+    """An upstream whose Fetch takes 10 ms, so members' fetches overlap."""
+
+    async def fetch(self, *args, **kwargs):
+        await trio.sleep(0.01)
+        return await super().fetch(*args, **kwargs)
+
+
+async def test_members_of_one_partition_share_one_upstream_read(nursery, autojump_clock):
+    harness = await start_service(nursery, cluster=SlowCluster())
+    for _ in range(30):
+        harness.cluster.append([b"x"])
+    members = [harness.member(f"m{i}") for i in range(3)]
+    for member in members:
+        await harness.join(member)
+    got = {}
+
+    async def fetch(member) -> None:
+        got[member.member_id] = acquired(await harness.fetch(member, max_records=5))
+
+    async with trio.open_nursery() as fetches:
+        for member in members:
+            fetches.start_soon(fetch, member)
+    assert len(harness.cluster.fetch_requests) == 1
+    offsets = sorted(first for ranges in got.values() for first, _, _ in ranges)
+    assert offsets == [0, 5, 10]  # each member its own records, from the one read

@@ -1,0 +1,101 @@
+"""share_bench's pure parts: shapes, proxy trees, and the tables built from measurements."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from integration.bench.share_bench import (
+    Measurement,
+    best,
+    latency_breakdown,
+    parse_trees,
+    process_cpu_seconds,
+    profile_summary,
+    repeats_table,
+    rotated,
+    table,
+    trees_table,
+)
+
+
+def measurement(label: str, path: str, consumers: int, partitions: int, seconds: float) -> Measurement:
+    kind = "share group" if label.startswith("share") else "consumer group"
+    return Measurement(label, path, kind, consumers, 100_000, 100.0, seconds, 0.0, partitions=partitions)
+
+
+def test_parse_trees_resolves_paths_and_refuses_what_is_not_name_equals_path(tmp_path):
+    assert parse_trees(f"before={tmp_path},after=.") == [("before", str(tmp_path)), ("after", str(Path.cwd()))]
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_trees("before")
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_trees("=/tmp")
+
+
+def test_rotated_alternates_which_side_goes_first():
+    assert [rotated(["a", "b"], n) for n in range(3)] == [["a", "b"], ["b", "a"], ["a", "b"]]
+    assert rotated([], 3) == []
+
+
+def test_best_and_tables_keep_the_partition_shapes_apart():
+    results = [
+        measurement("consumer group, direct", "direct", 1, 4, 1.0),
+        measurement("consumer group, direct", "direct", 1, 32, 2.0),
+        measurement("share group x4, native", "native", 4, 4, 2.0),
+        measurement("share group x4, native", "native", 4, 32, 4.0),
+        measurement("share group x4, proxy before", "proxy", 4, 4, 2.0),
+        measurement("share group x4, proxy after", "proxy", 4, 4, 1.0),
+        measurement("share group x4, proxy after", "proxy", 4, 4, 1.6),  # a slower repeat
+        measurement("share group x4, proxy before", "proxy", 4, 32, 4.0),
+        measurement("share group x4, proxy after", "proxy", 4, 32, 5.0),
+    ]
+    assert best(results, "share group x4, native", 32).seconds == 4.0
+    assert best(results, "share group x4, proxy after", 4).seconds == 1.0
+    assert best(results, "share group x4, proxy after", 8) is None
+
+    four = table(results, [4], 4, ["before", "after"])
+    assert "| share group x4, proxy after | 4 | 100,000 |" in four
+    assert "| 2.00 / 2.00 |" in four  # after / native at 4 partitions
+    thirty_two = table(results, [4], 32, ["before", "after"])
+    assert "| share group x4, proxy after | 4 | 20,000 |" in thirty_two
+    assert "| 0.80 / 0.80 |" in thirty_two
+
+    assert trees_table(results, [4], 4, ["before", "after"]).splitlines()[-1] == "| 4 | 2.00 / 2.00 |"
+    assert trees_table(results, [4], 32, ["before", "after"]).splitlines()[-1] == "| 4 | 0.80 / 0.80 |"
+
+    repeats = repeats_table(results, 4).splitlines()
+    assert repeats[0] == "| measurement | repeat 1 | repeat 2 |"
+    assert "| share group x4, proxy after | 100,000 · 100,000 · 0.0 | 62,500 · 62,500 · 0.0 |" in repeats
+    assert "| share group x4, native | 50,000 · 50,000 · 0.0 |  |" in repeats
+
+
+def test_profile_summary_counts_self_and_inclusive_samples(tmp_path):
+    raw = tmp_path / "profile.txt"
+    raw.write_text("main (a.py:1);read (r.py:10);parse (p.py:3) 6\n"
+                   "main (a.py:1);read (r.py:12) 2\n"
+                   "main (a.py:1);encode (e.py:7) 2\n"
+                   "Thread._bootstrap (threading.py:1);_poll_loop (persister.py:9) 40\n")
+    lines = profile_summary(raw, top=2).splitlines()
+    assert lines[0].startswith("10 main-thread samples (40 in other threads)")
+    assert lines[1].split() == ["60.0", "60.0", "parse", "(p.py)"]
+    assert lines[2].split() == ["20.0", "80.0", "read", "(r.py)"]  # line numbers merged: one function
+    by_inclusive = lines[lines.index("by inclusive:") + 1:]
+    assert by_inclusive[0].split() == ["0.0", "100.0", "main", "(a.py)"]
+    assert by_inclusive[1].split() == ["20.0", "80.0", "read", "(r.py)"]
+
+
+def test_process_cpu_seconds_reads_this_process():
+    import os
+    spent = process_cpu_seconds(os.getpid())
+    assert spent is None or spent > 0
+
+
+def test_latency_breakdown_takes_the_runs_share_of_the_histograms():
+    fetch = (("api", "ShareFetch"),)
+    before = {("ksp_request_seconds_count", fetch): 10.0, ("ksp_request_seconds_sum", fetch): 1.0}
+    after = {("ksp_request_seconds_count", fetch): 410.0, ("ksp_request_seconds_sum", fetch): 3.0,
+             ("ksp_share_state_write_seconds_count", ()): 100.0, ("ksp_share_state_write_seconds_sum", ()): 0.4}
+    assert latency_breakdown(before, after, 200_000) == (
+        "ShareFetch 400 x 5.00 ms, state write 100 x 4.00 ms, 500 records per ShareFetch")
