@@ -766,8 +766,9 @@ class SharePartition:
         # fetch and advance_log_start() must not rescan the window for it each time.
         self._archiving_records = 0
         self._log_start = start_offset
-        # Per-offset batches changed by the running operation: merged again when it finishes.
-        self._touched: set[_InFlightBatch] = set()
+        # Per-offset batches changed by the running operation, with the span of positions changed
+        # ([lo, hi] list indexes): merged again when it finishes.
+        self._touched: dict[_InFlightBatch, list[int]] = {}
 
     def reconfigure(self, config: PartitionConfig) -> None:
         """Take the group's current settings: later acquisitions lock for the new duration, and
@@ -1382,7 +1383,7 @@ class SharePartition:
                         batch.rollback = None
                         self._lower_hint(batch, batch.first_offset)
                     continue
-                self._touched.add(batch)  # (committed states may now merge with their neighbours)
+                self._touch(batch, first, last)  # (committed states may now merge with their neighbours)
                 for offset, holder in batch.holders(first, last):
                     if holder.rollback is not None and holder.rollback.change_id == change_id:
                         holder.rollback = None
@@ -1398,7 +1399,7 @@ class SharePartition:
                     if batch.rollback is not None and batch.rollback.change_id == change_id:
                         self._restore(batch, batch.first_offset, batch.last_offset)
                     continue
-                self._touched.add(batch)
+                self._touch(batch, first, last)
                 for offset, holder in batch.holders(first, last):
                     if holder.rollback is not None and holder.rollback.change_id == change_id:
                         self._restore(holder, offset, offset)  # (a staged state is never shared)
@@ -1461,7 +1462,7 @@ class SharePartition:
                     batch.rollback = None
                     continue
                 self._split(batch)
-            self._touched.add(batch)
+            self._touch(batch, first, last)
             for _, holder in batch.holders(first, last):
                 holder.rollback = None  # (a shared state has none already)
 
@@ -1858,7 +1859,7 @@ class SharePartition:
         self._locks.clear()
         self._deadlines.clear()
         self._staged.clear()
-        self._touched.clear()
+        self._touched = {}
         self._progress_ids.clear()
         self._in_progress_records = 0
         self._archiving_records = 0  # dropped, never dead-lettered: the operator reset the group
@@ -1927,8 +1928,22 @@ class SharePartition:
     # ----- per-offset state: shared while equal, merged back (see _InFlightBatch) -----------------
 
     def _split(self, batch: _InFlightBatch) -> list[_OffsetState]:
-        self._touched.add(batch)
+        if batch.offsets is None:
+            self._touch(batch, batch.first_offset, batch.first_offset)  # (left unchanged, it merges back)
         return batch.split(self._merge)
+
+    def _touch(self, batch: _InFlightBatch, first: int, last: int) -> None:
+        """Offsets [first, last] of a per-offset batch may have changed: merge around them later."""
+        lo = max(first - batch.first_offset, 0)
+        hi = min(last, batch.last_offset) - batch.first_offset
+        span = self._touched.get(batch)
+        if span is None:
+            self._touched[batch] = [lo, hi]
+        else:
+            if lo < span[0]:
+                span[0] = lo
+            if hi > span[1]:
+                span[1] = hi
 
     def _own(self, batch: _InFlightBatch, offset: int) -> _OffsetState:
         """The state object of ``offset`` alone, ready to change: taken out of the run of offsets
@@ -1936,8 +1951,14 @@ class SharePartition:
         still fills one contiguous run)."""
         offsets = batch.offsets
         assert offsets is not None
-        self._touched.add(batch)
         i = offset - batch.first_offset
+        span = self._touched.get(batch)
+        if span is None:
+            self._touched[batch] = [i, i]
+        elif i < span[0]:
+            span[0] = i
+        elif i > span[1]:
+            span[1] = i
         holder = offsets[i]
         n = len(offsets)
         before = i > 0 and offsets[i - 1] is holder
@@ -1954,29 +1975,34 @@ class SharePartition:
         return own
 
     def _merge_touched(self) -> None:
-        """Share one state object between equal neighbours in the batches the operation changed, and
-        turn a batch whose offsets all agree (none staged) back into one uniform batch."""
+        """Share one state object between equal neighbours around the positions the operation
+        changed, and turn a batch whose offsets all agree (none staged) back into one uniform batch."""
         touched = self._touched
-        if not touched or not self._merge:
-            touched.clear()
+        if not touched:
             return
-        self._touched = set()
-        for batch in touched:
+        self._touched = {}
+        if not self._merge:
+            return
+        for batch, (lo, hi) in touched.items():
             offsets = batch.offsets
             if offsets is None:
                 continue
-            run = offsets[0]
-            uniform = True
-            for i in range(1, len(offsets)):
-                holder = offsets[i]
-                if holder is run:
-                    continue
-                if holder.same_as(run):
-                    offsets[i] = run
+            n = len(offsets)
+            # Each object fills one contiguous run, so comparing every position in the span (and the
+            # one after it) with its left neighbour finds every pair of runs that can join; a run
+            # that joins is taken over to its end.
+            k = max(lo, 1)
+            stop = min(hi + 1, n - 1)
+            while k <= stop:
+                holder, left = offsets[k], offsets[k - 1]
+                if holder is not left and holder.same_as(left):
+                    while k < n and offsets[k] is holder:
+                        offsets[k] = left
+                        k += 1
                 else:
-                    run = holder
-                    uniform = False
-            if uniform and run.rollback is None:
+                    k += 1
+            run = offsets[0]
+            if run is offsets[-1] and run.rollback is None:
                 _unsplit(batch, run)
 
     def _note(self, changes: _Changes, holder: _InFlightBatch | _OffsetState, row: _Row, first: int, last: int,
