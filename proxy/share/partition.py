@@ -766,8 +766,8 @@ class SharePartition:
         # fetch and advance_log_start() must not rescan the window for it each time.
         self._archiving_records = 0
         self._log_start = start_offset
-        # Per-offset batches changed by the running operation, with the span of positions changed
-        # ([lo, hi] list indexes): merged again when it finishes.
+        # Per-offset batches changed by the running operation, with the spans of positions changed
+        # (list indexes lo1, hi1, lo2, hi2, ...): merged again when it finishes.
         self._touched: dict[_InFlightBatch, list[int]] = {}
 
     def reconfigure(self, config: PartitionConfig) -> None:
@@ -1400,9 +1400,15 @@ class SharePartition:
                         self._restore(batch, batch.first_offset, batch.last_offset)
                     continue
                 self._touch(batch, first, last)
+                offsets = batch.offsets
+                base, stop = batch.first_offset, min(last, batch.last_offset)
                 for offset, holder in batch.holders(first, last):
                     if holder.rollback is not None and holder.rollback.change_id == change_id:
-                        self._restore(holder, offset, offset)  # (a staged state is never shared)
+                        # Offsets staged together may share their state: restored together.
+                        end = offset
+                        while end < stop and offsets[end + 1 - base] is holder:
+                            end += 1
+                        self._restore(holder, offset, end)
         self._merge_touched()
 
     @property
@@ -1511,10 +1517,17 @@ class SharePartition:
                     continue
                 offsets = self._split(batch)
                 base = batch.first_offset
-                for offset in range(max(first, base), min(last, batch.last_offset) + 1):
+                offset, stop = max(first, base), min(last, batch.last_offset)
+                while offset <= stop:
+                    # Offsets sharing one state and taking the same type move together.
                     row = single if single is not None else _ACK_ROWS[types[offset - ack.first_offset]]
-                    lock_id = renewals.lock_for(offsets[offset - base], row)
-                    self._apply_offset(batch, offset, row, member_id, lock_id, changes)
+                    holder = offsets[offset - base]
+                    end = offset
+                    while end < stop and offsets[end + 1 - base] is holder and (
+                            single is not None or _ACK_ROWS[types[end + 1 - ack.first_offset]] is row):
+                        end += 1
+                    self._apply_span(batch, offset, end, row, member_id, renewals.lock_for(holder, row), changes)
+                    offset = end + 1
         renewals.arm()
         return self._finish(changes)
 
@@ -1925,6 +1938,28 @@ class SharePartition:
             self._available_hint = offset
         return holder
 
+    def _apply_span(
+        self,
+        batch: _InFlightBatch,
+        first: int,
+        last: int,
+        row: _Row,
+        member_id: str | None,
+        lock_id: int,
+        changes: _Changes,
+    ) -> None:
+        """Move offsets [first, last] of a per-offset batch, which share one state object, together
+        (as many single-offset moves would: one transition, one run in the changes)."""
+        if first == last:
+            self._apply_offset(batch, first, row, member_id, lock_id, changes)
+            return
+        holder = self._own_span(batch, first, last)
+        acting = member_id if member_id is not None else holder.member_id  # (the former holder)
+        self._transit(holder, row, member_id, lock_id, first, last)
+        self._note(changes, holder, row, first, last, acting)
+        if holder.state is _AVAILABLE and first < self._available_hint:
+            self._available_hint = first
+
     # ----- per-offset state: shared while equal, merged back (see _InFlightBatch) -----------------
 
     def _split(self, batch: _InFlightBatch) -> list[_OffsetState]:
@@ -1936,42 +1971,59 @@ class SharePartition:
         """Offsets [first, last] of a per-offset batch may have changed: merge around them later."""
         lo = max(first - batch.first_offset, 0)
         hi = min(last, batch.last_offset) - batch.first_offset
-        span = self._touched.get(batch)
-        if span is None:
+        spans = self._touched.get(batch)
+        if spans is None:
             self._touched[batch] = [lo, hi]
+        elif spans[-1] == lo - 1:  # (a sweep through the batch extends the last span)
+            spans[-1] = hi
         else:
-            if lo < span[0]:
-                span[0] = lo
-            if hi > span[1]:
-                span[1] = hi
+            spans += (lo, hi)
 
     def _own(self, batch: _InFlightBatch, offset: int) -> _OffsetState:
-        """The state object of ``offset`` alone, ready to change: taken out of the run of offsets
-        sharing it (the part of the run after ``offset`` moves to a copy of its own, so every object
-        still fills one contiguous run)."""
+        """The state object of ``offset`` alone, ready to change (see :meth:`_own_span`)."""
         offsets = batch.offsets
         assert offsets is not None
         i = offset - batch.first_offset
-        span = self._touched.get(batch)
-        if span is None:
-            self._touched[batch] = [i, i]
-        elif i < span[0]:
-            span[0] = i
-        elif i > span[1]:
-            span[1] = i
+        holder = offsets[i]
+        if (i == 0 or offsets[i - 1] is not holder) and (i + 1 == len(offsets) or offsets[i + 1] is not holder):
+            spans = self._touched.get(batch)  # (the common case, inlined: the offset has its own already)
+            if spans is None:
+                self._touched[batch] = [i, i]
+            elif spans[-1] == i - 1:
+                spans[-1] = i
+            else:
+                spans += (i, i)
+            return holder
+        return self._own_span(batch, offset, offset)
+
+    def _own_span(self, batch: _InFlightBatch, first: int, last: int) -> _OffsetState:
+        """One state object for exactly the offsets [first, last], which share one now, ready to
+        change. The parts of its run before and after them keep objects of their own (each object
+        still fills one contiguous run); of the two, the shorter is relabelled, so a sweep through a
+        run costs what it changes."""
+        offsets = batch.offsets
+        assert offsets is not None
+        i, j = first - batch.first_offset, last - batch.first_offset
+        self._touch(batch, first, last)
         holder = offsets[i]
         n = len(offsets)
         before = i > 0 and offsets[i - 1] is holder
-        after = i + 1 < n and offsets[i + 1] is holder
+        after = j + 1 < n and offsets[j + 1] is holder
         if not before and not after:
             return holder
+        own = holder.copy()
+        offsets[i:j + 1] = [own] * (j - i + 1)
         if before and after:
-            rest = holder.copy()
-            j = i + 1
-            while j < n and offsets[j] is holder:
-                offsets[j] = rest
-                j += 1
-        own = offsets[i] = holder.copy()
+            left, right = i - 1, j + 1
+            while True:
+                left -= 1
+                right += 1
+                if left < 0 or offsets[left] is not holder:
+                    offsets[left + 1:i] = [holder.copy()] * (i - left - 1)
+                    break
+                if right >= n or offsets[right] is not holder:
+                    offsets[j + 1:right] = [holder.copy()] * (right - j - 1)
+                    break
         return own
 
     def _merge_touched(self) -> None:
@@ -1983,24 +2035,25 @@ class SharePartition:
         self._touched = {}
         if not self._merge:
             return
-        for batch, (lo, hi) in touched.items():
+        for batch, spans in touched.items():
             offsets = batch.offsets
             if offsets is None:
                 continue
             n = len(offsets)
-            # Each object fills one contiguous run, so comparing every position in the span (and the
-            # one after it) with its left neighbour finds every pair of runs that can join; a run
-            # that joins is taken over to its end.
-            k = max(lo, 1)
-            stop = min(hi + 1, n - 1)
-            while k <= stop:
-                holder, left = offsets[k], offsets[k - 1]
-                if holder is not left and holder.same_as(left):
-                    while k < n and offsets[k] is holder:
-                        offsets[k] = left
+            # Each object fills one contiguous run, so comparing every position of a changed span
+            # (and the one after it) with its left neighbour finds every pair of runs that can join;
+            # a run that joins is taken over to its end.
+            for index in range(0, len(spans), 2):
+                k = max(spans[index], 1)
+                stop = min(spans[index + 1] + 1, n - 1)
+                while k <= stop:
+                    holder, left = offsets[k], offsets[k - 1]
+                    if holder is not left and holder.same_as(left):
+                        while k < n and offsets[k] is holder:
+                            offsets[k] = left
+                            k += 1
+                    else:
                         k += 1
-                else:
-                    k += 1
             run = offsets[0]
             if run is offsets[-1] and run.rollback is None:
                 _unsplit(batch, run)

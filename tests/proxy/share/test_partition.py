@@ -856,14 +856,17 @@ def test_a_merged_batch_is_acquired_and_reported_as_its_offsets_would_be():
     assert result.acquired == (AcquiredRecords(0, 199, 2),)
 
 
-def test_staged_offsets_keep_their_own_state_until_committed_then_merge():
+def test_staged_offsets_are_not_merged_with_others_until_committed():
     p = SharePartition(PartitionConfig(), 0)
     fetch(p, Log.uniform(0, 100, 100), "m1")
     ack(p, "m1", 0, 0, RELEASE)
     change = p.stage_acknowledge("m1", [AckRange(1, 99, (RELEASE,))], now=0)
-    assert state_objects(p) == [100]  # staged: each offset remembers what to roll back to
+    # 1-99 moved together share one (staged) state; it stays apart from offset 0's equal one.
+    assert state_objects(p) == [2]
+    assert runs(p) == [(0, 99, AVAILABLE, 1, None)]
     p.rollback(change.change_id)
     assert state_objects(p) == [2]
+    assert runs(p) == [(0, 0, AVAILABLE, 1, None), (1, 99, ACQUIRED, 1, "m1")]
     change = p.stage_acknowledge("m1", [AckRange(1, 99, (RELEASE,))], now=0)
     p.commit(change.change_id)
     assert state_objects(p) == [0]
