@@ -598,6 +598,7 @@ class _Lock:
                      last_progress=self.last_progress, grace_deadline=self.grace_deadline, member_id=self.member_id)
 
 
+_NOTHING_TOUCHED: dict = {}  # shared, never written: no per-offset batch changed yet (see SharePartition._touch)
 _NO_OPEN_EVENTS: list = [None] * (max(EventKind) + 1)  # shared, never written: no event yet
 
 
@@ -768,7 +769,7 @@ class SharePartition:
         self._log_start = start_offset
         # Per-offset batches changed by the running operation, with the spans of positions changed
         # (list indexes lo1, hi1, lo2, hi2, ...): merged again when it finishes.
-        self._touched: dict[_InFlightBatch, list[int]] = {}
+        self._touched: dict[_InFlightBatch, list[int]] = _NOTHING_TOUCHED
 
     def reconfigure(self, config: PartitionConfig) -> None:
         """Take the group's current settings: later acquisitions lock for the new duration, and
@@ -1872,7 +1873,7 @@ class SharePartition:
         self._locks.clear()
         self._deadlines.clear()
         self._staged.clear()
-        self._touched = {}
+        self._touched = _NOTHING_TOUCHED
         self._progress_ids.clear()
         self._in_progress_records = 0
         self._archiving_records = 0  # dropped, never dead-lettered: the operator reset the group
@@ -1973,11 +1974,16 @@ class SharePartition:
         hi = min(last, batch.last_offset) - batch.first_offset
         spans = self._touched.get(batch)
         if spans is None:
-            self._touched[batch] = [lo, hi]
+            self._first_touch(batch, lo, hi)
         elif spans[-1] == lo - 1:  # (a sweep through the batch extends the last span)
             spans[-1] = hi
         else:
             spans += (lo, hi)
+
+    def _first_touch(self, batch: _InFlightBatch, lo: int, hi: int) -> None:
+        if self._touched is _NOTHING_TOUCHED:
+            self._touched = {}  # (an engine that never splits a batch never holds a dict of its own)
+        self._touched[batch] = [lo, hi]
 
     def _own(self, batch: _InFlightBatch, offset: int) -> _OffsetState:
         """The state object of ``offset`` alone, ready to change (see :meth:`_own_span`)."""
@@ -1988,7 +1994,7 @@ class SharePartition:
         if (i == 0 or offsets[i - 1] is not holder) and (i + 1 == len(offsets) or offsets[i + 1] is not holder):
             spans = self._touched.get(batch)  # (the common case, inlined: the offset has its own already)
             if spans is None:
-                self._touched[batch] = [i, i]
+                self._first_touch(batch, i, i)
             elif spans[-1] == i - 1:
                 spans[-1] = i
             else:
@@ -2032,7 +2038,7 @@ class SharePartition:
         touched = self._touched
         if not touched:
             return
-        self._touched = {}
+        self._touched = _NOTHING_TOUCHED
         if not self._merge:
             return
         for batch, spans in touched.items():
