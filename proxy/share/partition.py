@@ -13,7 +13,10 @@ The window is stored as in-flight batches keyed by first offset in a ``SortedDic
 [SPSO, SPEO) without holes, so looking up an offset is a floor search (O(log n)). A batch keeps one
 state for all its offsets while they move together -- the common case: a log batch is acquired
 whole and accepted whole -- and splits into per-offset states the first time an operation touches
-only part of it (as Kafka's ``InFlightBatch``/``InFlightState``). Every state change goes through
+only part of it (as Kafka's ``InFlightBatch``/``InFlightState``). Per-offset state is
+copy-on-write: equal neighbours share one state object, and when an operation ends they are merged
+again -- a batch whose offsets all agree back into one uniform batch -- so a release-heavy window
+does not stay per offset (see :class:`_InFlightBatch`). Every state change goes through
 the transition table in :mod:`proxy.share.states`.
 
 The engine does no I/O and reads no clock: each call that depends on time takes ``now`` (ms), and
