@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import struct
+from typing import NamedTuple
 
 from .errors import CodecError, StateRecordError
 from .registry import decode_entity, encode
@@ -167,3 +168,149 @@ def _decode(entity_type: type, body: memoryview) -> object:
         return decode_entity(entity_type, body)
     except CodecError as error:
         raise StateRecordError(str(error)) from error
+
+
+# ----- the replay fast path -------------------------------------------------------------------
+#
+# Replay reads every ShareSnapshot and ShareUpdate on the state topic. The generic path (a bounds
+# walk over the schema, then kio building entities) costs about 30 us for a small snapshot; this
+# reader walks the two value layouts directly with struct, checking every length against the bytes
+# left as it goes (so hostile counts allocate nothing), and returns plain tuples. It accepts only
+# the canonical encoding: known tags in ascending order, one-byte varints where the proxy writes
+# one-byte varints, no trailing bytes. Anything else -- damaged or merely unusual -- returns None,
+# and the caller decodes with decode_value(), which then gives exactly today's result or error.
+
+
+# One StateBatch as a plain tuple (built at C speed in the hot loop): (first_offset, last_offset,
+# delivery_state, delivery_count, in_progress_start_timestamp, last_progress_timestamp,
+# in_progress_member_id, archive_reason); absent tags at their defaults -1, -1, None, 0.
+StateBatchView = tuple[int, int, int, int, int, int, "str | None", int]
+_NO_TAGS = (-1, -1, None, 0)
+
+
+class ShareValueView(NamedTuple):
+    """What replay reads of a ShareSnapshot / ShareUpdate value (an update has no state epoch or
+    create timestamp: 0 here)."""
+
+    snapshot_epoch: int
+    state_epoch: int
+    start_offset: int
+    create_timestamp: int
+    state_batches: tuple[StateBatchView, ...]
+
+
+_SNAPSHOT_HEAD = struct.Struct(">hiiiqqq")  # value version, epochs (snapshot, state, leader), start, create, write
+_UPDATE_HEAD = struct.Struct(">hiiq")  # value version, snapshot epoch, leader epoch, start offset
+_BATCH_HEAD = struct.Struct(">qqbh")  # first, last, delivery state, delivery count
+_I64 = struct.Struct(">q")
+_MIN_BATCH = _BATCH_HEAD.size + 1  # the fixed fields and an empty tag section
+
+
+class _NotCanonical(Exception):
+    """Not the encoding the fast reader handles; the generic decoder decides."""
+
+
+def _batch_tags(buf: bytes, pos: int, end: int, count: int) -> tuple[tuple, int]:
+    """The extension tags (100-103) of one StateBatch: ((start, progress, member, reason), new pos)."""
+    if count > 4:
+        raise _NotCanonical
+    start, progress, member, reason = _NO_TAGS
+    previous = -1
+    for _ in range(count):
+        if pos + 2 > end:
+            raise _NotCanonical
+        tag, size = buf[pos], buf[pos + 1]
+        pos += 2
+        if tag <= previous or size & 0x80 or pos + size > end:
+            raise _NotCanonical
+        previous = tag
+        if tag == 100 and size == 8:
+            start = _I64.unpack_from(buf, pos)[0]
+        elif tag == 101 and size == 8:
+            progress = _I64.unpack_from(buf, pos)[0]
+        elif tag == 102 and size >= 1:
+            length = buf[pos]  # compact nullable string: length + 1, 0 for null
+            if length & 0x80 or (length - 1 if length else 0) != size - 1:
+                raise _NotCanonical
+            member = None if length == 0 else buf[pos + 1:pos + size].decode("utf-8")
+        elif tag == 103 and size == 1:
+            reason = buf[pos] - 256 if buf[pos] > 127 else buf[pos]
+        else:
+            raise _NotCanonical
+        pos += size
+    return (start, progress, member, reason), pos
+
+
+def read_share_value(record_type: RecordType, data: bytes) -> ShareValueView | None:
+    """The ShareSnapshot / ShareUpdate value in ``data`` read without the generic decoder, or None
+    when it is not in the canonical encoding (damaged or unusual): then ``decode_value`` decides.
+    Never raises, never allocates by a length it has not checked against the bytes left."""
+    try:
+        return _read_share_value(record_type, data if type(data) is bytes else bytes(data))
+    except (_NotCanonical, struct.error, IndexError, UnicodeDecodeError):
+        return None
+
+
+def _read_share_value(record_type: RecordType, buf: bytes) -> ShareValueView:
+    end = len(buf)
+    if record_type is RecordType.SHARE_SNAPSHOT:
+        version, epoch, state_epoch, _leader, start, created, _written = _SNAPSHOT_HEAD.unpack_from(buf, 0)
+        pos = _SNAPSHOT_HEAD.size
+    elif record_type is RecordType.SHARE_UPDATE:
+        version, epoch, _leader, start = _UPDATE_HEAD.unpack_from(buf, 0)
+        state_epoch = created = 0
+        pos = _UPDATE_HEAD.size
+    else:
+        raise _NotCanonical
+    if version != VALUE_VERSION:
+        raise _NotCanonical
+    # The batch count (compact array: count + 1), at most two varint bytes (16,382 batches).
+    first_byte = buf[pos]
+    if first_byte & 0x80:
+        second = buf[pos + 1]
+        if second & 0x80 or second == 0:
+            raise _NotCanonical
+        count_plus_one = (first_byte & 0x7F) | second << 7
+        pos += 2
+    else:
+        count_plus_one = first_byte
+        pos += 1
+    count = count_plus_one - 1
+    if count < 0 or count * _MIN_BATCH > end - pos:
+        raise _NotCanonical
+    unpack = _BATCH_HEAD.unpack_from
+    head = _BATCH_HEAD.size
+    no_tags = _NO_TAGS
+    batches = []
+    append = batches.append
+    for _ in range(count):
+        fixed = unpack(buf, pos)
+        tags = buf[pos + head]
+        pos += head + 1
+        if tags == 0:
+            append(fixed + no_tags)
+        else:
+            values, pos = _batch_tags(buf, pos, end, tags)
+            append(fixed + values)
+    # The value's own tag section: DeliveryCompleteCount (tag 0, int32) or nothing.
+    tags = buf[pos]
+    pos += 1
+    if tags == 1 and buf[pos] == 0 and buf[pos + 1] == 4:
+        pos += 6
+    elif tags != 0:
+        raise _NotCanonical
+    if pos != end:
+        raise _NotCanonical
+    return ShareValueView(epoch, state_epoch, start, created, tuple(batches))
+
+
+def share_value_view(value: object) -> ShareValueView:
+    """The same view of a decoded ShareSnapshotValue / ShareUpdateValue entity (the generic path)."""
+    return ShareValueView(
+        int(value.snapshot_epoch), int(getattr(value, "state_epoch", 0)), int(value.start_offset),
+        int(getattr(value, "create_timestamp", 0)),
+        tuple((int(b.first_offset), int(b.last_offset), int(b.delivery_state), int(b.delivery_count),
+               int(b.in_progress_start_timestamp), int(b.last_progress_timestamp), b.in_progress_member_id,
+               int(b.archive_reason))
+              for b in value.state_batches),
+    )

@@ -13,7 +13,10 @@ The window is stored as in-flight batches keyed by first offset in a ``SortedDic
 [SPSO, SPEO) without holes, so looking up an offset is a floor search (O(log n)). A batch keeps one
 state for all its offsets while they move together -- the common case: a log batch is acquired
 whole and accepted whole -- and splits into per-offset states the first time an operation touches
-only part of it (as Kafka's ``InFlightBatch``/``InFlightState``). Every state change goes through
+only part of it (as Kafka's ``InFlightBatch``/``InFlightState``). Per-offset state is
+copy-on-write: equal neighbours share one state object, and when an operation ends they are merged
+again -- a batch whose offsets all agree back into one uniform batch -- so a release-heavy window
+does not stay per offset (see :class:`_InFlightBatch`). Every state change goes through
 the transition table in :mod:`proxy.share.states`.
 
 The engine does no I/O and reads no clock: each call that depends on time takes ``now`` (ms), and
@@ -470,13 +473,30 @@ class _OffsetState:
         # Why the record is ARCHIVING / ARCHIVED (read only in those states; not reset on other moves).
         self.reason = reason
 
+    def copy(self) -> _OffsetState:
+        return _OffsetState(self.state, self.delivery_count, self.member_id, self.lock_id, self.rollback, self.reason)
+
+    def same_as(self, other: _OffsetState) -> bool:
+        """Equal unstaged states: offsets holding them may share one object (see _InFlightBatch)."""
+        return (self.rollback is None and other.rollback is None and self.state is other.state
+                and self.delivery_count == other.delivery_count and self.lock_id == other.lock_id
+                and self.member_id == other.member_id and self.reason is other.reason)
+
 
 class _InFlightBatch:
-    """Offsets [first_offset, last_offset]; one shared state while ``offsets`` is None."""
+    """Offsets [first_offset, last_offset]; one shared state while ``offsets`` is None.
+
+    Per-offset tracking (``offsets``) is copy-on-write: contiguous offsets in equal, unstaged states
+    share one :class:`_OffsetState` object (each object fills one contiguous run of the list), so a
+    batch split by a few acknowledgements holds a handful of objects, not one per offset. The
+    engine takes a position's own object (:meth:`SharePartition._own`) before changing it, and
+    merges equal neighbours again -- the whole batch back into one state when they all agree -- at
+    the end of every operation (:meth:`SharePartition._merge_touched`).
+    """
 
     __slots__ = (
         "first_offset", "last_offset", "state", "delivery_count", "member_id", "lock_id", "offsets", "full_size",
-        "rollback", "reason",
+        "rollback", "reason", "merged",
     )
 
     def __init__(
@@ -500,19 +520,24 @@ class _InFlightBatch:
         # Size as first delivered; throttling halves from this even after SPSO trims the batch.
         self.full_size = last_offset - first_offset + 1
         self.reason = _NO_REASON  # as _OffsetState.reason
+        # Per-offset state merged back into one: acquired whole, it is reported as the per-offset
+        # path would (joined to a contiguous range with the same count), so merging changes nothing.
+        self.merged = False
 
     @property
     def size(self) -> int:
         return self.last_offset - self.first_offset + 1
 
-    def split(self) -> list[_OffsetState]:
-        """Switch to per-offset tracking (once the batch is no longer uniform)."""
+    def split(self, shared: bool = True) -> list[_OffsetState]:
+        """Switch to per-offset tracking (once the batch is no longer uniform): every offset starts
+        on one shared state, or each on its own when staged (or ``shared`` is False)."""
         if self.offsets is None:
-            self.offsets = [
-                _OffsetState(self.state, self.delivery_count, self.member_id, self.lock_id, self.rollback,
-                             self.reason)
-                for _ in range(self.size)
-            ]
+            state = _OffsetState(self.state, self.delivery_count, self.member_id, self.lock_id, self.rollback,
+                                 self.reason)
+            if shared and self.rollback is None:
+                self.offsets = [state] * self.size
+            else:
+                self.offsets = [state] + [state.copy() for _ in range(self.size - 1)]
             self.rollback = None
         return self.offsets
 
@@ -576,6 +601,7 @@ class _Lock:
                      last_progress=self.last_progress, grace_deadline=self.grace_deadline, member_id=self.member_id)
 
 
+_NOTHING_TOUCHED: dict = {}  # shared, never written: no per-offset batch changed yet (see SharePartition._touch)
 _NO_OPEN_EVENTS: list = [None] * (max(EventKind) + 1)  # shared, never written: no event yet
 
 
@@ -706,6 +732,10 @@ def acquisition_mark() -> int:
 class SharePartition:
     """In-flight state of one share-partition. Not thread-safe: one owner task calls it."""
 
+    # Per-offset state shared between equal neighbours and merged back into batches (see
+    # _InFlightBatch). False keeps one object per offset, never merged (what tests compare with).
+    _merge = True
+
     def __init__(self, config: PartitionConfig, start_offset: int) -> None:
         """A fresh share-partition whose SPSO is ``start_offset`` (KIP-932 "Managing the SPSO and SPEO")."""
         if start_offset < 0:
@@ -740,6 +770,9 @@ class SharePartition:
         # fetch and advance_log_start() must not rescan the window for it each time.
         self._archiving_records = 0
         self._log_start = start_offset
+        # Per-offset batches changed by the running operation, with the spans of positions changed
+        # (list indexes lo1, hi1, lo2, hi2, ...): merged again when it finishes.
+        self._touched: dict[_InFlightBatch, list[int]] = _NOTHING_TOUCHED
 
     def reconfigure(self, config: PartitionConfig) -> None:
         """Take the group's current settings: later acquisitions lock for the new duration, and
@@ -906,10 +939,10 @@ class SharePartition:
                 if batch.first_offset >= first and batch.last_offset <= last:
                     self._apply_batch(batch, row, None, 0, changes)
                     continue
-                batch.split()
+                self._split(batch)
             for offset, holder in batch.holders(first, last):
                 if holder.state is _ARCHIVING and holder.rollback is None:
-                    self._apply_offset(holder, offset, row, None, 0, changes)
+                    self._apply_offset(batch, offset, row, None, 0, changes)
         return self._finish(changes)
 
     def in_progress_count(self) -> int:
@@ -1137,10 +1170,10 @@ class SharePartition:
                 whole = batch.first_offset >= lo and batch.last_offset <= hi
                 if whole and not throttled and not (record_limit and batch.size > remaining):
                     self._apply_batch(batch, _ACQUIRE, member_id, lock_id, None)
-                    self._emit(out, batch.first_offset, batch.last_offset, batch.delivery_count)
+                    self._emit(out, batch.first_offset, batch.last_offset, batch.delivery_count, merge=batch.merged)
                     remaining -= batch.size
                     continue
-                batch.split()
+                self._split(batch)
             else:
                 throttled = any(
                     h.state is _AVAILABLE and h.delivery_count >= throttle_at for _, h in batch.holders(lo, hi)
@@ -1181,7 +1214,7 @@ class SharePartition:
             if count >= throttle_at and cap is None:
                 # Batches halve with each attempt past the throttle threshold.
                 cap = max(1, batch.full_size >> (count - throttle_at + 1))
-            self._apply_offset(holder, offset, _ACQUIRE, member_id, lock_id, None)
+            holder = self._apply_offset(batch, offset, _ACQUIRE, member_id, lock_id, None)
             if run and run[1] + 1 == offset and run[2] == holder.delivery_count:
                 run[1] = offset
             else:
@@ -1354,6 +1387,7 @@ class SharePartition:
                         batch.rollback = None
                         self._lower_hint(batch, batch.first_offset)
                     continue
+                self._touch(batch, first, last)  # (committed states may now merge with their neighbours)
                 for offset, holder in batch.holders(first, last):
                     if holder.rollback is not None and holder.rollback.change_id == change_id:
                         holder.rollback = None
@@ -1369,9 +1403,17 @@ class SharePartition:
                     if batch.rollback is not None and batch.rollback.change_id == change_id:
                         self._restore(batch, batch.first_offset, batch.last_offset)
                     continue
+                self._touch(batch, first, last)
+                offsets = batch.offsets
+                base, stop = batch.first_offset, min(last, batch.last_offset)
                 for offset, holder in batch.holders(first, last):
                     if holder.rollback is not None and holder.rollback.change_id == change_id:
-                        self._restore(holder, offset, offset)
+                        # Offsets staged together may share their state: restored together.
+                        end = offset
+                        while end < stop and offsets[end + 1 - base] is holder:
+                            end += 1
+                        self._restore(holder, offset, end)
+        self._merge_touched()
 
     @property
     def staged_changes(self) -> int:
@@ -1429,9 +1471,10 @@ class SharePartition:
                 if batch.first_offset >= first and batch.last_offset <= last:
                     batch.rollback = None
                     continue
-                batch.split()
+                self._split(batch)
+            self._touch(batch, first, last)
             for _, holder in batch.holders(first, last):
-                holder.rollback = None
+                holder.rollback = None  # (a shared state has none already)
 
     def _stage(self, holder: _InFlightBatch | _OffsetState, first: int, last: int) -> None:
         """Remember what `holder` is before the staged change moves it (see stage_acknowledge)."""
@@ -1476,12 +1519,19 @@ class SharePartition:
                         and batch.last_offset <= last:
                     self._apply_batch(batch, single, member_id, renewals.lock_for(batch, single), changes)
                     continue
-                offsets = batch.split()
+                offsets = self._split(batch)
                 base = batch.first_offset
-                for offset in range(max(first, base), min(last, batch.last_offset) + 1):
+                offset, stop = max(first, base), min(last, batch.last_offset)
+                while offset <= stop:
+                    # Offsets sharing one state and taking the same type move together.
                     row = single if single is not None else _ACK_ROWS[types[offset - ack.first_offset]]
                     holder = offsets[offset - base]
-                    self._apply_offset(holder, offset, row, member_id, renewals.lock_for(holder, row), changes)
+                    end = offset
+                    while end < stop and offsets[end + 1 - base] is holder and (
+                            single is not None or _ACK_ROWS[types[end + 1 - ack.first_offset]] is row):
+                        end += 1
+                    self._apply_span(batch, offset, end, row, member_id, renewals.lock_for(holder, row), changes)
+                    offset = end + 1
         renewals.arm()
         return self._finish(changes)
 
@@ -1545,9 +1595,9 @@ class SharePartition:
                 if batch.offsets is None and batch.first_offset >= first and batch.last_offset <= last:
                     self._apply_batch(batch, _MARK, member_id, renewals.lock_for(batch, _MARK), changes)
                     continue
-                batch.split()
+                self._split(batch)
                 for offset, holder in batch.holders(first, last):
-                    self._apply_offset(holder, offset, _MARK, member_id, renewals.lock_for(holder, _MARK), changes)
+                    self._apply_offset(batch, offset, _MARK, member_id, renewals.lock_for(holder, _MARK), changes)
         return self._finish(changes)
 
     def _check_progress(
@@ -1623,7 +1673,7 @@ class SharePartition:
             else:
                 for offset, holder in batch.holders(first, last):
                     if _PROGRESS_HELD[holder.state] and holder.lock_id == hold_id:
-                        self._apply_offset(holder, offset, row, None, 0, changes)
+                        self._apply_offset(batch, offset, row, None, 0, changes)
         return count
 
     @staticmethod
@@ -1778,7 +1828,7 @@ class SharePartition:
             else:
                 for offset, holder in batch.holders(first, last):
                     if _HOLDS_LOCK[holder.state] and row[holder.state] is not None and selected(holder):
-                        self._apply_offset(holder, offset, row, None, 0, changes)
+                        self._apply_offset(batch, offset, row, None, 0, changes)
 
     # ----- SPSO moves from outside ----------------------------------------------------------------
 
@@ -1826,6 +1876,7 @@ class SharePartition:
         self._locks.clear()
         self._deadlines.clear()
         self._staged.clear()
+        self._touched = _NOTHING_TOUCHED
         self._progress_ids.clear()
         self._in_progress_records = 0
         self._archiving_records = 0  # dropped, never dead-lettered: the operator reset the group
@@ -1856,11 +1907,11 @@ class SharePartition:
                 if batch.first_offset >= first and batch.last_offset <= last:
                     self._apply_batch(batch, row, member_id, lock_id, changes)
                     continue
-                batch.split()
+                self._split(batch)
             for offset, holder in batch.holders(first, last):
                 if only_live and row[holder.state] is None:
                     continue
-                self._apply_offset(holder, offset, row, member_id, lock_id, changes)
+                self._apply_offset(batch, offset, row, member_id, lock_id, changes)
 
     def _apply_batch(
         self, batch: _InFlightBatch, row: _Row, member_id: str | None, lock_id: int, changes: _Changes | None
@@ -1874,19 +1925,147 @@ class SharePartition:
 
     def _apply_offset(
         self,
-        holder: _OffsetState,
+        batch: _InFlightBatch,
         offset: int,
         row: _Row,
         member_id: str | None,
         lock_id: int,
         changes: _Changes | None,
-    ) -> None:
+    ) -> _OffsetState:
+        """Move one offset of a per-offset batch (on its own state object, which is returned)."""
+        holder = self._own(batch, offset)
         acting = member_id if member_id is not None else holder.member_id  # (the former holder)
         self._transit(holder, row, member_id, lock_id, offset, offset)
         if changes is not None:
             self._note(changes, holder, row, offset, offset, acting)
         if holder.state is _AVAILABLE and offset < self._available_hint:
             self._available_hint = offset
+        return holder
+
+    def _apply_span(
+        self,
+        batch: _InFlightBatch,
+        first: int,
+        last: int,
+        row: _Row,
+        member_id: str | None,
+        lock_id: int,
+        changes: _Changes,
+    ) -> None:
+        """Move offsets [first, last] of a per-offset batch, which share one state object, together
+        (as many single-offset moves would: one transition, one run in the changes)."""
+        if first == last:
+            self._apply_offset(batch, first, row, member_id, lock_id, changes)
+            return
+        holder = self._own_span(batch, first, last)
+        acting = member_id if member_id is not None else holder.member_id  # (the former holder)
+        self._transit(holder, row, member_id, lock_id, first, last)
+        self._note(changes, holder, row, first, last, acting)
+        if holder.state is _AVAILABLE and first < self._available_hint:
+            self._available_hint = first
+
+    # ----- per-offset state: shared while equal, merged back (see _InFlightBatch) -----------------
+
+    def _split(self, batch: _InFlightBatch) -> list[_OffsetState]:
+        if batch.offsets is None:
+            self._touch(batch, batch.first_offset, batch.first_offset)  # (left unchanged, it merges back)
+        return batch.split(self._merge)
+
+    def _touch(self, batch: _InFlightBatch, first: int, last: int) -> None:
+        """Offsets [first, last] of a per-offset batch may have changed: merge around them later."""
+        lo = max(first - batch.first_offset, 0)
+        hi = min(last, batch.last_offset) - batch.first_offset
+        spans = self._touched.get(batch)
+        if spans is None:
+            self._first_touch(batch, lo, hi)
+        elif spans[-1] == lo - 1:  # (a sweep through the batch extends the last span)
+            spans[-1] = hi
+        else:
+            spans += (lo, hi)
+
+    def _first_touch(self, batch: _InFlightBatch, lo: int, hi: int) -> None:
+        if self._touched is _NOTHING_TOUCHED:
+            self._touched = {}  # (an engine that never splits a batch never holds a dict of its own)
+        self._touched[batch] = [lo, hi]
+
+    def _own(self, batch: _InFlightBatch, offset: int) -> _OffsetState:
+        """The state object of ``offset`` alone, ready to change (see :meth:`_own_span`)."""
+        offsets = batch.offsets
+        assert offsets is not None
+        i = offset - batch.first_offset
+        holder = offsets[i]
+        if (i == 0 or offsets[i - 1] is not holder) and (i + 1 == len(offsets) or offsets[i + 1] is not holder):
+            spans = self._touched.get(batch)  # (the common case, inlined: the offset has its own already)
+            if spans is None:
+                self._first_touch(batch, i, i)
+            elif spans[-1] == i - 1:
+                spans[-1] = i
+            else:
+                spans += (i, i)
+            return holder
+        return self._own_span(batch, offset, offset)
+
+    def _own_span(self, batch: _InFlightBatch, first: int, last: int) -> _OffsetState:
+        """One state object for exactly the offsets [first, last], which share one now, ready to
+        change. The parts of its run before and after them keep objects of their own (each object
+        still fills one contiguous run); of the two, the shorter is relabelled, so a sweep through a
+        run costs what it changes."""
+        offsets = batch.offsets
+        assert offsets is not None
+        i, j = first - batch.first_offset, last - batch.first_offset
+        self._touch(batch, first, last)
+        holder = offsets[i]
+        n = len(offsets)
+        before = i > 0 and offsets[i - 1] is holder
+        after = j + 1 < n and offsets[j + 1] is holder
+        if not before and not after:
+            return holder
+        own = holder.copy()
+        offsets[i:j + 1] = [own] * (j - i + 1)
+        if before and after:
+            left, right = i - 1, j + 1
+            while True:
+                left -= 1
+                right += 1
+                if left < 0 or offsets[left] is not holder:
+                    offsets[left + 1:i] = [holder.copy()] * (i - left - 1)
+                    break
+                if right >= n or offsets[right] is not holder:
+                    offsets[j + 1:right] = [holder.copy()] * (right - j - 1)
+                    break
+        return own
+
+    def _merge_touched(self) -> None:
+        """Share one state object between equal neighbours around the positions the operation
+        changed, and turn a batch whose offsets all agree (none staged) back into one uniform batch."""
+        touched = self._touched
+        if not touched:
+            return
+        self._touched = _NOTHING_TOUCHED
+        if not self._merge:
+            return
+        for batch, spans in touched.items():
+            offsets = batch.offsets
+            if offsets is None:
+                continue
+            n = len(offsets)
+            # Each object fills one contiguous run, so comparing every position of a changed span
+            # (and the one after it) with its left neighbour finds every pair of runs that can join;
+            # a run that joins is taken over to its end.
+            for index in range(0, len(spans), 2):
+                k = max(spans[index], 1)
+                stop = min(spans[index + 1] + 1, n - 1)
+                while k <= stop:
+                    holder, left = offsets[k], offsets[k - 1]
+                    if holder is not left and holder.same_as(left):
+                        while k < n and offsets[k] is holder:
+                            offsets[k] = left
+                            k += 1
+                    else:
+                        k += 1
+            run = offsets[0]
+            if run is offsets[-1] and run.rollback is None:
+                _unsplit(batch, run)
 
     def _note(self, changes: _Changes, holder: _InFlightBatch | _OffsetState, row: _Row, first: int, last: int,
               member_id: str | None) -> None:
@@ -2028,13 +2207,22 @@ class SharePartition:
                 yield batch
 
     def _pieces(self) -> Iterator[tuple[int, int, _InFlightBatch | _OffsetState]]:
-        """(first, last, holder) over the window: a whole batch while it is uniform, else each offset."""
+        """(first, last, holder) over the window: a whole batch while it is uniform, else each run of
+        offsets sharing one state object."""
         for batch in self._batches.values():
-            if batch.offsets is None:
+            offsets = batch.offsets
+            if offsets is None:
                 yield batch.first_offset, batch.last_offset, batch
-            else:
-                for offset, holder in batch.holders(batch.first_offset, batch.last_offset):
-                    yield offset, offset, holder
+                continue
+            # Offsets sharing one state object are one piece.
+            first = batch.first_offset
+            run_start, run = 0, offsets[0]
+            for i in range(1, len(offsets)):
+                holder = offsets[i]
+                if holder is not run:
+                    yield first + run_start, first + i - 1, run
+                    run_start, run = i, holder
+            yield first + run_start, batch.last_offset, run
 
     def _runs(self) -> Iterator[tuple[int, int, RecordState, int, str | None]]:
         for first, last, h in self._pieces():
@@ -2065,6 +2253,9 @@ class SharePartition:
                 batch.first_offset += skip
                 self._batches[batch.first_offset] = batch
                 self._start = batch.first_offset
+                rest = batch.offsets[0]
+                if self._merge and rest is batch.offsets[-1] and rest.rollback is None:
+                    _unsplit(batch, rest)  # what is left is one run (each object fills one run)
             break
         if not self._batches:
             self._start = max(self._start, self._end)
@@ -2075,6 +2266,7 @@ class SharePartition:
     def _finish(self, changes: _Changes, old_start: int | None = None) -> StateDelta | None:
         """Advance SPSO, then describe what must be persisted (None when nothing)."""
         before = self._start if old_start is None else old_start
+        self._merge_touched()
         self._advance_start()
         moved = self._start != before
         changed = tuple(_coalesce(changes.batches))
@@ -2084,6 +2276,18 @@ class SharePartition:
             return None
         # A delta may carry events only (e.g. renewals of Acquired records): nothing to write.
         return StateDelta(self._start if moved else -1, batches, changed, events)
+
+
+def _unsplit(batch: _InFlightBatch, state: _OffsetState) -> None:
+    """Back to one uniform batch in ``state`` (every offset holds it, unstaged)."""
+    batch.state = state.state
+    batch.delivery_count = state.delivery_count
+    batch.member_id = state.member_id
+    batch.lock_id = state.lock_id
+    batch.reason = state.reason
+    batch.rollback = None
+    batch.offsets = None
+    batch.merged = True
 
 
 def _acquisition_events(

@@ -248,28 +248,30 @@ def group_tombstones(group_id: str) -> list[tuple[bytes, None]]:
     ]
 
 
-def _batches(state_batches: Iterable[object], clock_offset_ms: int) -> tuple[PersistedBatch, ...]:
-    """Persisted state batches, checked; InapplicableStateRecord if the engine cannot use one.
-    IN_PROGRESS times come back on the engine's clock (wall - ``clock_offset_ms``)."""
-    batches = []
-    for b in state_batches:
-        first, last, state, count = int(b.first_offset), int(b.last_offset), int(b.delivery_state), int(b.delivery_count)
+def _check_batches(state_batches: Iterable[records.StateBatchView]) -> None:
+    """InapplicableStateRecord if the engine cannot use one of these state batches."""
+    for first, last, state, count, *_ in state_batches:
         if state not in RESUMABLE_STATES:
             raise InapplicableStateRecord(f"state batch {first}-{last} has delivery state {state}, "
                                           "which a share-partition cannot be rebuilt from")
         if not 0 <= first <= last or count < 0:
             raise InapplicableStateRecord(f"state batch {first}-{last} with delivery count {count} is impossible")
+
+
+def _batches(state_batches: Iterable[records.StateBatchView], clock_offset_ms: int) -> tuple[PersistedBatch, ...]:
+    """Persisted state batches from checked ones (see _check_batches). IN_PROGRESS times come back
+    on the engine's clock (wall - ``clock_offset_ms``)."""
+    batches = []
+    for first, last, state, count, start, progress, member_id, reason in state_batches:
         if state == RecordState.IN_PROGRESS:
             # The engine gives a state-5 batch without an owner back as Available (delivered again).
-            start, progress = int(b.in_progress_start_timestamp), int(b.last_progress_timestamp)
             batches.append(PersistedBatch(first, last, RecordState.IN_PROGRESS, count,
                                           start - clock_offset_ms if start != -1 else -1,
                                           progress - clock_offset_ms if progress != -1 else -1,
-                                          b.in_progress_member_id))
+                                          member_id))
         elif state == RecordState.ARCHIVING:
             # An unknown reason (0, or one this version does not know) is kept as NONE: the engine
             # then derives it from the count, as Kafka does.
-            reason = int(b.archive_reason)
             batches.append(PersistedBatch(first, last, RecordState.ARCHIVING, count,
                                           archive_reason=ArchiveReason(reason) if reason in DEAD_LETTER_REASONS
                                           else ArchiveReason.NONE))
@@ -288,9 +290,17 @@ def recover(
     then unknown); ``topic`` names the state topic in the log line of a skipped record.
     ``clock_offset_ms`` (wall - engine clock; :func:`engine_clock_offset_ms` when None) brings
     IN_PROGRESS times onto the clock of the engines that will serve them.
+
+    Cost: every record is read and checked in log order (so a damaged one is skipped, logged and
+    counted wherever it is), but only what survives -- each share-partition's newest snapshot
+    and the updates after it -- is turned into engine values, at the end. Share-state values are
+    read by ``codec.share_state.read_share_value`` (no generic bounds walk, no kio entities) and
+    fall back to the generic decoder when they are not in the canonical encoding; keys are
+    decoded once per distinct key.
     """
     to_engine = engine_clock_offset_ms() if clock_offset_ms is None else clock_offset_ms
     state = RecoveredState()
+    fold = _Fold(state)
     for item in replayed:
         if isinstance(item, tuple):
             key_bytes, value_bytes = item
@@ -298,11 +308,20 @@ def recover(
         else:
             key_bytes, value_bytes, partition, offset = item.key, item.value, item.partition, item.offset
         try:
-            _apply(state, records.decode_record(key_bytes, value_bytes), to_engine)
+            fold.apply(key_bytes, value_bytes)
         except StateRecordError as error:
             state.skipped += 1
             STATE_RECORDS_SKIPPED.inc()
             log.warning("state record skipped", topic=topic, partition=partition, offset=offset, error=str(error))
+    # Engine values only for what survived.
+    for pkey, (snapshot, updates) in fold.partitions.items():
+        state.partitions[pkey] = PartitionRecovery(
+            PartitionSnapshot(snapshot.start_offset, _batches(snapshot.state_batches, to_engine)),
+            snapshot_epoch=snapshot.snapshot_epoch,
+            state_epoch=snapshot.state_epoch,
+            create_timestamp=snapshot.create_timestamp,
+            updates=[StateDelta(u.start_offset, _batches(u.state_batches, to_engine)) for u in updates],
+        )
     # A share-partition whose group is gone (tombstoned) is not served again.
     for pkey in [k for k in state.partitions if k[0] not in state.groups or not state.groups[k[0]].exists]:
         del state.partitions[pkey]
@@ -317,26 +336,75 @@ def recover(
     return state
 
 
-def _apply(state: RecoveredState, record: records.StateRecord, clock_offset_ms: int) -> None:
-    """Apply one decoded record; raises InapplicableStateRecord, before changing anything, if it cannot be."""
-    kind, key, value = record.record_type, record.key, record.value
-    if kind in (records.RecordType.SHARE_SNAPSHOT, records.RecordType.SHARE_UPDATE):
-        pkey: SharePartitionKey = (key.group_id, key.topic_id, int(key.partition))
-        if value is None:
-            state.partitions.pop(pkey, None)
-        elif kind is records.RecordType.SHARE_SNAPSHOT:
-            state.partitions[pkey] = PartitionRecovery(
-                PartitionSnapshot(int(value.start_offset), _batches(value.state_batches, clock_offset_ms)),
-                snapshot_epoch=int(value.snapshot_epoch),
-                state_epoch=int(value.state_epoch),
-                create_timestamp=int(value.create_timestamp),
-            )
-        else:
-            current = state.partitions.get(pkey)
-            if current is not None and int(value.snapshot_epoch) == current.snapshot_epoch:
-                current.updates.append(StateDelta(int(value.start_offset),
-                                                  _batches(value.state_batches, clock_offset_ms)))
-        return
+_SHARE_KINDS = (records.RecordType.SHARE_SNAPSHOT, records.RecordType.SHARE_UPDATE)
+
+
+class _Fold:
+    """The log-order fold of state records (one `apply` per record). Share-partitions are kept as
+    checked value views -- (newest snapshot, the updates after it with its epoch) -- so a record
+    a newer snapshot replaces never becomes engine values."""
+
+    __slots__ = ("state", "_partitions", "_keys", "_ids")
+
+    def __init__(self, state: RecoveredState) -> None:
+        self.state = state
+        # By share-partition number (an int hashes much faster than a key holding a UUID): the
+        # newest checked snapshot and the updates after it.
+        self._partitions: dict[int, tuple[records.ShareValueView, list[records.ShareValueView]]] = {}
+        # Key bytes -> (record type, key entity, share-partition number or -1): a key is decoded
+        # once, however many records carry it. (Keys that do not decode are not kept.)
+        self._keys: dict[bytes, tuple[records.RecordType, object, int]] = {}
+        self._ids: dict[SharePartitionKey, int] = {}  # share-partition -> its number
+
+    @property
+    def partitions(self) -> dict[SharePartitionKey, tuple[records.ShareValueView, list[records.ShareValueView]]]:
+        """What survived, by share-partition, in the order the log left them."""
+        by_id = {pid: pkey for pkey, pid in self._ids.items()}
+        return {by_id[pid]: kept for pid, kept in self._partitions.items()}
+
+    def apply(self, key_bytes: bytes, value_bytes: bytes | None) -> None:
+        """Apply one record; raises StateRecordError (InapplicableStateRecord included), before
+        changing anything, if it cannot be."""
+        if type(key_bytes) is not bytes:
+            key_bytes = bytes(key_bytes)
+        known = self._keys.get(key_bytes)
+        if known is None:
+            kind, key = records.decode_key(key_bytes)
+            pid = -1
+            if kind in _SHARE_KINDS:
+                pid = self._ids.setdefault((key.group_id, key.topic_id, int(key.partition)), len(self._ids))
+            known = self._keys[key_bytes] = (kind, key, pid)
+        kind, key, pid = known
+        if pid < 0:
+            _apply_group(self.state, kind, key, records.decode_value(kind, value_bytes))
+            return
+        if value_bytes is None:
+            self._partitions.pop(pid, None)
+            return
+        if kind is records.RecordType.SHARE_SNAPSHOT:
+            view = _share_view(kind, value_bytes)
+            _check_batches(view.state_batches)
+            self._partitions[pid] = (view, [])
+            return
+        # An update: applied when it follows a snapshot with its epoch; otherwise read only so that a
+        # damaged one is skipped (and counted) like any other record.
+        view = _share_view(kind, value_bytes)
+        current = self._partitions.get(pid)
+        if current is not None and view.snapshot_epoch == current[0].snapshot_epoch:
+            _check_batches(view.state_batches)
+            current[1].append(view)
+
+
+def _share_view(kind: records.RecordType, value_bytes: bytes) -> records.ShareValueView:
+    """The value read by the fast reader, else by the generic decoder (which raises on damage)."""
+    view = records.read_share_value(kind, value_bytes)
+    if view is None:
+        view = records.share_value_view(records.decode_value(kind, value_bytes))
+    return view
+
+
+def _apply_group(state: RecoveredState, kind: records.RecordType, key: object, value: object | None) -> None:
+    """Apply one decoded group record (types 32001-32003)."""
     # The three group records have keys of their own, so they may sit on different partitions of
     # the state topic, and replay reads partition by partition: only each key's own history is in
     # order. Each record therefore sets (or, as a tombstone, clears) only its own part; whether the

@@ -113,3 +113,83 @@ def test_proxy_metadata_record_types_do_not_collide_with_kafkas():
     )
     key = share_state.ProxyShareGroupConfigKey(group_id="g")
     assert decode_record(*encode_record(key, config)).value == config
+
+
+# ----- the replay fast path (read_share_value) ------------------------------------------------
+
+SHARE_VALUES = [(ShareSnapshotValue, RecordType.SHARE_SNAPSHOT), (ShareUpdateValue, RecordType.SHARE_UPDATE)]
+
+
+def _generic_view(record_type, data):
+    """What the generic decoder makes of ``data``: its view, or the StateRecordError it raises."""
+    try:
+        return share_state.share_value_view(share_state.decode_value(record_type, data))
+    except StateRecordError as error:
+        return error
+
+
+def _damaged(data: bytes, how: str, at: int, byte: int) -> bytes:
+    at %= len(data) + 1
+    if how == "truncate":
+        return data[:at]
+    if how == "flip":
+        return data[:at] + bytes([byte]) + data[at + 1:] if at < len(data) else data
+    if how == "insert":
+        return data[:at] + bytes([byte]) + data[at:]
+    return data[:at] + data[at + 1:]  # delete a byte
+
+
+@pytest.mark.parametrize(("value_type", "record_type"), SHARE_VALUES, ids=["snapshot", "update"])
+def test_fast_reader_agrees_with_the_generic_decoder_on_any_value_damaged_or_not(value_type, record_type):
+    """Whenever the fast reader answers, the generic decoder decodes the same bytes to the same
+    values; when it does not (None), the generic decoder decides. Damage of every kind included."""
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(entities(value_type), st.lists(st.tuples(st.sampled_from(["truncate", "flip", "insert", "delete"]),
+                                                    st.integers(0, 10_000), st.integers(0, 255)), max_size=3))
+    def agree(value, damage):
+        data = share_state.encode_value(value)
+        for how, at, byte in damage:
+            data = _damaged(data, how, at, byte)
+        fast = share_state.read_share_value(record_type, data)
+        generic = _generic_view(record_type, data)
+        if fast is not None:
+            assert fast == generic
+        elif not damage and all(len((b.in_progress_member_id or "").encode()) < 127 for b in value.state_batches):
+            raise AssertionError("the fast reader refused a canonical value the proxy could have written")
+
+    agree()
+
+
+def test_fast_reader_reads_what_the_proxy_writes_including_every_extension_tag():
+    batch = ShareSnapshotValue.StateBatch
+    value = ShareSnapshotValue(
+        snapshot_epoch=i32(7), state_epoch=i32(2), leader_epoch=i32(-1), start_offset=i64(100),
+        delivery_complete_count=i32(3), create_timestamp=i64(5), write_timestamp=i64(6),
+        state_batches=(
+            batch(first_offset=i64(100), last_offset=i64(109), delivery_state=i8(2), delivery_count=i16(1)),
+            batch(first_offset=i64(110), last_offset=i64(110), delivery_state=i8(5), delivery_count=i16(2),
+                  in_progress_start_timestamp=i64(1_000), last_progress_timestamp=i64(2_000),
+                  in_progress_member_id="member-ü"),
+            batch(first_offset=i64(111), last_offset=i64(111), delivery_state=i8(3), delivery_count=i16(5),
+                  archive_reason=i8(2)),
+        ),
+    )
+    view = share_state.read_share_value(RecordType.SHARE_SNAPSHOT, share_state.encode_value(value))
+    assert view == share_state.ShareValueView(7, 2, 100, 5, (
+        (100, 109, 2, 1, -1, -1, None, 0),
+        (110, 110, 5, 2, 1_000, 2_000, "member-ü", 0),
+        (111, 111, 3, 5, -1, -1, None, 2),
+    ))
+
+
+@pytest.mark.parametrize("data", [
+    b"", b"\x00", b"\x00\x00" + b"\x00" * 30,  # short
+    b"\x00\x00" + b"\x00" * 34 + b"\xff\xff\xff\x0f",  # a batch count of 2**28 in 4 bytes
+    b"\x00\x00" + b"\x00" * 34 + b"\xff\x7f",  # 16,382 batches announced, none there
+    b"\x00\x01" + b"\x00" * 34 + b"\x01\x00",  # value version 1
+])
+def test_fast_reader_declines_short_hostile_or_unknown_values_without_raising(data):
+    assert share_state.read_share_value(RecordType.SHARE_SNAPSHOT, data) is None
+    with pytest.raises(StateRecordError):
+        share_state.decode_value(RecordType.SHARE_SNAPSHOT, data)

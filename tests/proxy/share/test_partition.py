@@ -809,3 +809,65 @@ def test_renew_only_acknowledgement_stages_nothing():
     assert staged.change_id == 0 and staged.delta == StateDelta(-1, ())
     assert [e.kind for e in staged.delta.events] == [EventKind.RENEWED]
     assert p.staged_changes == 0 and p.next_deadline() == 1_000 + LOCK_MS
+
+
+# ------------------------------------------------------------------------------------------
+# Per-offset state shared between equal neighbours, and merged back into batches
+# ------------------------------------------------------------------------------------------
+
+
+def state_objects(p: SharePartition) -> list[int]:
+    """Per in-flight batch, how many state objects it holds (0: uniform, one state for the batch)."""
+    return [0 if b.offsets is None else len({id(h) for h in b.offsets}) for b in p._batches.values()]
+
+
+def test_a_batch_split_by_a_release_holds_one_state_object_per_run_not_per_offset():
+    p = SharePartition(PartitionConfig(), 0)
+    fetch(p, Log.uniform(0, 300, 100), "m1")
+    assert state_objects(p) == [0]  # one in-flight batch, acquired whole
+    for offset in (50, 150, 250):
+        ack(p, "m1", offset, offset, RELEASE)
+    assert state_objects(p) == [7]  # acquired 0-49, available 50, acquired 51-149, ..., acquired 251-299
+    assert runs(p)[:3] == [(0, 49, ACQUIRED, 1, "m1"), (50, 50, AVAILABLE, 1, None), (51, 149, ACQUIRED, 1, "m1")]
+
+
+def test_a_split_batch_whose_offsets_agree_again_becomes_one_batch():
+    p = SharePartition(PartitionConfig(), 0)
+    fetch(p, Log.uniform(0, 100, 100), "m1")
+    ack(p, "m1", 10, 10, RELEASE)
+    assert state_objects(p) == [3]
+    p.expire(LOCK_MS)  # the other 99 are released too: every offset Available with count 1
+    assert state_objects(p) == [0]
+    assert runs(p) == [(0, 99, AVAILABLE, 1, None)]
+
+
+def test_a_merged_batch_is_acquired_and_reported_as_its_offsets_would_be():
+    """Acquired whole, a batch merged back joins a contiguous range with its count, exactly as the
+    per-offset acquisition it replaces would report it."""
+    p = SharePartition(PartitionConfig(), 0)
+    log = Log.uniform(0, 200, 100)
+    fetch(p, log, "m1", max_records=100)
+    fetch(p, log, "m1", max_records=100)
+    ack(p, "m1", 0, 0, RELEASE)
+    ack(p, "m1", 100, 100, RELEASE)
+    p.expire(LOCK_MS)
+    assert state_objects(p) == [0, 0]
+    result = fetch(p, log, "m2", now=LOCK_MS)
+    assert result.acquired == (AcquiredRecords(0, 199, 2),)
+
+
+def test_staged_offsets_are_not_merged_with_others_until_committed():
+    p = SharePartition(PartitionConfig(), 0)
+    fetch(p, Log.uniform(0, 100, 100), "m1")
+    ack(p, "m1", 0, 0, RELEASE)
+    change = p.stage_acknowledge("m1", [AckRange(1, 99, (RELEASE,))], now=0)
+    # 1-99 moved together share one (staged) state; it stays apart from offset 0's equal one.
+    assert state_objects(p) == [2]
+    assert runs(p) == [(0, 99, AVAILABLE, 1, None)]
+    p.rollback(change.change_id)
+    assert state_objects(p) == [2]
+    assert runs(p) == [(0, 0, AVAILABLE, 1, None), (1, 99, ACQUIRED, 1, "m1")]
+    change = p.stage_acknowledge("m1", [AckRange(1, 99, (RELEASE,))], now=0)
+    p.commit(change.change_id)
+    assert state_objects(p) == [0]
+    assert runs(p) == [(0, 99, AVAILABLE, 1, None)]

@@ -3,7 +3,10 @@
 Hypothesis drives random members through fetches, acknowledgements of every type (valid and
 invalid), progress marks (draft KIP KAFKA-20458), clock advances (lock expiry, the staleness sweep,
 rebalance-grace expiry), member departures, log truncation, snapshots and restarts from persisted
-state. After every step the engine must agree with the model and keep the invariants of KIP-932:
+state. Every call goes to two engines side by side -- the engine as it runs (per-offset state shared
+between equal neighbours and merged back into batches) and one that keeps a state object per offset
+and never merges -- and both must answer alike, call by call (results, deltas with their events,
+errors) and view by view. After every step the engine must agree with the model and keep the invariants of KIP-932:
 the window tiles [SPSO, SPEO), SPSO never passes a held (ACQUIRED or IN_PROGRESS) record, and no
 delivery is counted twice (IN_PROGRESS paths never change the count). With a dead-letter queue
 (KIP-1191) rejected and limit-archived records go to ARCHIVING: never acquired again, never passed by
@@ -14,6 +17,7 @@ with their delivery counts unchanged.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import GeneratorType
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -90,6 +94,82 @@ def logs(draw) -> GeneratedLog:
                         frozenset(aborted_offsets))
 
 
+class UnmergedPartition(SharePartition):
+    """The engine with one state object per offset, never merged back into batches."""
+
+    _merge = False
+
+
+def _comparable(result):
+    """A call's result as a value (generators listed; a delta's events, which equality leaves out, kept)."""
+    if isinstance(result, GeneratorType):
+        return _comparable(list(result))
+    if isinstance(result, StateDelta):
+        return result, _per_offset(result.events), result.changed
+    if isinstance(result, list):
+        return [_comparable(r) for r in result]
+    if hasattr(result, "delta") and not isinstance(result, type):
+        return result, _comparable(result.delta)
+    return result
+
+
+def _per_offset(events) -> list:
+    """Events per offset, sorted: IN_PROGRESS holds are released in the order of their lock ids,
+    which one counter hands out to both engines in turn, so order and coalescing may differ."""
+    return sorted((e.kind, o, e.member_id, e.delivery_count, e.reason)
+                  for e in events for o in range(e.first_offset, e.last_offset + 1))
+
+
+class Twin:
+    """Forwards every call to the merged engine and the unmerged one; both must answer alike."""
+
+    def __init__(self, merged: SharePartition, unmerged: SharePartition) -> None:
+        assert type(unmerged)._merge is False and type(merged)._merge is True
+        self.merged, self.unmerged = merged, unmerged
+
+    def __getattr__(self, name):
+        mine, theirs = getattr(self.merged, name), getattr(self.unmerged, name)
+        if not callable(mine):
+            assert _comparable(mine) == _comparable(theirs), f"{name}: merged and unmerged engines differ"
+            return mine
+
+        def call(*args, **kwargs):
+            try:
+                result = mine(*args, **kwargs)
+            except ShareStateError as error:
+                try:
+                    theirs(*args, **kwargs)
+                except ShareStateError as other:
+                    assert (other.error_code, str(other)) == (error.error_code, str(error))
+                    raise error from None
+                raise AssertionError(f"{name}: only the merged engine refused") from error
+            if isinstance(result, GeneratorType):
+                result = list(result)
+            expected = _comparable(theirs(*args, **kwargs))
+            assert _comparable(result) == expected, \
+                f"{name}{args}: merged and unmerged engines answer differently:\n{_comparable(result)}\n{expected}"
+            return result
+
+        return call
+
+
+def merged_batches_are_merged(p: SharePartition) -> None:
+    """Between calls the merged engine has no split batch whose offsets all agree, and each state
+    object of a split batch fills one contiguous run of it."""
+    for batch in p._batches.values():
+        if batch.offsets is None:
+            continue
+        seen: set[int] = set()
+        previous = None
+        for holder in batch.offsets:
+            if holder is not previous:
+                assert id(holder) not in seen, "a state object shared by offsets that are not contiguous"
+                seen.add(id(holder))
+                assert previous is None or not holder.same_as(previous), "equal neighbours left unmerged"
+            previous = holder
+        assert len(seen) > 1 or batch.offsets[0].rollback is not None, "a uniform batch left split"
+
+
 # Weighted towards Release so delivery counts reach the limit and throttling kicks in.
 ack_types = st.sampled_from([int(t) for t in AcknowledgeType] + [int(AcknowledgeType.RELEASE)] * 4)
 
@@ -121,7 +201,7 @@ class PartitionMachine(RuleBasedStateMachine):
         # ARCHIVING offsets as last seen; they leave only through finish_archiving.
         self.archiving: set[int] = set()
         self.never = log.undeliverable_always | (log.aborted_offsets if read_committed else frozenset())
-        self.p = SharePartition(self.config, 0)
+        self.p = Twin(SharePartition(self.config, 0), UnmergedPartition(self.config, 0))
         self.snapshot = self.p.snapshot()
         self.deltas: list[StateDelta] = []
         self.now = 0
@@ -454,7 +534,8 @@ class PartitionMachine(RuleBasedStateMachine):
 
     @rule()
     def restart_from_persisted_state(self):
-        self.p = SharePartition.from_persisted(self.config, self.snapshot, self.deltas)
+        self.p = Twin(SharePartition.from_persisted(self.config, self.snapshot, self.deltas),
+                      UnmergedPartition.from_persisted(self.config, self.snapshot, self.deltas))
         for offset in list(self.holder):
             if offset in self.progress:
                 self.progress[offset][2] = -1  # IN_PROGRESS survives with owner and times; no grace
@@ -516,9 +597,23 @@ class PartitionMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: hasattr(self, "p"))
     @invariant()
+    def merged_and_unmerged_engines_agree(self):
+        p = self.p
+        for view in ("in_flight_locked", "in_flight", "snapshot", "archiving", "members"):
+            getattr(p, view)()  # (Twin compares)
+        for name in ("start_offset", "end_offset", "archiving_count", "staged_changes"):
+            getattr(p, name)
+        assert p.next_fetch_offset() >= p.start_offset
+        assert [p.merged.record_state(o) for o in range(p.start_offset, p.end_offset)] == \
+            [p.unmerged.record_state(o) for o in range(p.start_offset, p.end_offset)]
+        merged_batches_are_merged(p.merged)
+
+    @precondition(lambda self: hasattr(self, "p"))
+    @invariant()
     def persisted_state_rebuilds_live_state_minus_acquired(self):
         rebuilt = SharePartition.from_persisted(self.config, self.snapshot, self.deltas)
         assert rebuilt.snapshot() == self.p.snapshot()
+        assert UnmergedPartition.from_persisted(self.config, self.snapshot, self.deltas).snapshot() == rebuilt.snapshot()
         assert rebuilt.start_offset == self.p.start_offset
 
 
