@@ -50,7 +50,6 @@ ArchiveReason; they are resumed as ARCHIVING, so a restart dead-letters them aga
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -83,13 +82,6 @@ def engine_clock_offset_ms() -> int:
     """Wall clock - engine clock (ms) for the service's default clocks (manager.wall_clock_ms and
     manager.monotonic_ms): what converts IN_PROGRESS times between the engine and the topic."""
     return time.time_ns() // 1_000_000 - time.monotonic_ns() // 1_000_000
-
-
-def _to_wall(batch: PersistedBatch, offset: int) -> PersistedBatch:
-    if batch.delivery_state != RecordState.IN_PROGRESS:
-        return batch
-    return dataclasses.replace(batch, in_progress_start=batch.in_progress_start + offset,
-                               last_progress=batch.last_progress + offset)
 
 
 class InapplicableStateRecord(StateRecordError):
@@ -148,38 +140,24 @@ def snapshot_record(
     ms (``clock_offset_ms`` = wall - engine clock, :func:`engine_clock_offset_ms` when None)."""
     offset = engine_clock_offset_ms() if clock_offset_ms is None else clock_offset_ms
     group_id, topic_id, partition = key
-    value_type = records.ShareSnapshotValue
-    batch_type = value_type.StateBatch
-    value = value_type(
-        snapshot_epoch=snapshot_epoch,
-        state_epoch=state_epoch,
-        leader_epoch=-1,
-        start_offset=snapshot.start_offset,
-        delivery_complete_count=delivery_complete_count,
-        create_timestamp=create_timestamp,
-        write_timestamp=write_timestamp,
-        state_batches=tuple(_state_batch(batch_type, _to_wall(b, offset)) for b in snapshot.state_batches),
-    )
-    key_bytes, value_bytes = records.encode_record(
-        records.ShareSnapshotKey(group_id=group_id, topic_id=topic_id, partition=partition), value
-    )
-    assert value_bytes is not None
-    return key_bytes, value_bytes
+    value = records.encode_share_value(
+        records.RecordType.SHARE_SNAPSHOT, snapshot_epoch=snapshot_epoch, state_epoch=state_epoch, leader_epoch=-1,
+        start_offset=snapshot.start_offset, delivery_complete_count=delivery_complete_count,
+        create_timestamp=create_timestamp, write_timestamp=write_timestamp,
+        state_batches=[_state_batch(b, offset) for b in snapshot.state_batches])
+    return records.encode_key(records.ShareSnapshotKey(group_id=group_id, topic_id=topic_id, partition=partition)), value
 
 
-def _state_batch(batch_type: type, b: PersistedBatch) -> object:
-    """A StateBatch; the extension tags only on IN_PROGRESS batches (100-102) and ARCHIVING ones
-    (103), defaults (so omitted) elsewhere."""
-    if b.delivery_state == RecordState.ARCHIVING:
-        return batch_type(first_offset=b.first_offset, last_offset=b.last_offset,
-                          delivery_state=int(b.delivery_state), delivery_count=b.delivery_count,
-                          archive_reason=int(b.archive_reason))
-    if b.delivery_state != RecordState.IN_PROGRESS:
-        return batch_type(first_offset=b.first_offset, last_offset=b.last_offset,
-                          delivery_state=int(b.delivery_state), delivery_count=b.delivery_count)
-    return batch_type(first_offset=b.first_offset, last_offset=b.last_offset, delivery_state=int(b.delivery_state),
-                      delivery_count=b.delivery_count, in_progress_start_timestamp=b.in_progress_start,
-                      last_progress_timestamp=b.last_progress, in_progress_member_id=b.member_id)
+def _state_batch(b: PersistedBatch, offset: int) -> records.StateBatchView:
+    """A state batch as written: the extension tags only on IN_PROGRESS batches (100-102, times as
+    wall clock: engine + ``offset``) and ARCHIVING ones (103), defaults (so omitted) elsewhere."""
+    state = b.delivery_state
+    if state == RecordState.ARCHIVING:
+        return (b.first_offset, b.last_offset, int(state), b.delivery_count, -1, -1, None, int(b.archive_reason))
+    if state != RecordState.IN_PROGRESS:
+        return (b.first_offset, b.last_offset, int(state), b.delivery_count, -1, -1, None, 0)
+    return (b.first_offset, b.last_offset, int(state), b.delivery_count, b.in_progress_start + offset,
+            b.last_progress + offset, b.member_id, 0)
 
 
 def update_record(
@@ -189,19 +167,11 @@ def update_record(
     pipeline's cumulative updates, and tools and tests that need Kafka's delta records)."""
     offset = engine_clock_offset_ms() if clock_offset_ms is None else clock_offset_ms
     group_id, topic_id, partition = key
-    value_type = records.ShareUpdateValue
-    value = value_type(
-        snapshot_epoch=snapshot_epoch,
-        leader_epoch=-1,
-        start_offset=delta.start_offset,
-        delivery_complete_count=-1,
-        state_batches=tuple(_state_batch(value_type.StateBatch, _to_wall(b, offset)) for b in delta.state_batches),
-    )
-    key_bytes, value_bytes = records.encode_record(
-        records.ShareUpdateKey(group_id=group_id, topic_id=topic_id, partition=partition), value
-    )
-    assert value_bytes is not None
-    return key_bytes, value_bytes
+    value = records.encode_share_value(
+        records.RecordType.SHARE_UPDATE, snapshot_epoch=snapshot_epoch, leader_epoch=-1,
+        start_offset=delta.start_offset, delivery_complete_count=-1,
+        state_batches=[_state_batch(b, offset) for b in delta.state_batches])
+    return records.encode_key(records.ShareUpdateKey(group_id=group_id, topic_id=topic_id, partition=partition)), value
 
 
 def share_partition_route(key: SharePartitionKey) -> bytes:
