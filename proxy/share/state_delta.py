@@ -36,6 +36,7 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import dataclasses
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -96,55 +97,59 @@ def cumulative_delta(base: PartitionSnapshot, current: PartitionSnapshot,
                      carried: Iterable[Interval] = ()) -> StateDelta:
     """The ShareUpdate that, replayed over ``base``, gives ``current``: its SPSO and, at or above it,
     the current view of every offset whose view differs from the base's or that ``carried`` names.
-    Offsets with no current batch (Available, count 0) are carried as an explicit AVAILABLE / 0 batch."""
+    Offsets with no current batch (Available, count 0) are carried as an explicit AVAILABLE / 0 batch.
+
+    Cost: batches equal in both (same offsets and content: most of a window between two writes) are
+    matched by hashing; only the others are compared offset range by offset range (bisect)."""
     start = current.start_offset
     changed = _differing(base.state_batches, current.state_batches, start)
     changed.extend((max(first, start), last) for first, last in carried if last >= start)
     return StateDelta(start, tuple(_views(_normalise(changed), current.state_batches)))
 
 
+Row = tuple[int, int, tuple]  # (first, last, content)
+
+
+def _rows(batches: Sequence[PersistedBatch]) -> list[Row]:
+    return [(b.first_offset, b.last_offset, b.content) for b in batches]
+
+
 def _differing(base: Sequence[PersistedBatch], current: Sequence[PersistedBatch], start: int) -> list[Interval]:
     """Intervals (at or above ``start``, unsorted) where the two batch lists' views differ."""
+    base_rows, current_rows = _rows(base), _rows(current)
+    in_base, in_current = set(base_rows), set(current_rows)
     out: list[Interval] = []
-    # Current batches not covered by a base batch of the same content.
-    i = 0
-    for c in current:
-        first, last = c.first_offset, c.last_offset
-        if last < start:
+    # A current batch not in the base as it is: its parts not covered by base batches of its content.
+    # (A base batch equal to a current one cannot overlap another current batch: neither list overlaps.)
+    base_firsts = [row[0] for row in base_rows]
+    for first, last, content in current_rows:
+        if last < start or (first, last, content) in in_base:
             continue
-        first = max(first, start)
-        while i < len(base) and base[i].last_offset < first:
-            i += 1
-        if i < len(base) and base[i] == c:
-            continue  # unchanged batch (the common case)
-        cursor = first
-        k = i
-        content = c.content
-        while k < len(base) and base[k].first_offset <= last:
-            b = base[k]
-            if b.content == content and b.last_offset >= cursor:
-                if b.first_offset > cursor:
-                    out.append((cursor, b.first_offset - 1))
-                cursor = b.last_offset + 1
+        cursor = max(first, start)
+        k = max(bisect_right(base_firsts, cursor) - 1, 0)
+        while k < len(base_rows) and base_rows[k][0] <= last:
+            b_first, b_last, b_content = base_rows[k]
+            if b_content == content and b_last >= cursor:
+                if b_first > cursor:
+                    out.append((cursor, b_first - 1))
+                cursor = b_last + 1
             k += 1
         if cursor <= last:
             out.append((cursor, last))
-    # Base batches (or their parts) no current batch covers: back to Available, count 0.
-    j = 0
-    for b in base:
-        first, last = b.first_offset, b.last_offset
-        if last < start:
+    # A base batch not in the current state as it is: its parts no current batch covers (back to
+    # Available, count 0); the covered parts were compared above.
+    current_firsts = [row[0] for row in current_rows]
+    for first, last, content in base_rows:
+        if last < start or (first, last, content) in in_current:
             continue
-        first = max(first, start)
-        while j < len(current) and current[j].last_offset < first:
-            j += 1
-        cursor = first
-        k = j
-        while k < len(current) and current[k].first_offset <= last:
-            c = current[k]
-            if c.first_offset > cursor:
-                out.append((cursor, c.first_offset - 1))
-            cursor = max(cursor, c.last_offset + 1)
+        cursor = max(first, start)
+        k = max(bisect_right(current_firsts, cursor) - 1, 0)
+        while k < len(current_rows) and current_rows[k][0] <= last:
+            c_first, c_last, _ = current_rows[k]
+            if c_last >= cursor:
+                if c_first > cursor:
+                    out.append((cursor, c_first - 1))
+                cursor = c_last + 1
             k += 1
         if cursor <= last:
             out.append((cursor, last))
@@ -168,23 +173,26 @@ def _views(intervals: Sequence[Interval], current: Sequence[PersistedBatch]) -> 
     """The current view over ``intervals`` (sorted, disjoint): current batches clipped to them, and
     AVAILABLE / count 0 where no current batch is."""
     out: list[PersistedBatch] = []
-    j = 0
+    if not intervals:
+        return out
+    firsts = [b.first_offset for b in current]
     for first, last in intervals:
-        while j < len(current) and current[j].last_offset < first:
-            j += 1
         cursor = first
-        k = j
+        k = max(bisect_right(firsts, first) - 1, 0)
         while k < len(current) and current[k].first_offset <= last:
             c = current[k]
+            k += 1
+            if c.last_offset < cursor:
+                continue
             if c.first_offset > cursor:
                 out.append(PersistedBatch(cursor, c.first_offset - 1, RecordState.AVAILABLE, 0))
             piece_first, piece_last = max(c.first_offset, cursor), min(c.last_offset, last)
             if piece_first == c.first_offset and piece_last == c.last_offset:
                 out.append(c)
             else:
-                out.append(dataclasses.replace(c, first_offset=piece_first, last_offset=piece_last))
+                out.append(PersistedBatch(piece_first, piece_last, c.delivery_state, c.delivery_count,
+                                          c.in_progress_start, c.last_progress, c.member_id, c.archive_reason))
             cursor = piece_last + 1
-            k += 1
         if cursor <= last:
             out.append(PersistedBatch(cursor, last, RecordState.AVAILABLE, 0))
     return out

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from codec.share_events import ArchiveReason
 from proxy.share.partition import PartitionConfig, PartitionSnapshot, PersistedBatch, SharePartition, StateDelta
@@ -188,3 +190,47 @@ def test_the_base_counts_updates_and_remembers_what_the_newest_one_carried():
 def test_the_policy_refuses_a_snapshot_interval_below_one():
     with pytest.raises(ValueError):
         DeltaPolicy(snapshot_every=0)
+
+
+# ----- against a per-offset reference ------------------------------------------------------------------
+
+CONTENTS = [(A, 1), (A, 2), (K, 1), (X, 3), (P, 1, 100, 120, "m1"), (P, 1, 100, 130, "m1"),
+            (D, 2, -1, -1, None, ArchiveReason.REJECTED)]
+
+
+@st.composite
+def snapshots(draw) -> PartitionSnapshot:
+    """Sorted, disjoint, coalesced batches over offsets 0-59 (gaps allowed), and an SPSO."""
+    start = draw(st.integers(0, 20))
+    batches: list[PersistedBatch] = []
+    offset = start
+    while offset < 60:
+        size = draw(st.integers(1, 6))
+        if draw(st.booleans()):
+            content = draw(st.sampled_from(CONTENTS))
+            if not (batches and batches[-1].last_offset == offset - 1 and batches[-1].content == b(0, 0, *content).content):
+                batches.append(b(offset, min(offset + size, 60) - 1, *content))
+        offset += size
+    return PartitionSnapshot(start, tuple(batches))
+
+
+def per_offset(snapshot: PartitionSnapshot) -> dict[int, tuple]:
+    return {o: batch.content for batch in snapshot.state_batches for o in range(batch.first_offset, batch.last_offset + 1)}
+
+
+@settings(max_examples=300, deadline=None)
+@given(snapshots(), snapshots(), st.lists(st.tuples(st.integers(0, 60), st.integers(0, 8)), max_size=3))
+def test_the_delta_carries_exactly_the_changed_and_carried_offsets_and_replays_to_the_current_state(
+        base, current, carried):
+    carried = [(first, first + size) for first, size in carried]
+    delta = cumulative_delta(base, current, carried)
+    old, new = per_offset(base), per_offset(current)
+    nothing = b(0, 0, A, 0).content
+    expected = {o for o in set(old) | set(new) if o >= current.start_offset and old.get(o) != new.get(o)}
+    expected |= {o for first, last in carried for o in range(max(first, current.start_offset), last + 1)}
+    carried_offsets = {o: batch.content for batch in delta.state_batches
+                       for o in range(batch.first_offset, batch.last_offset + 1)}
+    assert set(carried_offsets) == expected
+    assert all(view == new.get(o, nothing) for o, view in carried_offsets.items())
+    assert delta.start_offset == current.start_offset
+    assert replayed(base, delta) == rebuilt(current)
