@@ -28,7 +28,9 @@ write is durable -- on both sides), the same on both sides:
 
 ``--proxy-variant NAME=FLAGS`` (repeatable) runs the proxy side once per variant, each on a fresh
 broker with ``FLAGS`` added to ``share-proxy serve`` (e.g. ``off=--state-deltas off`` and
-``on=--state-deltas on``), in the order given, in one run beside the native side.
+``on=--state-deltas on``), in the order given, in one run beside the native side. ``--variant-tree
+NAME=PATH`` runs that variant from another checkout (``python -m proxy.cli`` with PYTHONPATH=PATH),
+e.g. the code before a change.
 
 Measured per workload, as the difference before/after it (the group and topic are new, so nothing
 else writes meanwhile; the run waits until the state topic stops growing):
@@ -609,6 +611,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--proxy-variant", action="append", default=[], metavar="NAME=FLAGS",
                         help="run the proxy side once per variant with these extra serve flags (repeatable), "
                              "e.g. 'off=--state-deltas off'")
+    parser.add_argument("--variant-tree", action="append", default=[], metavar="NAME=PATH",
+                        help="run --proxy-variant NAME from the checkout at PATH (repeatable)")
     parser.add_argument("--release-fraction", type=float, default=0.1,
                         help="fragmented: fraction of records released once, then accepted")
     parser.add_argument("--seed", type=int, default=14, help="which records are released, and the ack order")
@@ -630,6 +634,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.variant_flags[f"proxy-{name}"] = tuple(shlex.split(flags))
     if not args.variant_flags:
         args.variant_flags["proxy"] = ()
+    args.variant_trees = {}
+    for variant in args.variant_tree:
+        name, _, tree = variant.partition("=")
+        if f"proxy-{name}" not in args.variant_flags or not tree:
+            parser.error(f"--variant-tree {variant!r}: NAME=PATH for a --proxy-variant NAME")
+        args.variant_trees[f"proxy-{name}"] = str(Path(tree).resolve())
 
     work = Path(tempfile.mkdtemp(prefix="state-bench-"))
     started = time.monotonic()
@@ -644,8 +654,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     state_topic = "__share_proxy_state"
                     extra = ("--share-auto-offset-reset", "earliest", "--state-topic", state_topic,
                              "--log-level", "warning", *flags)
-                    with ProxyProcess(upstream=kafka.bootstrap, log_path=work / f"{side}.log",
-                                      extra_args=extra) as proxy:
+                    tree = args.variant_trees.get(side)
+                    launcher = (sys.executable, "-P", "-m", "proxy.cli") if tree else ()
+                    with ProxyProcess(upstream=kafka.bootstrap, log_path=work / f"{side}.log", extra_args=extra,
+                                      launcher=launcher, env={"PYTHONPATH": tree} if tree else None) as proxy:
                         results += run_side(side, args, kafka, proxy.bootstrap, state_topic, lambda group: None)
                 loads.append(f"after {side} {load()}")
         if "native" in args.sides:
