@@ -87,7 +87,7 @@ from codec.share_state import (
     decode_value,
     encode_record,
 )
-from integration.bench.passthrough import produce
+from integration.bench.passthrough import Target, produce
 from integration.bench.share_bench import set_native_share_reset_earliest
 from integration.kafka_fixtures import ProxyProcess, create_topics, unique_name
 from proxy.localkafka import DEFAULT_VERSION, LocalKafka
@@ -444,7 +444,7 @@ def run_side(side: str, args: argparse.Namespace, kafka: LocalKafka, bootstrap: 
 
     def workload(name: str, records: int) -> tuple[WorkloadRun, str]:
         topic = create_topics(kafka.bootstrap, [unique_name(f"state-bench-{name}")], partitions=args.partitions)[0]
-        produce(kafka.bootstrap, topic, records, args.size, "none")
+        produce(Target("direct", kafka.bootstrap), topic, args.partitions, records, args.size, "none")
         group = unique_name(f"state-bench-{name}")
         prepare_group(group)
         window = name == "window"
