@@ -1,7 +1,7 @@
 """Share state survives real log compaction of the state topic.
 
-The proxy writes a whole ShareSnapshot per change, keyed per share-partition (or, with
-``KSP_STATE_DELTAS=on``, cumulative ShareUpdates between snapshots), so compaction may drop every
+The proxy writes cumulative ShareUpdates between ShareSnapshots, keyed per share-partition (or,
+with ``KSP_STATE_DELTAS=off``, a whole ShareSnapshot per change), so compaction may drop every
 record but the newest per key and replay must still rebuild the same state. These
 tests make the broker actually compact a state topic (short segments, eager cleaner) and restart
 the proxy on what is left.
@@ -80,8 +80,8 @@ def test_state_rebuilt_from_a_compacted_state_topic(kafka, share_proxy, create_t
 
     before = durable_state(kafka.bootstrap, state_topic, names.group)
     assert before[0].start_offset == 7, before
-    if os.environ.get("KSP_STATE_DELTAS", "").lower() == "on":
-        # The proxies run with cumulative ShareUpdates: some were written, and compaction must keep
+    if os.environ.get("KSP_STATE_DELTAS", "on").lower() == "on":
+        # The proxies run with cumulative ShareUpdates (the default): some were written, and compaction must keep
         # the newest of them beside the newest snapshot.
         kinds = [decode_key(r.key)[0] for r in replay_state_topic(kafka.bootstrap, state_topic, timeout_s=20)]
         assert RecordType.SHARE_UPDATE in kinds, kinds

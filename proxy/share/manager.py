@@ -115,8 +115,8 @@ class ShareServiceConfig:
     # How often member-less groups' idle share-partitions are parked out of memory.
     idle_sweep_interval_s: float = 30.0
     coordinator: CoordinatorConfig = CoordinatorConfig()
-    # Cumulative ShareUpdates between snapshots (--state-deltas on, proxy.share.state_delta); None: off.
-    state_deltas: DeltaPolicy | None = None
+    # Cumulative ShareUpdates between snapshots (--state-deltas, proxy.share.state_delta); None: off.
+    state_deltas: DeltaPolicy | None = DeltaPolicy()
 
 
 @dataclass(slots=True)

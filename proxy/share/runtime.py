@@ -87,7 +87,7 @@ class ShareSettings:
     state_write_timeout_ms: int = 30_000  # the state producer's delivery timeout
     # Cumulative ShareUpdates between snapshots (--state-deltas, proxy.share.state_delta), and at most
     # this many updates per snapshot (--state-snapshot-every).
-    state_deltas: bool = False
+    state_deltas: bool = True
     state_snapshot_every: int = 100
     read_cache_bytes: int = 64 * 1024 * 1024  # one budget for every share-partition's read cache
     upstream_connections: int = 32  # per broker: ListOffsets, ListGroups, record reads

@@ -179,11 +179,11 @@ def test_state_delta_flags_reach_the_share_settings():
     from proxy.serve import share_settings
 
     defaults = share_settings(parse(["--upstream", "k:1"]))
-    assert (defaults.state_deltas, defaults.state_snapshot_every) == (False, 100)
-    settings = share_settings(parse(["--upstream", "k:1", "--state-deltas", "ON"],
+    assert (defaults.state_deltas, defaults.state_snapshot_every) == (True, 100)
+    settings = share_settings(parse(["--upstream", "k:1", "--state-deltas", "OFF"],
                                     environ={"KSP_STATE_SNAPSHOT_EVERY": "7"}))
-    assert (settings.state_deltas, settings.state_snapshot_every) == (True, 7)
-    assert share_settings(parse(["--upstream", "k:1"], environ={"KSP_STATE_DELTAS": "on"})).state_deltas is True
+    assert (settings.state_deltas, settings.state_snapshot_every) == (False, 7)
+    assert share_settings(parse(["--upstream", "k:1"], environ={"KSP_STATE_DELTAS": "off"})).state_deltas is False
     for flags in (["--state-deltas", "maybe"], ["--state-snapshot-every", "0"]):
         with pytest.raises(ConfigError):
             parse(["--upstream", "k:1", *flags])
