@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import struct
+from collections.abc import Iterable
 from typing import NamedTuple
 
 from .errors import CodecError, StateRecordError
@@ -302,6 +303,61 @@ def _read_share_value(record_type: RecordType, buf: bytes) -> ShareValueView:
     if pos != end:
         raise _NotCanonical
     return ShareValueView(epoch, state_epoch, start, created, tuple(batches))
+
+
+def _uvarint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+_EMPTY_TAGS = b"\x00"
+_DCC_TAG = struct.Struct(">BBi")  # tag 0, size 4, DeliveryCompleteCount
+_I8 = struct.Struct(">b")
+
+
+def _batch_bytes(batch: StateBatchView) -> bytes:
+    """One StateBatch, tags 100-103 written only where they differ from their defaults (as the
+    generic encoder writes them)."""
+    first, last, state, count, start, progress, member, reason = batch
+    head = _BATCH_HEAD.pack(first, last, state, count)
+    if start == -1 and progress == -1 and member is None and reason == 0:
+        return head + _EMPTY_TAGS
+    tags = []
+    if start != -1:
+        tags.append(b"\x64\x08" + _I64.pack(start))
+    if progress != -1:
+        tags.append(b"\x65\x08" + _I64.pack(progress))
+    if member is not None:
+        encoded = member.encode("utf-8")
+        field = _uvarint(len(encoded) + 1) + encoded
+        tags.append(b"\x66" + _uvarint(len(field)) + field)
+    if reason != 0:
+        tags.append(b"\x67\x01" + _I8.pack(reason))
+    return head + bytes([len(tags)]) + b"".join(tags)
+
+
+def encode_share_value(record_type: RecordType, *, snapshot_epoch: int, leader_epoch: int, start_offset: int,
+                       state_batches: Iterable[StateBatchView], delivery_complete_count: int = -1,
+                       state_epoch: int = 0, create_timestamp: int = 0, write_timestamp: int = 0) -> bytes:
+    """A ShareSnapshot / ShareUpdate value's bytes written directly (the reverse of
+    :func:`read_share_value`): the same bytes ``encode_value`` gives for the entity with these
+    fields, without building it (a state batch is ``StateBatchView``: first, last, state, count,
+    in-progress start, last progress, member id, archive reason; the update ignores state epoch and
+    timestamps, which it does not have)."""
+    if record_type is RecordType.SHARE_SNAPSHOT:
+        head = _SNAPSHOT_HEAD.pack(VALUE_VERSION, snapshot_epoch, state_epoch, leader_epoch, start_offset,
+                                   create_timestamp, write_timestamp)
+    elif record_type is RecordType.SHARE_UPDATE:
+        head = _UPDATE_HEAD.pack(VALUE_VERSION, snapshot_epoch, leader_epoch, start_offset)
+    else:
+        raise StateRecordError(f"{record_type!r} is not a share-partition state record")
+    batches = [_batch_bytes(batch) for batch in state_batches]
+    tail = _EMPTY_TAGS if delivery_complete_count == -1 else b"\x01" + _DCC_TAG.pack(0, 4, delivery_complete_count)
+    return b"".join((head, _uvarint(len(batches) + 1), *batches, tail))
 
 
 def share_value_view(value: object) -> ShareValueView:

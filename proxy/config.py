@@ -172,6 +172,8 @@ class ProxyConfig:
     max_share_session_partitions_total: int = 200_000
     share_metadata_refresh_ms: int = 10_000
     state_write_timeout_ms: int = 30_000
+    state_deltas: str = "on"  # on | off: cumulative ShareUpdates between snapshots (proxy/share/state_delta.py)
+    state_snapshot_every: int = 100
     share_read_cache_bytes: int = 64 * 1024 * 1024
     share_upstream_connections: int = 32
     share_long_poll_connections: int = 8
@@ -316,6 +318,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("share_long_poll_connections", int, "connections per upstream broker the share service may hold in long polls (Fetch waiting for new data), apart from the ones above so that long polls never starve them (default 8)", "N"),
     Option("max_share_sessions", int, "share sessions the proxy keeps (group.share.max.share.sessions, default 2000)", "N"),
     Option("state_write_timeout_ms", int, "how long one state-topic write may take before it fails; a failed acknowledgement is rolled back and answered with a retriable error (the state producer's delivery timeout, default 30000)", "MS"),
+    Option("state_deltas", parse_choice("on", "off"), "on: write a share-partition's state changes as cumulative ShareUpdates (everything changed since its last durable snapshot) when clearly smaller than a snapshot, with a snapshot every --state-snapshot-every updates; off: a full ShareSnapshot per change (default on; docs/architecture.md, Durable state)", "on|off"),
+    Option("state_snapshot_every", int, "with --state-deltas on: at most this many ShareUpdates per share-partition before a new snapshot; bounds replay before compaction (default 100)", "N"),
     Option("share_read_cache_bytes", int, "log bytes the share-partition read caches may hold in total, for members queued behind one upstream read (default 67108864)", "BYTES"),
     Option("max_share_session_partitions", int, "share-partitions one share session may hold; a ShareFetch beyond it gets SHARE_SESSION_LIMIT_REACHED (default 10000; no Kafka counterpart)", "N"),
     Option("describe_in_flight_api_key", int, "API key the extension RPC DescribeShareGroupInFlight is served under (default 82, the draft KIP's; must be a Kafka API key flexible from v0 that the proxy does not serve otherwise)", "KEY"),
@@ -469,6 +473,8 @@ def _validate(config: ProxyConfig) -> None:
         raise ConfigError("share connection pools need at least one connection per broker")
     if config.max_share_session_partitions <= 0 or config.max_share_session_partitions_total <= 0:
         raise ConfigError("share session partition limits must be positive")
+    if config.state_snapshot_every < 1:
+        raise ConfigError("state_snapshot_every must be at least 1")
     if config.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
         raise ConfigError(f"unknown log level {config.log_level!r}")
     for name in ("state_topic_replication_factor", "state_topic_min_insync_replicas"):

@@ -102,6 +102,8 @@ def share_settings(config: ProxyConfig):
         auto_offset_reset=config.share_auto_offset_reset,
         metadata_refresh_ms=config.share_metadata_refresh_ms,
         state_write_timeout_ms=config.state_write_timeout_ms,
+        state_deltas=config.state_deltas == "on",
+        state_snapshot_every=config.state_snapshot_every,
         read_cache_bytes=config.share_read_cache_bytes,
         upstream_connections=config.share_upstream_connections,
         long_poll_connections=config.share_long_poll_connections,

@@ -181,7 +181,7 @@ class NullWriter:
 
     async def write(self, topic: str, records) -> None:
         self.records += len(records)
-        self.bytes += sum(len(k) + len(v or b"") for k, v in records)
+        self.bytes += sum(len(r[0]) + len(r[1] or b"") for r in records)
 
 
 class Clock:

@@ -19,6 +19,11 @@ ShareAcknowledge:
   tiled with small state batches. Run with and without the snapshot encoding, so the difference
   is the snapshot's cost.
 
+Both windows also run with what ``--state-deltas on`` writes instead (``+deltas``): per write the
+diff against the last snapshot (``state_delta.plan``) and the cumulative ShareUpdate or, when the
+policy says so, the snapshot, every write taken as durable (skipped against a checkout without
+``proxy.share.state_delta``).
+
     .venv/bin/python -m integration.bench.partition_bench [--records 1000000] [--batch 500] [--json out.json]
 
 The script uses only the engine's public calls and state_store's encoder, so it also runs against
@@ -37,6 +42,11 @@ from pathlib import Path
 from proxy.share import state_store
 from proxy.share.partition import AckRange, BatchHeader, PartitionConfig, SharePartition
 from proxy.share.states import AcknowledgeType
+
+try:
+    from proxy.share.state_delta import DeltaBase, DeltaPolicy, plan
+except ImportError:  # an older checkout (side_by_side --bench-from-after)
+    DeltaPolicy = None
 
 ACCEPT = int(AcknowledgeType.ACCEPT)
 RELEASE = int(AcknowledgeType.RELEASE)
@@ -68,6 +78,35 @@ class Persisting:
         self.epoch += 1
         key, value = state_store.snapshot_record(KEY, p.snapshot(), snapshot_epoch=self.epoch, state_epoch=0,
                                                  create_timestamp=0, write_timestamp=self.epoch, clock_offset_ms=0)
+        self.writes += 1
+        self.bytes += len(key) + len(value)
+        p.commit(change.change_id)
+
+
+class PersistingDeltas(Persisting):
+    """Staged + commit, with what the commit pipeline writes with --state-deltas on (every write durable)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.policy = DeltaPolicy()
+        self.base = None
+        self.updates = 0
+
+    def __call__(self, p: SharePartition, member: str, ranges: list[AckRange]) -> None:
+        change = p.stage_acknowledge(member, ranges, now=0)
+        if change is None or not change.change_id:
+            return
+        current = p.snapshot()
+        delta = plan(self.base, current, self.policy)
+        if delta is None:
+            self.epoch += 1
+            key, value = state_store.snapshot_record(KEY, current, snapshot_epoch=self.epoch, state_epoch=0,
+                                                     create_timestamp=0, write_timestamp=self.epoch, clock_offset_ms=0)
+            self.base = DeltaBase(current, self.epoch, 0, 0)
+        else:
+            key, value = state_store.update_record(KEY, delta, snapshot_epoch=self.base.epoch, clock_offset_ms=0)
+            self.base = self.base.after(delta)
+            self.updates += 1
         self.writes += 1
         self.bytes += len(key) + len(value)
         p.commit(change.change_id)
@@ -163,13 +202,19 @@ def main() -> int:
         ):
             writer = Persisting()
             scenarios.append((name, lambda r=run, w=writer: r(w), what, writer))
+            if DeltaPolicy is not None:
+                deltas = PersistingDeltas()
+                scenarios.append((name.replace("+snapshot", "+deltas"), lambda r=run, w=deltas: r(w), what, deltas))
     for name, run, what, writer in scenarios:
         best = max(run() for _ in range(args.repeat))
         results[name] = best
         extra = ""
         if writer is not None and writer.writes:
             results[name + " bytes/snapshot"] = writer.bytes / writer.writes
-            extra = f", {writer.bytes / writer.writes:,.0f} B per snapshot record"
+            extra = f", {writer.bytes / writer.writes:,.0f} B per state record"
+            if isinstance(writer, PersistingDeltas):
+                results[name + " update share"] = writer.updates / writer.writes
+                extra += f", {writer.updates / writer.writes:.0%} of them updates"
         print(f"{name:60s} {best:14,.0f} records/s  ({what}{extra})", flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))

@@ -21,6 +21,16 @@ write is durable -- on both sides), the same on both sides:
 * ``fragmented`` -- ``--release-fraction`` (10%) of the records released on their first delivery
   (chosen by a hash of partition, offset and ``--seed``: the same records on both sides), then
   accepted when redelivered; the acknowledgements of each poll batch in a random order.
+* ``window`` -- as fragmented, with polls of up to ``--window-poll-records`` (``max.poll.records``)
+  and a ``commit_sync`` after every ``--commit-every`` acknowledgements instead of once per poll: the
+  share-partition's in-flight window stays large and fragmented while it is acknowledged piecemeal
+  (where a full snapshot per change is most expensive).
+
+``--proxy-variant NAME=FLAGS`` (repeatable) runs the proxy side once per variant, each on a fresh
+broker with ``FLAGS`` added to ``share-proxy serve`` (e.g. ``off=--state-deltas off`` and
+``on=--state-deltas on``), in the order given, in one run beside the native side. ``--variant-tree
+NAME=PATH`` runs that variant from another checkout (``python -m proxy.cli`` with PYTHONPATH=PATH),
+e.g. the code before a change.
 
 Measured per workload, as the difference before/after it (the group and topic are new, so nothing
 else writes meanwhile; the run waits until the state topic stops growing):
@@ -52,6 +62,7 @@ import json
 import os
 import random
 import re
+import shlex
 import shutil
 import struct
 import sys
@@ -76,7 +87,7 @@ from codec.share_state import (
     decode_value,
     encode_record,
 )
-from integration.bench.passthrough import produce
+from integration.bench.passthrough import Target, produce
 from integration.bench.share_bench import set_native_share_reset_earliest
 from integration.kafka_fixtures import ProxyProcess, create_topics, unique_name
 from proxy.localkafka import DEFAULT_VERSION, LocalKafka
@@ -314,16 +325,20 @@ class WorkloadRun:
     accepted: int = 0
     released: int = 0
     polls: int = 0
-    partition_commits: int = 0  # (commit, partition) pairs: the share-partitions each commit acknowledged
+    partition_commits: int = 0  # (poll, partition) pairs: the share-partitions each poll's commits acknowledged
+    poll_records: int = 0  # records returned by the polls (redeliveries included)
     seconds: float = 0.0  # first record to the last commit
     round_trips: list[float] = field(default_factory=list)  # commit_sync, seconds
 
 
 def consume(bootstrap: str, topic: str, group: str, records: int, *, fragmented: bool,
-            release_fraction: float, seed: int) -> WorkloadRun:
-    """One explicit-mode ShareConsumer until ``records`` distinct records are accepted."""
-    consumer = ShareConsumer({"bootstrap.servers": bootstrap, "group.id": group,
-                              "share.acknowledgement.mode": "explicit"})
+            release_fraction: float, seed: int, commit_every: int = 0, max_poll_records: int = 0) -> WorkloadRun:
+    """One explicit-mode ShareConsumer until ``records`` distinct records are accepted; a commit per poll,
+    or after every ``commit_every`` acknowledgements (and at the end of the poll)."""
+    config = {"bootstrap.servers": bootstrap, "group.id": group, "share.acknowledgement.mode": "explicit"}
+    if max_poll_records:
+        config["max.poll.records"] = str(max_poll_records)
+    consumer = ShareConsumer(config)
     consumer.subscribe([topic])
     run = WorkloadRun()
     order = random.Random(seed)
@@ -340,7 +355,8 @@ def consume(bootstrap: str, topic: str, group: str, records: int, *, fragmented:
             run.partition_commits += len({m.partition() for m in batch})
             if fragmented:
                 order.shuffle(batch)
-            for message in batch:
+            run.poll_records += len(batch)
+            for number, message in enumerate(batch, 1):
                 where = (message.partition(), message.offset())
                 if fragmented and message.delivery_count() == 1 and released_once(*where, release_fraction, seed):
                     consumer.acknowledge(message, AcknowledgeType.RELEASE)
@@ -348,12 +364,9 @@ def consume(bootstrap: str, topic: str, group: str, records: int, *, fragmented:
                 else:
                     consumer.acknowledge(message)
                     accepted.add(where)
-            started = time.perf_counter()
-            results = consumer.commit_sync(30)
-            run.round_trips.append(time.perf_counter() - started)
-            failed = {f"{tp.topic}[{tp.partition}]": str(error) for tp, error in results.items() if error is not None}
-            if failed:
-                raise RuntimeError(f"acknowledgement failed: {failed}")
+                if commit_every and number % commit_every == 0 and number < len(batch):
+                    commit(consumer, run)
+            commit(consumer, run)
             last = idle_since = time.monotonic()
     finally:
         consumer.close()
@@ -362,6 +375,16 @@ def consume(bootstrap: str, topic: str, group: str, records: int, *, fragmented:
     if run.accepted < records:
         raise RuntimeError(f"only {run.accepted} of {records} records accepted before {IDLE_STOP_S} s without records")
     return run
+
+
+def commit(consumer: ShareConsumer, run: WorkloadRun) -> None:
+    """One commit_sync (a ShareAcknowledge round trip), timed; raises if a partition failed."""
+    started = time.perf_counter()
+    results = consumer.commit_sync(30)
+    run.round_trips.append(time.perf_counter() - started)
+    failed = {f"{tp.topic}[{tp.partition}]": str(error) for tp, error in results.items() if error is not None}
+    if failed:
+        raise RuntimeError(f"acknowledgement failed: {failed}")
 
 
 def wait_quiet(dirs_of: Callable[[], dict[int, Path]], quiet_s: float = 2.0, limit_s: float = 30.0) -> None:
@@ -396,6 +419,11 @@ class Measured:
         return amount / self.run.accepted if self.run.accepted else float("nan")
 
 
+def deltas_on(flags: Sequence[str]) -> bool:
+    """Whether these serve flags turn cumulative ShareUpdates on (--state-deltas on)."""
+    return any(flag == "--state-deltas" and value.lower() == "on" for flag, value in zip(flags, flags[1:]))
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
@@ -414,24 +442,28 @@ def run_side(side: str, args: argparse.Namespace, kafka: LocalKafka, bootstrap: 
     def dirs() -> dict[int, Path]:
         return partition_dirs(log_dir, state_topic)
 
-    def workload(name: str, records: int, fragmented: bool) -> tuple[WorkloadRun, str]:
+    def workload(name: str, records: int) -> tuple[WorkloadRun, str]:
         topic = create_topics(kafka.bootstrap, [unique_name(f"state-bench-{name}")], partitions=args.partitions)[0]
-        produce(kafka.bootstrap, topic, records, args.size, "none")
+        produce(Target("direct", kafka.bootstrap), topic, args.partitions, records, args.size, "none")
         group = unique_name(f"state-bench-{name}")
         prepare_group(group)
-        return consume(bootstrap, topic, group, records, fragmented=fragmented,
-                       release_fraction=args.release_fraction, seed=args.seed), group
+        window = name == "window"
+        return consume(bootstrap, topic, group, records, fragmented=name in ("fragmented", "window"),
+                       release_fraction=args.release_fraction, seed=args.seed,
+                       commit_every=args.commit_every if window else 0,
+                       max_poll_records=args.window_poll_records if window else 0), group
 
-    workload("warmup", WARMUP_RECORDS, False)
+    workload("warmup", WARMUP_RECORDS)
     wait_quiet(dirs)
     results = []
     for name in args.workloads:
         before = read_state_log(dirs())
         kafka_before = kafka_offsets(kafka.bootstrap, state_topic)
         print(f"  {side} {name}: load {load()} before", file=sys.stderr, flush=True)
-        run, _ = workload(name, args.records, name == "fragmented")
+        run, _ = workload(name, args.records)
         wait_quiet(dirs)
-        after = read_state_log(dirs(), before.end_offsets, keep_snapshots=side == "proxy")
+        estimate = side.startswith("proxy") and not deltas_on(args.variant_flags.get(side, ()))
+        after = read_state_log(dirs(), before.end_offsets, keep_snapshots=estimate)
         kafka_after = kafka_offsets(kafka.bootstrap, state_topic)
         measured = Measured(
             side, name, run, after,
@@ -441,11 +473,12 @@ def run_side(side: str, args: argparse.Namespace, kafka: LocalKafka, bootstrap: 
             - sum(high for _, high in kafka_before.values()),
             segments=after.max_segments, log_start_offsets={p: low for p, (low, _) in kafka_after.items()},
         )
-        if side == "proxy":
+        if estimate:
             measured.delta = delta_scheme(after.snapshots, args.snapshot_every)
         after.snapshots = []
         results.append(measured)
         print(f"  {side} {name}: {run.accepted:,} accepted, {run.released:,} released, {len(run.round_trips)} commits, "
+              f"{run.poll_records / max(run.polls, 1):,.0f} records per poll, "
               f"{measured.disk_bytes:,} state bytes, {measured.records_written:,} state records, "
               f"commit p50 {percentile(run.round_trips, 0.5) * 1000:.2f} ms; load {load()} after",
               file=sys.stderr, flush=True)
@@ -463,8 +496,9 @@ def report(results: Sequence[Measured], args: argparse.Namespace) -> tuple[str, 
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     numbers: dict = {"workloads": {}}
+    sides = list(dict.fromkeys(m.side for m in results))
     for name in args.workloads:
-        for side in ("proxy", "native"):
+        for side in sides:
             m = by.get((side, name))
             if m is None:
                 continue
@@ -479,6 +513,7 @@ def report(results: Sequence[Measured], args: argparse.Namespace) -> tuple[str, 
                 "accepted": m.run.accepted, "released": m.run.released, "polls": m.run.polls,
                 "partition_commits": m.run.partition_commits,
                 "commits": len(trips), "seconds": round(m.run.seconds, 2),
+                "records_per_poll": m.run.poll_records / max(m.run.polls, 1),
                 "disk_bytes": m.disk_bytes, "batch_bytes": m.state.batch_bytes, "batches": m.state.batches,
                 "records_written": m.records_written, "kafka_records_written": m.kafka_records_written,
                 "segments": m.segments, "log_start_offsets": m.log_start_offsets,
@@ -488,21 +523,42 @@ def report(results: Sequence[Measured], args: argparse.Namespace) -> tuple[str, 
                 "by_type": {k: dataclasses.asdict(v) for k, v in m.state.by_type.items()},
                 "delta_estimate": dataclasses.asdict(m.delta) if m.delta else None,
             }
-    lines += ["", "| workload | bytes / accepted proxy / native | records / accepted proxy / native | "
-                  "commit p50 proxy - native ms | commit p99 proxy - native ms |", "|---|---:|---:|---:|---:|"]
+    lines += ["", "| workload | proxy side | bytes / accepted proxy / native | records / accepted proxy / native | "
+                  "commit p50 proxy - native ms | commit p99 proxy - native ms |", "|---|---|---:|---:|---:|---:|"]
     for name in args.workloads:
-        proxy, native = by.get(("proxy", name)), by.get(("native", name))
-        if not proxy or not native:
-            continue
-        ratios = {
-            "bytes": proxy.per_accepted(proxy.disk_bytes) / native.per_accepted(native.disk_bytes),
-            "records": proxy.per_accepted(proxy.records_written) / native.per_accepted(native.records_written),
-            "p50_ms": (percentile(proxy.run.round_trips, 0.5) - percentile(native.run.round_trips, 0.5)) * 1000,
-            "p99_ms": (percentile(proxy.run.round_trips, 0.99) - percentile(native.run.round_trips, 0.99)) * 1000,
-        }
-        numbers["workloads"][name]["proxy_vs_native"] = ratios
-        lines.append(f"| {name} | {ratios['bytes']:.2f} | {ratios['records']:.2f} | {ratios['p50_ms']:+.2f} | "
-                     f"{ratios['p99_ms']:+.2f} |")
+        native = by.get(("native", name))
+        for side in sides:
+            proxy = by.get((side, name))
+            if not side.startswith("proxy") or not proxy or not native:
+                continue
+            ratios = {
+                "bytes": proxy.per_accepted(proxy.disk_bytes) / native.per_accepted(native.disk_bytes),
+                "records": proxy.per_accepted(proxy.records_written) / native.per_accepted(native.records_written),
+                "p50_ms": (percentile(proxy.run.round_trips, 0.5) - percentile(native.run.round_trips, 0.5)) * 1000,
+                "p99_ms": (percentile(proxy.run.round_trips, 0.99) - percentile(native.run.round_trips, 0.99)) * 1000,
+            }
+            numbers["workloads"][name][side]["vs_native"] = ratios
+            if side == "proxy":
+                numbers["workloads"][name]["proxy_vs_native"] = ratios
+            lines.append(f"| {name} | {side} | {ratios['bytes']:.2f} | {ratios['records']:.2f} | "
+                         f"{ratios['p50_ms']:+.2f} | {ratios['p99_ms']:+.2f} |")
+    variants = [side for side in sides if side.startswith("proxy-")]
+    if len(variants) >= 2:
+        first = variants[0]
+        lines += ["", f"Proxy variants against {first} (same workload, one run):", "",
+                  "| workload | variant | bytes / accepted, variant / " + first + " | commit p50 ms, variant − " + first
+                  + " | commit p99 ms, variant − " + first + " |", "|---|---|---:|---:|---:|"]
+        for name in args.workloads:
+            base = by.get((first, name))
+            for side in variants[1:]:
+                m = by.get((side, name))
+                if not base or not m:
+                    continue
+                ratio = m.per_accepted(m.disk_bytes) / base.per_accepted(base.disk_bytes)
+                p50 = (percentile(m.run.round_trips, 0.5) - percentile(base.run.round_trips, 0.5)) * 1000
+                p99 = (percentile(m.run.round_trips, 0.99) - percentile(base.run.round_trips, 0.99)) * 1000
+                numbers["workloads"][name][side][f"vs_{first}"] = {"bytes": ratio, "p50_ms": p50, "p99_ms": p99}
+                lines.append(f"| {name} | {side} | {ratio:.2f} | {p50:+.2f} | {p99:+.2f} |")
     lines += ["", "State records by type (key + value bytes, uncompressed; the largest value):", ""]
     for m in results:
         kinds = ", ".join(f"{k} {v.records:,} x {(v.key_bytes + v.value_bytes) / max(v.records, 1):,.0f} B "
@@ -525,7 +581,7 @@ def report(results: Sequence[Measured], args: argparse.Namespace) -> tuple[str, 
         snapshot_logical = m.state.by_type.get(RecordType.SHARE_SNAPSHOT.name, TypeUsage())
         d = m.delta
         estimate_disk = d.logical_bytes + framing * d.records if framing is not None else float("nan")
-        numbers["workloads"][m.workload]["proxy"]["delta_estimate"] |= {
+        numbers["workloads"][m.workload][m.side]["delta_estimate"] |= {
             "framing_per_record": framing, "estimated_disk_bytes": estimate_disk,
             "estimated_bytes_per_accepted": m.per_accepted(estimate_disk)}
         native_per = native.per_accepted(native.disk_bytes) if native else float("nan")
@@ -547,7 +603,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=1024, help="record value size in bytes")
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--workloads", type=lambda s: s.split(","), default=["easy", "fragmented"],
-                        help="comma separated: easy, fragmented")
+                        help="comma separated: easy, fragmented, window")
+    parser.add_argument("--commit-every", type=int, default=50,
+                        help="window: a commit_sync after every N acknowledgements")
+    parser.add_argument("--window-poll-records", type=int, default=2000,
+                        help="window: max.poll.records of the consumer")
+    parser.add_argument("--proxy-variant", action="append", default=[], metavar="NAME=FLAGS",
+                        help="run the proxy side once per variant with these extra serve flags (repeatable), "
+                             "e.g. 'off=--state-deltas off'")
+    parser.add_argument("--variant-tree", action="append", default=[], metavar="NAME=PATH",
+                        help="run --proxy-variant NAME from the checkout at PATH (repeatable)")
     parser.add_argument("--release-fraction", type=float, default=0.1,
                         help="fragmented: fraction of records released once, then accepted")
     parser.add_argument("--seed", type=int, default=14, help="which records are released, and the ack order")
@@ -558,9 +623,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--keep-logs", action="store_true", help="keep the broker data and proxy logs")
     parser.add_argument("--json", type=Path, help="also write the numbers here")
     args = parser.parse_args(argv)
-    unknown = set(args.workloads) - {"easy", "fragmented"}
+    unknown = set(args.workloads) - {"easy", "fragmented", "window"}
     if unknown:
         parser.error(f"unknown workloads {sorted(unknown)}")
+    args.variant_flags = {}
+    for variant in args.proxy_variant:
+        name, _, flags = variant.partition("=")
+        if not name:
+            parser.error(f"--proxy-variant {variant!r}: NAME=FLAGS")
+        args.variant_flags[f"proxy-{name}"] = tuple(shlex.split(flags))
+    if not args.variant_flags:
+        args.variant_flags["proxy"] = ()
+    args.variant_trees = {}
+    for variant in args.variant_tree:
+        name, _, tree = variant.partition("=")
+        if f"proxy-{name}" not in args.variant_flags or not tree:
+            parser.error(f"--variant-tree {variant!r}: NAME=PATH for a --proxy-variant NAME")
+        args.variant_trees[f"proxy-{name}"] = str(Path(tree).resolve())
 
     work = Path(tempfile.mkdtemp(prefix="state-bench-"))
     started = time.monotonic()
@@ -570,12 +649,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: list[Measured] = []
     try:
         if "proxy" in args.sides:
-            with LocalKafka(version=args.kafka_version, share_groups=False, data_dir=work / "kafka") as kafka:
-                state_topic = "__share_proxy_state"
-                extra = ("--share-auto-offset-reset", "earliest", "--state-topic", state_topic, "--log-level", "warning")
-                with ProxyProcess(upstream=kafka.bootstrap, log_path=work / "proxy.log", extra_args=extra) as proxy:
-                    results += run_side("proxy", args, kafka, proxy.bootstrap, state_topic, lambda group: None)
-            loads.append(f"after the proxy side {load()}")
+            for side, flags in args.variant_flags.items():
+                with LocalKafka(version=args.kafka_version, share_groups=False, data_dir=work / side) as kafka:
+                    state_topic = "__share_proxy_state"
+                    extra = ("--share-auto-offset-reset", "earliest", "--state-topic", state_topic,
+                             "--log-level", "warning", *flags)
+                    tree = args.variant_trees.get(side)
+                    launcher = (sys.executable, "-P", "-m", "proxy.cli") if tree else ()
+                    with ProxyProcess(upstream=kafka.bootstrap, log_path=work / f"{side}.log", extra_args=extra,
+                                      launcher=launcher, env={"PYTHONPATH": tree} if tree else None) as proxy:
+                        results += run_side(side, args, kafka, proxy.bootstrap, state_topic, lambda group: None)
+                loads.append(f"after {side} {load()}")
         if "native" in args.sides:
             with LocalKafka(version=args.kafka_version, share_groups=True, data_dir=work / "native-kafka") as kafka:
                 results += run_side("native", args, kafka, kafka.bootstrap, NATIVE_STATE_TOPIC,

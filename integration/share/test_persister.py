@@ -21,6 +21,7 @@ from proxy.share.persister import (
     StateTopicSpec,
     ensure_state_topics,
     replay_state_topic,
+    route_partition,
 )
 from proxy.share.states import RecordState
 
@@ -113,6 +114,30 @@ async def test_written_records_and_tombstones_replay_in_log_order(kafka, state_t
     assert [r.value for r in by_partition[k_partition] if r.key == b"k"] == [b"v1", b"v2", None]
     for records in by_partition.values():
         assert [r.offset for r in records] == sorted(r.offset for r in records)
+
+
+async def test_librdkafkas_partitioner_puts_a_key_where_route_partition_says_and_routed_records_land_beside_it(
+        kafka, state_topic):
+    # Existing state topics hold snapshots where librdkafka's default partitioner put them; routed
+    # records (a share-partition's update and tombstones, --state-deltas) must land on that partition.
+    partitions = StateTopicSpec(state_topic).partitions
+    keys = [state_store.share_partition_route(("group-a", uuid.UUID(int=i), i % 5)) for i in range(24)]
+    update_keys = [b"update-" + key for key in keys]
+    writer = StateLogWriter(kafka.bootstrap)
+    writer.start()
+    try:
+        await writer.write(state_topic, [(key, b"by the partitioner") for key in keys])
+        await writer.write(state_topic, [(update, b"routed", key) for update, key in zip(update_keys, keys)])
+        await writer.write(state_topic, [(update, None, key) for update, key in zip(update_keys, keys)])
+    finally:
+        await writer.aclose()
+
+    replayed = await replay(kafka.bootstrap, state_topic)
+    placed = {r.key: r.partition for r in replayed if r.value == b"by the partitioner"}
+    assert placed == {key: route_partition(key, partitions) for key in keys}
+    assert len(set(placed.values())) == partitions  # every partition was used: the check means something
+    for update, key in zip(update_keys, keys):
+        assert {r.partition for r in replayed if r.key == update} == {placed[key]}
 
 
 async def test_replay_of_an_empty_state_topic_is_empty(kafka, state_topic):

@@ -1,13 +1,15 @@
 """Share state survives real log compaction of the state topic.
 
-The proxy writes a whole ShareSnapshot per change, keyed per share-partition, so compaction may
-drop every record but the newest per key and replay must still rebuild the same state. These
+The proxy writes cumulative ShareUpdates between ShareSnapshots, keyed per share-partition (or,
+with ``KSP_STATE_DELTAS=off``, a whole ShareSnapshot per change), so compaction may drop every
+record but the newest per key and replay must still rebuild the same state. These
 tests make the broker actually compact a state topic (short segments, eager cleaner) and restart
 the proxy on what is left.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 import uuid
@@ -24,6 +26,7 @@ from integration.share.conftest import (
     share_consumer,
     wait_until,
 )
+from codec.share_state import RecordType, decode_key
 from proxy.share.persister import replay_state_topic
 
 pytestmark = pytest.mark.integration
@@ -77,6 +80,11 @@ def test_state_rebuilt_from_a_compacted_state_topic(kafka, share_proxy, create_t
 
     before = durable_state(kafka.bootstrap, state_topic, names.group)
     assert before[0].start_offset == 7, before
+    if os.environ.get("KSP_STATE_DELTAS", "on").lower() == "on":
+        # The proxies run with cumulative ShareUpdates (the default): some were written, and compaction must keep
+        # the newest of them beside the newest snapshot.
+        kinds = [decode_key(r.key)[0] for r in replay_state_topic(kafka.bootstrap, state_topic, timeout_s=20)]
+        assert RecordType.SHARE_UPDATE in kinds, kinds
 
     wait_until(lambda: compacted_away(kafka.bootstrap, state_topic) >= RECORDS // ACK_CHUNK // 2,
                COMPACTION_TIMEOUT_S, "the broker to compact the state topic", interval=1.0)

@@ -6,7 +6,9 @@ Every engine change that must survive a restart enters here through :meth:`Commi
 which
 
 1. bumps the leader's *version* and marks it dirty (group commit: one writer task writes one
-   ShareSnapshot per dirty share-partition, many partitions per producer batch);
+   record per dirty share-partition, many partitions per producer batch: a ShareSnapshot, or with
+   ``--state-deltas on`` a cumulative ShareUpdate over the last durable snapshot when
+   :func:`proxy.share.state_delta.plan` says it is clearly smaller);
 2. remembers the engine's *staged* change id, if the change was staged (client acknowledgements:
    Kafka's two-phase ``startStateTransition`` / ``completeStateTransition``);
 3. tells every subscriber of the change hook (metrics, the event log, the dead-letter writer)
@@ -31,6 +33,12 @@ readiness reports it.
 
 Group records (group epoch, initialised partitions, configs, tombstones) are queued by key, so a
 long outage holds one pending record per key, not one per change.
+
+A share-partition's records (snapshot, update, tombstones) are routed to the state-topic partition
+of its snapshot key (``state_store.share_partition_route``). The *delta base* (the last durable
+snapshot, ``Leader.delta_base``) is cleared when a snapshot is issued and set when that snapshot's
+write succeeds; any failed write covering the leader clears it (the write's outcome is unknown, so
+the next record is a snapshot).
 """
 
 from __future__ import annotations
@@ -44,8 +52,9 @@ import trio
 
 from proxy.share import metrics, state_store
 from proxy.share.leaders import Leader, SharePartitionKey
-from proxy.share.partition import RecordEvent, StagedChange, StateDelta
+from proxy.share.partition import PartitionSnapshot, RecordEvent, StagedChange, StateDelta
 from proxy.share.persister import PersistError
+from proxy.share.state_delta import DeltaBase, DeltaPolicy, plan
 
 log = structlog.get_logger(__name__)
 
@@ -103,8 +112,11 @@ class CommitPipeline:
         max_retry_backoff_s: float = 5.0,
         on_settled: Callable[[Leader], None] = lambda leader: None,
         clock: Callable[[], int] | None = None,
+        deltas: DeltaPolicy | None = None,
     ) -> None:
         self.writer = writer
+        # Cumulative ShareUpdates between snapshots (--state-deltas on); None: a snapshot per write.
+        self.deltas = deltas
         # The engines' clock: IN_PROGRESS times are written as wall-clock ms (state_store converts
         # with wall - engine clock); None means the service's default monotonic clock.
         self.clock = clock
@@ -117,7 +129,8 @@ class CommitPipeline:
         self._on_settled = on_settled
         self._hooks: list[ChangeHook] = []
         self._dirty: set[Leader] = set()
-        self._group_records: dict[bytes, bytes | None] = {}
+        # key -> the record: (key, value) or routed (key, value, route), e.g. partition tombstones.
+        self._group_records: dict[bytes, tuple] = {}
         # Tickets for queued group records: a write that takes every pending group record makes
         # all tickets up to the newest durable (group_records_durable waits for one).
         self._group_ticket = 0
@@ -179,11 +192,13 @@ class CommitPipeline:
         self._wakeup.set()
         return leader.version
 
-    def queue_group_records(self, records: list[tuple[bytes, bytes | None]]) -> int:
-        """Queue group records (written with the next batch); returns a ticket to wait on."""
-        for key, value in records:
+    def queue_group_records(self, records: list[tuple]) -> int:
+        """Queue group records -- (key, value), or (key, value, route) to route like a share-partition's
+        records -- written with the next batch; returns a ticket to wait on."""
+        for record in records:
+            key = record[0]
             self._group_records.pop(key, None)  # re-insert: the newest write of a key goes last
-            self._group_records[key] = value
+            self._group_records[key] = record
         self._group_ticket += 1
         self._wakeup.set()
         return self._group_ticket
@@ -237,15 +252,28 @@ class CommitPipeline:
         if not leaders and not groups:
             return True
         now = self.wall_clock()
-        batch: list[tuple[bytes, bytes | None]] = list(groups.items())
+        offset = None if self.clock is None else now - self.clock()
+        batch: list[tuple] = list(groups.values())
         covered: list[tuple[Leader, int]] = []
+        snapshots: list[tuple[Leader, int, PartitionSnapshot]] = []  # bases, once durable
         for leader in leaders:
-            leader.snapshot_epoch += 1
-            batch.append(state_store.snapshot_record(
-                leader.key, leader.engine.snapshot(), snapshot_epoch=leader.snapshot_epoch,
-                state_epoch=leader.state_epoch, create_timestamp=leader.create_timestamp, write_timestamp=now,
-                clock_offset_ms=None if self.clock is None else now - self.clock(),
-            ))
+            current = leader.engine.snapshot()
+            delta = self._update_for(leader, current)
+            route = state_store.share_partition_route(leader.key)
+            if delta is None:
+                leader.snapshot_epoch += 1
+                leader.delta_base = None  # unknown until this snapshot is durable
+                key, value = state_store.snapshot_record(
+                    leader.key, current, snapshot_epoch=leader.snapshot_epoch, state_epoch=leader.state_epoch,
+                    create_timestamp=leader.create_timestamp, write_timestamp=now, clock_offset_ms=offset)
+                snapshots.append((leader, leader.snapshot_epoch, current))
+            else:
+                base = leader.delta_base
+                assert base is not None
+                key, value = state_store.update_record(leader.key, delta, snapshot_epoch=base.epoch,
+                                                       clock_offset_ms=offset)
+                leader.delta_base = base.after(delta)
+            batch.append((key, value, route))
             covered.append((leader, leader.version))
         started = trio.current_time()
         try:
@@ -256,7 +284,16 @@ class CommitPipeline:
         finally:
             metrics.STATE_WRITE_SECONDS.observe(trio.current_time() - started)
         metrics.STATE_WRITES.labels(outcome="ok").inc()
-        metrics.STATE_WRITE_BYTES.inc(sum(len(k) + len(v or b"") for k, v in batch))
+        metrics.STATE_WRITE_BYTES.inc(sum(len(r[0]) + len(r[1] or b"") for r in batch))
+        if snapshots:
+            metrics.STATE_PARTITION_RECORDS.labels(kind="snapshot").inc(len(snapshots))
+        if len(covered) > len(snapshots):
+            metrics.STATE_PARTITION_RECORDS.labels(kind="update").inc(len(covered) - len(snapshots))
+        if self.deltas is not None:
+            for leader, epoch, current in snapshots:
+                # Only if no later snapshot was issued meanwhile and no failed write cleared it since.
+                if leader.snapshot_epoch == epoch and leader.delta_base is None:
+                    leader.delta_base = DeltaBase(current, epoch, leader.state_epoch, leader.create_timestamp)
         self._failures = 0
         self._set_writable(True)
         if group_ticket > self._group_durable_ticket:
@@ -280,6 +317,15 @@ class CommitPipeline:
             _settle(leader)
         return True
 
+    def _update_for(self, leader: Leader, current: PartitionSnapshot) -> StateDelta | None:
+        """The cumulative update to write for `leader` now, or None for a snapshot."""
+        base = leader.delta_base
+        if self.deltas is None or base is None:
+            return None
+        if base.state_epoch != leader.state_epoch or base.create_timestamp != leader.create_timestamp:
+            return None  # e.g. a reset: an update cannot carry the new state epoch
+        return plan(base, current, self.deltas)
+
     def _failed(self, exc: PersistError, covered: list[tuple[Leader, int]], groups: dict) -> None:
         self._failures += 1
         metrics.STATE_WRITES.labels(outcome="failed").inc()
@@ -288,6 +334,7 @@ class CommitPipeline:
                   error=str(exc), partitions=len(covered), attempt=self._failures)
         for leader, version in covered:
             leader.failed = max(leader.failed, version)
+            leader.delta_base = None  # whatever landed, the next record is a snapshot
             # Rolled back: the records are as they were, so their events never happened.
             rolled = [change_id for v, change_id, _ in leader.staged if v <= version]
             leader.staged = [entry for entry in leader.staged if entry[0] > version]
@@ -299,8 +346,8 @@ class CommitPipeline:
             # failed write may have landed, so the rolled-back truth is re-asserted.
             self._dirty.add(leader)
             _settle(leader)
-        for key, value in groups.items():
-            self._group_records.setdefault(key, value)  # a newer queued write of the key wins
+        for key, record in groups.items():
+            self._group_records.setdefault(key, record)  # a newer queued write of the key wins
         self._wakeup.set()
 
     def _set_writable(self, writable: bool) -> None:

@@ -374,7 +374,7 @@ class GroupAdmin:
             return AdminOutcome(ErrorCode.non_empty_group, NOT_EMPTY_MESSAGE)
         snapshot = self.cluster.snapshot
         results = []
-        records: list[tuple[bytes, bytes | None]] = []
+        records: list[tuple] = []  # (key, value) and routed (key, value, route) records
         for name in topic_names:
             topic = snapshot.topics_by_name.get(name)
             if topic is None:
@@ -388,7 +388,8 @@ class GroupAdmin:
                 continue
             keys = {(group_id, t, p) for t, p in gone} | {
                 key for key in self.leaders.keys() if key[0] == group_id and key[1] == topic.topic_id}
-            records.extend(self._forget(key) for key in sorted(keys, key=lambda k: k[2]))
+            for key in sorted(keys, key=lambda k: k[2]):
+                records.extend(self._forget(key))
             results.append(TopicResult(name, topic.topic_id))
             log.info("share group offsets deleted", group=group_id, topic=name, partitions=len(keys))
         if records:
@@ -400,13 +401,13 @@ class GroupAdmin:
                                     "The share state write did not complete in time; it is retried in the background.")
         return AdminOutcome(topics=tuple(results))
 
-    def _forget(self, key: SharePartitionKey) -> tuple[bytes, None]:
+    def _forget(self, key: SharePartitionKey) -> list[tuple[bytes, None, bytes]]:
         leader = self.leaders.active(key)
         if leader is not None:
             self.commits.forget(leader)  # a snapshot written after the tombstone would revive it
             self.service.reader.cache_budget.drop(leader)
         self.leaders.remove(key)
-        return state_store.partition_tombstone(key)
+        return state_store.partition_tombstones(key)
 
     async def _await_group_records(self, number: int) -> None:
         with trio.move_on_after(self.write_timeout_s) as scope:
@@ -423,12 +424,12 @@ class GroupAdmin:
             return code, f"Group {group_id} not found."
         if code is ErrorCode.non_empty_group:
             return code, NOT_EMPTY_MESSAGE
-        records = [self._forget(key) for key in
-                   {(group_id, t, p) for event in events for t, p in event.partitions}
-                   | {key for key in self.leaders.keys() if key[0] == group_id}]
+        keys = {(group_id, t, p) for event in events for t, p in event.partitions} \
+            | {key for key in self.leaders.keys() if key[0] == group_id}
+        records: list[tuple] = [tombstone for key in keys for tombstone in self._forget(key)]
         records.extend(state_store.group_tombstones(group_id))
         self.service.group_deleted(group_id)
-        log.info("share group deleted", group=group_id, partitions=len(records) - 3)
+        log.info("share group deleted", group=group_id, partitions=len(keys))
         try:
             await self._await_group_records(self.commits.queue_group_records(records))
         except _WriteTimedOut:

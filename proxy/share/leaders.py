@@ -40,6 +40,7 @@ from proxy.share.cluster import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from proxy.share.coordinator import ShareGroupCoordinator
 from proxy.share.group_config import ShareGroupConfig
 from proxy.share.partition import PartitionConfig, PartitionSnapshot, SharePartition
+from proxy.share.state_delta import DeltaBase
 
 if TYPE_CHECKING:  # the reader imports this module
     from proxy.share.reader import ReadCache
@@ -66,6 +67,9 @@ class Leader:
     failed: int = 0
     settled: trio.Event = field(default_factory=trio.Event)
     staged: list[tuple[int, int, tuple]] = field(default_factory=list)
+    # The last durable snapshot cumulative ShareUpdates are written against (proxy.share.commit,
+    # --state-deltas on); None: the next write is a snapshot.
+    delta_base: DeltaBase | None = None
     # The deadline queued for this leader in the registry's heap (math.inf when none).
     scheduled: float = math.inf
     # Reader state (proxy.share.reader): log bytes per record learned from fetches, one upstream

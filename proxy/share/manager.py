@@ -63,6 +63,7 @@ from proxy.share.leaders import Leader, PartitionRegistry
 from proxy.share.partition import AckRange, AcquireMode, ReleaseReason, ShareStateError, acquisition_mark
 from proxy.share.persister import PersistError, StateLogWriter
 from proxy.share.reader import Fetched, FetchParams, MetadataRefresher, Reader, WorkSignal
+from proxy.share.state_delta import DeltaPolicy
 from proxy.share.sessions import (
     ContextKind,
     ForgottenPartitions,
@@ -114,6 +115,8 @@ class ShareServiceConfig:
     # How often member-less groups' idle share-partitions are parked out of memory.
     idle_sweep_interval_s: float = 30.0
     coordinator: CoordinatorConfig = CoordinatorConfig()
+    # Cumulative ShareUpdates between snapshots (--state-deltas, proxy.share.state_delta); None: off.
+    state_deltas: DeltaPolicy | None = DeltaPolicy()
 
 
 @dataclass(slots=True)
@@ -162,7 +165,7 @@ class ShareService:
         self.forgotten = ForgottenPartitions()
         self.work = WorkSignal()  # fired when records may have become acquirable anywhere
         self.commits = CommitPipeline(writer, config.state_topic, wall_clock=wall_clock,
-                                      on_settled=self._settled, clock=clock)
+                                      on_settled=self._settled, clock=clock, deltas=config.state_deltas)
         self.leaders = PartitionRegistry(self.coordinator, cluster, clock=clock, wall_clock=wall_clock,
                                          persist_initial=self.commits.persist_initial)
         self.refresher = MetadataRefresher(cluster, self._metadata_refreshed,
@@ -324,7 +327,7 @@ class ShareService:
                     if leader is not None:
                         self.commits.forget(leader)  # a snapshot written after the tombstone would revive it
                     if self.leaders.remove(key):
-                        self.commits.queue_group_records([state_store.partition_tombstone(key)])
+                        self.commits.queue_group_records(state_store.partition_tombstones(key))
             elif isinstance(event, AssignmentChanged):
                 pass  # assignments travel in heartbeat responses; nothing to do here
 

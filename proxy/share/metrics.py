@@ -7,6 +7,9 @@ from prometheus_client import Counter, Gauge, Histogram
 STATE_WRITES = Counter("ksp_share_state_writes", "Batched writes to the share-state topic", ["outcome"])
 STATE_WRITE_SECONDS = Histogram("ksp_share_state_write_seconds", "Latency of one batched state-topic write")
 STATE_WRITE_BYTES = Counter("ksp_share_state_write_bytes", "Key and value bytes written to the state topic")
+STATE_PARTITION_RECORDS = Counter("ksp_share_state_partition_records",
+                                  "Share-partition state records written: snapshot, or cumulative update "
+                                  "(--state-deltas on)", ["kind"])
 STATE_WRITABLE = Gauge("ksp_share_state_writable", "0 from a failed state-topic write until the next one succeeds, else 1")
 STATE_PRODUCER_RECREATED = Counter("ksp_share_state_producer_recreated",
                                    "State producers replaced after a fatal producer error")

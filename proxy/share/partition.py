@@ -1040,9 +1040,7 @@ class SharePartition:
         partition = cls(config, start)
         cursor = start
         holds: dict[tuple[str, int, int], int] = {}  # (owner, start, last progress) -> hold id
-        for persisted in overlay.values():
-            if persisted.last_offset < start:
-                continue
+        for persisted in _coalesce_persisted(overlay.values(), start):
             # An int id too (a caller may pass what it read); `is` checks elsewhere need the member.
             state = RecordState(persisted.delivery_state) if persisted.delivery_state in _RESUMABLE else _AVAILABLE
             if _PROGRESS_HELD[state] and persisted.member_id is None:
@@ -2324,7 +2322,12 @@ def _overlay(overlay: SortedDict, batch: PersistedBatch) -> None:
     """Write ``batch`` over a map of non-overlapping persisted batches, splitting what it covers."""
     first, last = batch.first_offset, batch.last_offset
     index = max(overlay.bisect_right(first) - 1, 0)
-    covered = [b for b in overlay.values()[index:] if b.first_offset <= last and b.last_offset >= first]
+    covered = []
+    for b in itertools.islice(overlay.values(), index, None):
+        if b.first_offset > last:
+            break  # sorted: nothing further overlaps (an update in the middle costs what it covers)
+        if b.last_offset >= first:
+            covered.append(b)
     for old in covered:
         del overlay[old.first_offset]
         if old.first_offset < first:
@@ -2332,3 +2335,24 @@ def _overlay(overlay: SortedDict, batch: PersistedBatch) -> None:
         if old.last_offset > last:
             overlay[last + 1] = dataclasses.replace(old, first_offset=last + 1)
     overlay[first] = batch
+
+
+def _coalesce_persisted(batches: Iterable[PersistedBatch], start: int) -> Iterator[PersistedBatch]:
+    """Replayed batches at or above ``start`` as the engine rebuilds from them: an explicit Available
+    batch with delivery count 0 (a cumulative ShareUpdate's "back to nothing", state_delta) is left
+    out, exactly like a gap, and adjacent batches of equal content are joined, so a snapshot with
+    updates over it rebuilds the same engine as one snapshot of the same state."""
+    run: PersistedBatch | None = None
+    for batch in batches:
+        if batch.last_offset < start:
+            continue
+        if batch.delivery_state == _AVAILABLE and batch.delivery_count == 0:
+            continue
+        if run is not None and run.last_offset + 1 == batch.first_offset and run.content == batch.content:
+            run = dataclasses.replace(run, last_offset=batch.last_offset)
+            continue
+        if run is not None:
+            yield run
+        run = batch
+    if run is not None:
+        yield run

@@ -24,6 +24,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -149,8 +150,22 @@ def ensure_state_topics(
                 )
 
 
+def route_partition(route: bytes, partitions: int) -> int:
+    """The partition librdkafka's default partitioner (``consistent_random``) gives a non-empty key:
+    CRC-32 of its bytes (rd_crc32, the same polynomial as zlib's) modulo the partition count."""
+    return zlib.crc32(route) % partitions
+
+
+StateRecord = tuple[bytes, bytes | None] | tuple[bytes, bytes | None, bytes]
+
+
 class StateLogWriter:
     """Appends records to state topics; `write` returns only once they are durable.
+
+    A record is (key, value-or-tombstone), placed by librdkafka's default partitioner, or (key,
+    value, route): produced to :func:`route_partition` of ``route``, so records with different keys
+    can share a partition (a share-partition's snapshot and update). The partition count is read
+    from metadata on the first routed write and again after a routed write fails.
 
     An idempotent producer that hits a *fatal* error (e.g. its producer id fenced, or sequence
     numbers out of sync after a long outage) can never write again; the writer then replaces it
@@ -185,6 +200,7 @@ class StateLogWriter:
         self._poller: threading.Thread | None = None
         self._fatal: str | None = None
         self.recreated = 0
+        self._partition_counts: dict[str, int] = {}  # topic -> partitions, for routed records
 
     def _on_error(self, error: KafkaError) -> None:
         # librdkafka's client-level errors (poller thread); only fatal ones change anything.
@@ -215,8 +231,25 @@ class StateLogWriter:
         while not self._stopping.is_set():
             self._producer.poll(0.05)
 
-    async def write(self, topic: str, records: Sequence[tuple[bytes, bytes | None]]) -> None:
-        """Append `records` (key, value-or-tombstone) to `topic` and wait until all are durable.
+    async def partition_count(self, topic: str) -> int:
+        """Partitions of `topic` (metadata, cached until a routed write fails); PersistError if unknown."""
+        count = self._partition_counts.get(topic)
+        if count is not None:
+            return count
+        producer = self._producer
+        try:
+            metadata = await trio.to_thread.run_sync(lambda: producer.list_topics(topic, timeout=10.0),
+                                                     abandon_on_cancel=True)
+        except KafkaException as exc:
+            raise PersistError(f"cannot read the partitions of {topic!r}: {exc}") from exc
+        described = metadata.topics.get(topic)
+        if described is None or described.error is not None or not described.partitions:
+            raise PersistError(f"cannot read the partitions of {topic!r}: {described and described.error}")
+        count = self._partition_counts[topic] = len(described.partitions)
+        return count
+
+    async def write(self, topic: str, records: Sequence[StateRecord]) -> None:
+        """Append `records` (key, value-or-tombstone[, route]) to `topic` and wait until all are durable.
 
         Raises PersistError when any record fails; the caller must treat the whole write as not
         done (records that did land are idempotent to re-apply on replay).
@@ -226,6 +259,8 @@ class StateLogWriter:
         self._recreate_if_fatal()
         if not records:
             return
+        routed = any(len(record) == 3 for record in records)
+        partitions = await self.partition_count(topic) if routed else 0
         done = trio.Event()
         outstanding = len(records)
         errors: list[str] = []
@@ -246,10 +281,17 @@ class StateLogWriter:
                 self._fatal = f"state producer failed fatally: {message}"
             token.run_sync_soon(settle, message)
 
-        for key, value in records:
+        for record in records:
+            key, value = record[0], record[1]
+            # -1: librdkafka's partitioner (RD_KAFKA_PARTITION_UA)
+            partition = route_partition(record[2], partitions) if len(record) == 3 else -1
             while True:
                 try:
-                    self._producer.produce(topic, key=key, value=value, on_delivery=on_delivery)
+                    if partition < 0:
+                        self._producer.produce(topic, key=key, value=value, on_delivery=on_delivery)
+                    else:
+                        self._producer.produce(topic, key=key, value=value, partition=partition,
+                                               on_delivery=on_delivery)
                     break
                 except BufferError:
                     # librdkafka's queue is full: let the poller drain it, then retry.
@@ -259,6 +301,8 @@ class StateLogWriter:
                     break
         await done.wait()
         if errors:
+            if routed:
+                self._partition_counts.pop(topic, None)  # e.g. partitions added: learn them again
             raise PersistError(f"state write to {topic!r} failed: {errors[0]}")
 
     async def aclose(self, timeout_s: float = 10.0) -> None:

@@ -38,6 +38,7 @@ from proxy.share.persister import (
 from proxy.share.in_flight import in_flight_routes, in_flight_version_range
 from proxy.share.progress import extension_features, progress_routes, progress_version_range
 from proxy.share.routes import served_version_ranges, share_routes
+from proxy.share.state_delta import DeltaPolicy
 from proxy.share.state_topic_guard import StateTopics, state_topic_routes
 from proxy.share.supervise import guarded, supervised
 
@@ -84,6 +85,10 @@ class ShareSettings:
     auto_offset_reset: str = "latest"  # share.auto.offset.reset default for new groups
     metadata_refresh_ms: int = 10_000  # new topics/partitions reach assignments within this
     state_write_timeout_ms: int = 30_000  # the state producer's delivery timeout
+    # Cumulative ShareUpdates between snapshots (--state-deltas, proxy.share.state_delta), and at most
+    # this many updates per snapshot (--state-snapshot-every).
+    state_deltas: bool = True
+    state_snapshot_every: int = 100
     read_cache_bytes: int = 64 * 1024 * 1024  # one budget for every share-partition's read cache
     upstream_connections: int = 32  # per broker: ListOffsets, ListGroups, record reads
     long_poll_connections: int = 8  # per broker: Fetch long polls, apart so they cannot starve the above
@@ -232,6 +237,7 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
             metadata_refresh_interval_s=settings.metadata_refresh_ms / 1000,
             max_read_cache_bytes=settings.read_cache_bytes,
             coordinator=settings.coordinator_config(),
+            state_deltas=DeltaPolicy(snapshot_every=settings.state_snapshot_every) if settings.state_deltas else None,
         ),
         advertised_endpoint=proxy.directory.advertised,
     )

@@ -12,9 +12,18 @@ share-partition with the same key and runs ``__share_group_state`` with ``cleanu
 plus its own pruning. On a *compacted* topic only the newest record per key survives, so a chain
 of deltas would silently lose all but the last one. A snapshot is self-contained, so compaction
 keeps exactly what recovery needs. The in-flight window is bounded by the record-lock limit, so a
-snapshot stays small (a handful of coalesced batches in steady state). Replay still understands
-ShareUpdate records (written by Kafka, or by a future writer) and applies those written after the
-newest snapshot, matching on ``snapshot_epoch``.
+snapshot stays small (a handful of coalesced batches in steady state).
+
+With ``--state-deltas on`` the proxy also writes **cumulative** ShareUpdates
+(:mod:`proxy.share.state_delta`): each carries everything that changed since the share-partition's
+last durable snapshot, so the newest one per key -- all compaction keeps -- is enough, and a large
+fragmented window is not rewritten whole on every change. Replay applies the updates written after
+the newest snapshot, matching on ``snapshot_epoch`` (Kafka's own updates replay the same way).
+
+Both keys of a share-partition (ShareSnapshotKey and ShareUpdateKey, whose bytes differ) go to
+**one state-topic partition**: the one librdkafka's default partitioner picks for the snapshot key
+(:func:`share_partition_route`; the writer routes by it), since replay reads partitions without
+an order between them and an update read before its snapshot would be dropped.
 
 Per group, the proxy's own record types (codec.share_state types 32001-32003) hold the group epoch,
 the initialised share-partitions and the group's dynamic configs. A deleted group or partition is
@@ -41,7 +50,6 @@ ArchiveReason; they are resumed as ARCHIVING, so a restart dead-letters them aga
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -74,13 +82,6 @@ def engine_clock_offset_ms() -> int:
     """Wall clock - engine clock (ms) for the service's default clocks (manager.wall_clock_ms and
     manager.monotonic_ms): what converts IN_PROGRESS times between the engine and the topic."""
     return time.time_ns() // 1_000_000 - time.monotonic_ns() // 1_000_000
-
-
-def _to_wall(batch: PersistedBatch, offset: int) -> PersistedBatch:
-    if batch.delivery_state != RecordState.IN_PROGRESS:
-        return batch
-    return dataclasses.replace(batch, in_progress_start=batch.in_progress_start + offset,
-                               last_progress=batch.last_progress + offset)
 
 
 class InapplicableStateRecord(StateRecordError):
@@ -139,65 +140,64 @@ def snapshot_record(
     ms (``clock_offset_ms`` = wall - engine clock, :func:`engine_clock_offset_ms` when None)."""
     offset = engine_clock_offset_ms() if clock_offset_ms is None else clock_offset_ms
     group_id, topic_id, partition = key
-    value_type = records.ShareSnapshotValue
-    batch_type = value_type.StateBatch
-    value = value_type(
-        snapshot_epoch=snapshot_epoch,
-        state_epoch=state_epoch,
-        leader_epoch=-1,
-        start_offset=snapshot.start_offset,
-        delivery_complete_count=delivery_complete_count,
-        create_timestamp=create_timestamp,
-        write_timestamp=write_timestamp,
-        state_batches=tuple(_state_batch(batch_type, _to_wall(b, offset)) for b in snapshot.state_batches),
-    )
-    key_bytes, value_bytes = records.encode_record(
-        records.ShareSnapshotKey(group_id=group_id, topic_id=topic_id, partition=partition), value
-    )
-    assert value_bytes is not None
-    return key_bytes, value_bytes
+    value = records.encode_share_value(
+        records.RecordType.SHARE_SNAPSHOT, snapshot_epoch=snapshot_epoch, state_epoch=state_epoch, leader_epoch=-1,
+        start_offset=snapshot.start_offset, delivery_complete_count=delivery_complete_count,
+        create_timestamp=create_timestamp, write_timestamp=write_timestamp,
+        state_batches=[_state_batch(b, offset) for b in snapshot.state_batches])
+    return records.encode_key(records.ShareSnapshotKey(group_id=group_id, topic_id=topic_id, partition=partition)), value
 
 
-def _state_batch(batch_type: type, b: PersistedBatch) -> object:
-    """A StateBatch; the extension tags only on IN_PROGRESS batches (100-102) and ARCHIVING ones
-    (103), defaults (so omitted) elsewhere."""
-    if b.delivery_state == RecordState.ARCHIVING:
-        return batch_type(first_offset=b.first_offset, last_offset=b.last_offset,
-                          delivery_state=int(b.delivery_state), delivery_count=b.delivery_count,
-                          archive_reason=int(b.archive_reason))
-    if b.delivery_state != RecordState.IN_PROGRESS:
-        return batch_type(first_offset=b.first_offset, last_offset=b.last_offset,
-                          delivery_state=int(b.delivery_state), delivery_count=b.delivery_count)
-    return batch_type(first_offset=b.first_offset, last_offset=b.last_offset, delivery_state=int(b.delivery_state),
-                      delivery_count=b.delivery_count, in_progress_start_timestamp=b.in_progress_start,
-                      last_progress_timestamp=b.last_progress, in_progress_member_id=b.member_id)
+def _state_batch(b: PersistedBatch, offset: int) -> records.StateBatchView:
+    """A state batch as written: the extension tags only on IN_PROGRESS batches (100-102, times as
+    wall clock: engine + ``offset``) and ARCHIVING ones (103), defaults (so omitted) elsewhere."""
+    state = b.delivery_state
+    if state == RecordState.ARCHIVING:
+        return (b.first_offset, b.last_offset, int(state), b.delivery_count, -1, -1, None, int(b.archive_reason))
+    if state != RecordState.IN_PROGRESS:
+        return (b.first_offset, b.last_offset, int(state), b.delivery_count, -1, -1, None, 0)
+    return (b.first_offset, b.last_offset, int(state), b.delivery_count, b.in_progress_start + offset,
+            b.last_progress + offset, b.member_id, 0)
 
 
 def update_record(
     key: SharePartitionKey, delta: StateDelta, *, snapshot_epoch: int, clock_offset_ms: int | None = None,
 ) -> tuple[bytes, bytes]:
-    """A ShareUpdate record for ``delta`` (the proxy writes snapshots; this is for tools and tests
-    that need Kafka's delta records, e.g. the golden test)."""
+    """A ShareUpdate record for ``delta`` over the snapshot of ``snapshot_epoch`` (the commit
+    pipeline's cumulative updates, and tools and tests that need Kafka's delta records)."""
     offset = engine_clock_offset_ms() if clock_offset_ms is None else clock_offset_ms
     group_id, topic_id, partition = key
-    value_type = records.ShareUpdateValue
-    value = value_type(
-        snapshot_epoch=snapshot_epoch,
-        leader_epoch=-1,
-        start_offset=delta.start_offset,
-        delivery_complete_count=-1,
-        state_batches=tuple(_state_batch(value_type.StateBatch, _to_wall(b, offset)) for b in delta.state_batches),
-    )
-    key_bytes, value_bytes = records.encode_record(
-        records.ShareUpdateKey(group_id=group_id, topic_id=topic_id, partition=partition), value
-    )
-    assert value_bytes is not None
-    return key_bytes, value_bytes
+    value = records.encode_share_value(
+        records.RecordType.SHARE_UPDATE, snapshot_epoch=snapshot_epoch, leader_epoch=-1,
+        start_offset=delta.start_offset, delivery_complete_count=-1,
+        state_batches=[_state_batch(b, offset) for b in delta.state_batches])
+    return records.encode_key(records.ShareUpdateKey(group_id=group_id, topic_id=topic_id, partition=partition)), value
+
+
+def share_partition_route(key: SharePartitionKey) -> bytes:
+    """What the writer routes a share-partition's records by: its ShareSnapshotKey bytes, so the
+    snapshot lands where librdkafka's default partitioner always put it and the ShareUpdate and
+    tombstones of the same share-partition land beside it (persister.route_partition)."""
+    group_id, topic_id, partition = key
+    return records.encode_key(records.ShareSnapshotKey(group_id=group_id, topic_id=topic_id, partition=partition))
 
 
 def partition_tombstone(key: SharePartitionKey) -> tuple[bytes, None]:
+    """The snapshot key's tombstone alone (the service writes :func:`partition_tombstones`)."""
+    return share_partition_route(key), None
+
+
+def partition_tombstones(key: SharePartitionKey) -> list[tuple[bytes, None, bytes]]:
+    """Tombstones of a deleted share-partition: its snapshot key and its update key, both routed to
+    the snapshot's state-topic partition (an update-key tombstone read there after a later snapshot
+    of a re-created share-partition would drop it)."""
     group_id, topic_id, partition = key
-    return records.encode_key(records.ShareSnapshotKey(group_id=group_id, topic_id=topic_id, partition=partition)), None
+    route = share_partition_route(key)
+    return [
+        (route, None, route),
+        (records.encode_key(records.ShareUpdateKey(group_id=group_id, topic_id=topic_id, partition=partition)),
+         None, route),
+    ]
 
 
 def group_metadata_record(group_id: str, group_epoch: int, create_timestamp: int) -> tuple[bytes, bytes | None]:
@@ -303,7 +303,7 @@ def recover(
     fold = _Fold(state)
     for item in replayed:
         if isinstance(item, tuple):
-            key_bytes, value_bytes = item
+            key_bytes, value_bytes = item[0], item[1]  # (a routed writer record has its route third)
             partition = offset = None
         else:
             key_bytes, value_bytes, partition, offset = item.key, item.value, item.partition, item.offset

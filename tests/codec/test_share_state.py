@@ -193,3 +193,28 @@ def test_fast_reader_declines_short_hostile_or_unknown_values_without_raising(da
     assert share_state.read_share_value(RecordType.SHARE_SNAPSHOT, data) is None
     with pytest.raises(StateRecordError):
         share_state.decode_value(RecordType.SHARE_SNAPSHOT, data)
+
+
+@pytest.mark.parametrize(("value_type", "record_type"), SHARE_VALUES, ids=["snapshot", "update"])
+def test_fast_writer_gives_the_generic_encoders_bytes_for_any_value(value_type, record_type):
+    """encode_share_value writes what encode_value writes for the same entity (tags, long member
+    ids, DeliveryCompleteCount and empty batch lists included), so the fast reader and Kafka read it."""
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(entities(value_type))
+    def same(value):
+        fields = {"state_epoch": int(value.state_epoch), "create_timestamp": int(value.create_timestamp),
+                  "write_timestamp": int(value.write_timestamp)} if record_type is RecordType.SHARE_SNAPSHOT else {}
+        fast = share_state.encode_share_value(
+            record_type, snapshot_epoch=int(value.snapshot_epoch), leader_epoch=int(value.leader_epoch),
+            start_offset=int(value.start_offset), delivery_complete_count=int(value.delivery_complete_count),
+            state_batches=share_state.share_value_view(value).state_batches, **fields)
+        assert fast == share_state.encode_value(value)
+
+    same()
+
+
+def test_fast_writer_refuses_other_record_types():
+    with pytest.raises(StateRecordError):
+        share_state.encode_share_value(RecordType.PROXY_GROUP_METADATA, snapshot_epoch=0, leader_epoch=0,
+                                       start_offset=0, state_batches=())

@@ -175,6 +175,20 @@ def test_share_connection_pools_reach_the_share_settings():
         parse(["--upstream", "k:1", "--share-long-poll-connections", "0"])
 
 
+def test_state_delta_flags_reach_the_share_settings():
+    from proxy.serve import share_settings
+
+    defaults = share_settings(parse(["--upstream", "k:1"]))
+    assert (defaults.state_deltas, defaults.state_snapshot_every) == (True, 100)
+    settings = share_settings(parse(["--upstream", "k:1", "--state-deltas", "OFF"],
+                                    environ={"KSP_STATE_SNAPSHOT_EVERY": "7"}))
+    assert (settings.state_deltas, settings.state_snapshot_every) == (False, 7)
+    assert share_settings(parse(["--upstream", "k:1"], environ={"KSP_STATE_DELTAS": "off"})).state_deltas is False
+    for flags in (["--state-deltas", "maybe"], ["--state-snapshot-every", "0"]):
+        with pytest.raises(ConfigError):
+            parse(["--upstream", "k:1", *flags])
+
+
 def test_describe_in_flight_key_defaults_to_the_draft_kip_and_may_move_to_another_free_kafka_key():
     assert load_config({"upstream": "k:9092"}, environ={}).describe_in_flight_api_key == 82
     moved = load_config({"upstream": "k:9092"}, environ={"KSP_DESCRIBE_IN_FLIGHT_API_KEY": "80"})

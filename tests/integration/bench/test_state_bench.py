@@ -15,6 +15,7 @@ from codec.share_state import (
 )
 from integration.bench.state_bench import (
     changed_ranges,
+    deltas_on,
     delta_scheme,
     partition_dirs,
     read_state_log,
@@ -117,3 +118,10 @@ def test_read_state_log_counts_records_by_type_from_an_offset(tmp_path):
     since = read_state_log(dirs, {0: 2})
     assert (since.records, since.batches, list(since.by_type)) == (1, 1, ["SHARE_UPDATE"])
     assert since.by_type["SHARE_UPDATE"].value_bytes == len(update[1])
+
+
+def test_deltas_on_reads_the_serve_flags_of_a_proxy_variant():
+    assert deltas_on(("--state-deltas", "on"))
+    assert deltas_on(("--log-level", "warning", "--state-deltas", "ON"))
+    assert not deltas_on(("--state-deltas", "off"))
+    assert not deltas_on(())

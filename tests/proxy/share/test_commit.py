@@ -7,11 +7,14 @@ import uuid
 import trio
 from prometheus_client import REGISTRY
 
+from codec import share_state as records
 from codec.share_events import EventKind
+from proxy.share import state_store
 from proxy.share.commit import Cause, Change, CommitPipeline
 from proxy.share.leaders import Leader
-from proxy.share.partition import AckRange, BatchHeader, PartitionConfig, SharePartition
+from proxy.share.partition import AckRange, BatchHeader, PartitionConfig, PartitionSnapshot, SharePartition
 from proxy.share.persister import PersistError
+from proxy.share.state_delta import DeltaPolicy
 from proxy.share.states import AcknowledgeType, RecordState
 
 KEY = ("g", uuid.UUID(int=1), 0)
@@ -21,13 +24,18 @@ ACCEPT = int(AcknowledgeType.ACCEPT)
 class Writer:
     def __init__(self) -> None:
         self.fail = False
-        self.batches: list[list[tuple[bytes, bytes | None]]] = []
+        self.land_failed = False  # a failing write's records land all the same (its outcome is unknown)
+        self.batches: list[list[tuple[bytes, bytes | None]]] = []  # (key, value)
+        self.routes: list[list[bytes | None]] = []
 
     async def write(self, topic, records) -> None:
         await trio.sleep(0)
-        if self.fail:
+        if self.fail and not self.land_failed:
             raise PersistError("injected")
-        self.batches.append(list(records))
+        self.batches.append([(record[0], record[1]) for record in records])
+        self.routes.append([record[2] if len(record) == 3 else None for record in records])
+        if self.fail:
+            raise PersistError("injected after landing")
 
 
 def acquired_leader() -> Leader:
@@ -249,3 +257,159 @@ async def test_dead_lettered_change_publishes_dead_lettered_then_archived(autoju
     assert await pipeline.write_once()
     await pipeline.durable(leader, version)
     assert engine.start_offset == 2
+
+
+# ----- cumulative ShareUpdates (--state-deltas on) ----------------------------------------------------
+
+
+def fragmented_leader() -> Leader:
+    """100 records acquired by "m", every other one accepted: a snapshot of ~50 batches."""
+    engine = SharePartition(PartitionConfig(), 0)
+    engine.acquire("m", [BatchHeader(0, 99)], now=0, max_records=100)
+    engine.acknowledge("m", [AckRange(o, o, (ACCEPT,)) for o in range(1, 100, 2)], now=1)
+    return Leader(KEY, engine, create_timestamp=0)
+
+
+def written(writer: Writer) -> list[tuple[records.RecordType, int, bytes | None]]:
+    """(record type, snapshot epoch, route) of every share-partition record written, in order."""
+    out = []
+    for batch, routes in zip(writer.batches, writer.routes):
+        for (key, value), route in zip(batch, routes):
+            kind = records.decode_key(key)[0]
+            if kind in (records.RecordType.SHARE_SNAPSHOT, records.RecordType.SHARE_UPDATE) and value is not None:
+                out.append((kind, records.decode_value(kind, value).snapshot_epoch, route))
+    return out
+
+
+def replay(writer: Writer) -> PartitionSnapshot:
+    recovered = state_store.recover([state_store.group_metadata_record(KEY[0], 1, 0)]
+                                    + [r for batch in writer.batches for r in batch])
+    part = recovered.partitions[KEY]
+    return SharePartition.from_persisted(PartitionConfig(), part.snapshot, part.updates).snapshot()
+
+
+async def change(pipeline: CommitPipeline, leader: Leader, offset: int) -> bool:
+    """Accept one more acquired record and write it."""
+    pipeline.record(leader, leader.engine.acknowledge("m", [AckRange(offset, offset, (ACCEPT,))], now=2),
+                    Cause.ACKNOWLEDGED)
+    return await pipeline.write_once()
+
+
+SNAPSHOT, UPDATE = records.RecordType.SHARE_SNAPSHOT, records.RecordType.SHARE_UPDATE
+
+
+async def test_with_deltas_a_change_over_a_durable_snapshot_is_a_cumulative_update_routed_beside_it(autojump_clock):
+    writer = Writer()
+    pipeline = CommitPipeline(writer, "state", wall_clock=lambda: 0, deltas=DeltaPolicy())
+    leader = fragmented_leader()
+    pipeline.touch(leader)
+    assert await pipeline.write_once()
+    assert leader.delta_base is not None and leader.delta_base.epoch == 1
+    assert await change(pipeline, leader, 50)
+    assert await change(pipeline, leader, 60)
+    route = state_store.share_partition_route(KEY)
+    assert written(writer) == [(SNAPSHOT, 1, route), (UPDATE, 1, route), (UPDATE, 1, route)]
+    assert leader.snapshot_epoch == 1 and leader.delta_base.updates == 2
+    # The newest update carries both changes (cumulative): compaction may keep it alone.
+    newest = records.decode_value(UPDATE, writer.batches[-1][0][1])
+    assert [(b.first_offset, b.last_offset, b.delivery_state) for b in newest.state_batches] == [
+        (50, 50, int(RecordState.ACKNOWLEDGED)), (60, 60, int(RecordState.ACKNOWLEDGED))]
+    assert replay(writer) == leader.engine.snapshot()
+
+
+async def test_after_a_failed_write_the_next_record_is_a_snapshot(autojump_clock):
+    writer = Writer()
+    pipeline = CommitPipeline(writer, "state", wall_clock=lambda: 0, deltas=DeltaPolicy())
+    leader = fragmented_leader()
+    pipeline.touch(leader)
+    assert await pipeline.write_once()
+    writer.fail = True
+    assert not await change(pipeline, leader, 50)  # an update: its outcome unknown
+    assert leader.delta_base is None
+    writer.fail = False
+    assert await pipeline.write_once()  # written again (dirty after the failure)
+    assert await change(pipeline, leader, 60)
+    # (an update does not move the snapshot epoch)
+    assert [(kind, epoch) for kind, epoch, _ in written(writer)] == [(SNAPSHOT, 1), (SNAPSHOT, 2), (UPDATE, 2)]
+    assert replay(writer) == leader.engine.snapshot()
+
+
+async def test_a_failed_snapshot_write_leaves_no_base_and_the_next_snapshot_has_a_new_epoch(autojump_clock):
+    writer = Writer()
+    pipeline = CommitPipeline(writer, "state", wall_clock=lambda: 0, deltas=DeltaPolicy())
+    leader = fragmented_leader()
+    writer.fail = True
+    pipeline.touch(leader)
+    assert not await pipeline.write_once()
+    assert leader.delta_base is None and leader.snapshot_epoch == 1
+    writer.fail = False
+    assert await pipeline.write_once()
+    assert leader.delta_base is not None and leader.delta_base.epoch == leader.snapshot_epoch == 2
+
+
+async def test_a_snapshot_every_n_updates(autojump_clock):
+    writer = Writer()
+    pipeline = CommitPipeline(writer, "state", wall_clock=lambda: 0, deltas=DeltaPolicy(snapshot_every=2))
+    leader = fragmented_leader()
+    pipeline.touch(leader)
+    assert await pipeline.write_once()
+    for offset in (50, 52, 54, 56):
+        assert await change(pipeline, leader, offset)
+    assert [(kind, epoch) for kind, epoch, _ in written(writer)] == [
+        (SNAPSHOT, 1), (UPDATE, 1), (UPDATE, 1), (SNAPSHOT, 2), (UPDATE, 2)]
+    assert replay(writer) == leader.engine.snapshot()
+
+
+async def test_a_small_snapshot_is_written_as_a_snapshot_even_with_deltas(autojump_clock):
+    # The easy case: in-order accepts leave next to no batches; snapshots stay (no regression).
+    writer = Writer()
+    pipeline = CommitPipeline(writer, "state", wall_clock=lambda: 0, deltas=DeltaPolicy())
+    leader = acquired_leader()
+    pipeline.touch(leader)
+    assert await pipeline.write_once()
+    for offset in range(3):
+        assert await change(pipeline, leader, offset)
+    assert {kind for kind, _, _ in written(writer)} == {SNAPSHOT}
+
+
+async def test_without_deltas_every_write_is_a_snapshot_routed_by_its_own_key(autojump_clock):
+    writer = Writer()
+    pipeline = CommitPipeline(writer, "state", wall_clock=lambda: 0)
+    leader = fragmented_leader()
+    pipeline.touch(leader)
+    assert await pipeline.write_once()
+    assert await change(pipeline, leader, 50)
+    route = state_store.share_partition_route(KEY)
+    assert written(writer) == [(SNAPSHOT, 1, route), (SNAPSHOT, 2, route)]
+    assert writer.batches[0][0][0] == route and leader.delta_base is None
+
+
+async def test_a_new_state_epoch_is_written_as_a_snapshot(autojump_clock):
+    # e.g. an offsets reset: an update cannot carry the state epoch.
+    writer = Writer()
+    pipeline = CommitPipeline(writer, "state", wall_clock=lambda: 0, deltas=DeltaPolicy())
+    leader = fragmented_leader()
+    pipeline.touch(leader)
+    assert await pipeline.write_once()
+    leader.state_epoch += 1
+    assert await change(pipeline, leader, 50)
+    assert [kind for kind, _, _ in written(writer)] == [SNAPSHOT, SNAPSHOT]
+    assert records.decode_value(SNAPSHOT, writer.batches[-1][0][1]).state_epoch == 1
+
+
+async def test_a_rolled_back_acceptance_whose_update_landed_is_undone_by_the_next_snapshot(autojump_clock):
+    writer = Writer()
+    pipeline = CommitPipeline(writer, "state", wall_clock=lambda: 0, deltas=DeltaPolicy())
+    leader = fragmented_leader()
+    pipeline.touch(leader)
+    assert await pipeline.write_once()
+    writer.fail = writer.land_failed = True
+    staged = leader.engine.stage_acknowledge("m", [AckRange(50, 50, (ACCEPT,))], now=2)
+    pipeline.record(leader, staged.delta, Cause.ACKNOWLEDGED, staged)
+    assert not await pipeline.write_once()  # the update with 50 accepted landed, reported failed
+    assert records.decode_key(writer.batches[-1][0][0])[0] is UPDATE
+    writer.fail = writer.land_failed = False
+    assert await pipeline.write_once()
+    assert records.decode_key(writer.batches[-1][0][0])[0] is SNAPSHOT
+    assert leader.engine.record_state(50) == (RecordState.ACQUIRED, 1, "m")
+    assert replay(writer) == leader.engine.snapshot()

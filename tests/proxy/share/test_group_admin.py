@@ -7,6 +7,7 @@ import uuid
 import pytest
 from kio.schema.errors import ErrorCode
 
+from codec import share_state
 from proxy.share import state_store
 from proxy.share.coordinator import GroupState
 from proxy.share.group_admin import (
@@ -152,6 +153,7 @@ async def test_delete_offsets_forgets_the_topic_and_tombstones_it(nursery, autoj
     assert harness.service.coordinator.initialized_partitions(GROUP) == frozenset()
     assert harness.service.leaders.get((GROUP, *TP)) is None
     assert (GROUP, TOPIC_ID, 0) not in state_store.recover(harness.writer.replayed()).partitions
+    assert_both_keys_tombstoned_on_the_snapshot_partition(harness.writer, (GROUP, TOPIC_ID, 0))
     again = await admin.delete_offsets(GROUP, ["orders"])
     assert [(t.error, t.message) for t in again.topics] == [
         (ErrorCode.unknown_topic_or_partition, "There is no offset information to delete.")]
@@ -170,7 +172,19 @@ async def test_delete_group_refuses_members_and_tombstones_an_empty_group(nurser
     assert not admin.is_share_group(GROUP)
     recovered = state_store.recover(harness.writer.replayed())
     assert GROUP not in recovered.groups and not recovered.partitions
+    assert_both_keys_tombstoned_on_the_snapshot_partition(harness.writer, (GROUP, TOPIC_ID, 0))
     assert await admin.delete_group(GROUP) == (ErrorCode.group_id_not_found, f"Group {GROUP} not found.")
+
+
+def assert_both_keys_tombstoned_on_the_snapshot_partition(writer, key) -> None:
+    """The snapshot key and the update key (--state-deltas) are tombstoned, routed by the snapshot key."""
+    route = state_store.share_partition_route(key)
+    tombstones = {}
+    for write, routes in zip(writer.writes, writer.routes):
+        for (record_key, value), record_route in zip(write, routes):
+            if value is None and record_route == route:
+                tombstones[share_state.decode_key(record_key)[0]] = record_key
+    assert set(tombstones) == {share_state.RecordType.SHARE_SNAPSHOT, share_state.RecordType.SHARE_UPDATE}
 
 
 def _leave(member_id: str):

@@ -136,7 +136,8 @@ class FakeWriter:
     """Records state-topic writes; `hold` blocks writes until set, `fail` makes them fail."""
 
     def __init__(self) -> None:
-        self.writes: list[list[tuple[bytes, bytes | None]]] = []
+        self.writes: list[list[tuple[bytes, bytes | None]]] = []  # (key, value); routes kept apart
+        self.routes: list[list[bytes | None]] = []  # per record: what the writer would route it by
         self.fail = False
         self.hold: trio.Event | None = None
         self.closed = False
@@ -147,7 +148,8 @@ class FakeWriter:
         await trio.sleep(0)
         if self.fail:
             raise PersistError("injected write failure")
-        self.writes.append(list(records))
+        self.writes.append([(record[0], record[1]) for record in records])
+        self.routes.append([record[2] if len(record) == 3 else None for record in records])
 
     async def aclose(self) -> None:
         self.closed = True

@@ -697,6 +697,27 @@ def test_later_updates_overwrite_earlier_state():
     assert p.end_offset == 10
 
 
+def test_an_explicit_available_count_0_batch_rebuilds_like_a_gap_in_the_middle_and_at_the_end():
+    # A cumulative ShareUpdate writes "back to nothing" as Available / 0 (proxy.share.state_delta).
+    snapshot = PartitionSnapshot(0, (pb(2, 3, ACKNOWLEDGED, 1), pb(6, 9, AVAILABLE, 2), pb(12, 14, ARCHIVED, 1)))
+    update = StateDelta(0, (pb(2, 3, AVAILABLE, 0), pb(12, 14, AVAILABLE, 0)))
+    with_update = SharePartition.from_persisted(PartitionConfig(), snapshot, [update])
+    gaps = SharePartition.from_persisted(PartitionConfig(), PartitionSnapshot(0, (pb(6, 9, AVAILABLE, 2),)))
+    assert runs(with_update) == runs(gaps) == [(0, 5, AVAILABLE, 0, None), (6, 9, AVAILABLE, 2, None)]
+    assert with_update.end_offset == gaps.end_offset == 10
+    assert with_update.snapshot() == gaps.snapshot()
+
+
+def test_rebuild_joins_adjacent_persisted_batches_of_equal_content():
+    # An update splitting a snapshot batch with pieces of the same content rebuilds what one snapshot would.
+    snapshot = PartitionSnapshot(0, (pb(0, 9, AVAILABLE, 2), pb(10, 10, ACKNOWLEDGED, 1)))
+    update = StateDelta(0, (pb(4, 5, AVAILABLE, 2), pb(10, 10, AVAILABLE, 2)))
+    p = SharePartition.from_persisted(PartitionConfig(), snapshot, [update])
+    alone = SharePartition.from_persisted(PartitionConfig(), PartitionSnapshot(0, (pb(0, 10, AVAILABLE, 2),)))
+    assert sorted(p._batches) == sorted(alone._batches) == [0]
+    assert runs(p) == runs(alone) == [(0, 10, AVAILABLE, 2, None)]
+
+
 @pytest.mark.parametrize("state", [ACQUIRED, 5, 9, -1], ids=["acquired", "in-progress", "9", "-1"])
 def test_rebuild_resumes_a_batch_in_a_state_it_cannot_serve_from_as_available(state):
     # Acquired is never persisted and 5 (without an owner)/9 are not states the engine has: such a batch is taken

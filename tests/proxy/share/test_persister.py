@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 import trio
 from confluent_kafka import KafkaError
 
-from proxy.share.persister import PersistError, StateLogWriter
+from proxy.share.persister import PersistError, StateLogWriter, route_partition
 
 
 class FakeProducer:
@@ -57,6 +58,77 @@ async def test_a_fatally_failed_producer_is_replaced_and_the_next_write_succeeds
             await writer.write("state", [(b"k", b"v")])
         await writer.write("state", [(b"k", b"v2")])  # on a new producer
         assert len(made) == 2 and made[0].purged and writer.recreated == 1
+    finally:
+        with trio.move_on_after(5):
+            await writer.aclose()
+
+
+class RoutingProducer:
+    """Delivers at once; remembers each record's partition (None: the partitioner's choice) and counts
+    metadata reads. `failures` deliveries fail first."""
+
+    def __init__(self, config: dict, partitions: int = 3) -> None:
+        self.partitions = partitions
+        self.produced: list[tuple[bytes, int | None]] = []
+        self.metadata_reads = 0
+        self.failures = 0
+        self.pending: list = []
+        self.lock = threading.Lock()
+
+    def list_topics(self, topic, timeout):
+        self.metadata_reads += 1
+        partitions = {p: object() for p in range(self.partitions)}
+        return SimpleNamespace(topics={topic: SimpleNamespace(error=None, partitions=partitions)})
+
+    def produce(self, topic, key=None, value=None, partition=None, on_delivery=None) -> None:
+        with self.lock:
+            self.produced.append((key, partition))
+            failed = self.failures > 0
+            self.failures -= failed
+            self.pending.append((on_delivery, KafkaError(KafkaError._MSG_TIMED_OUT) if failed else None))
+
+    def poll(self, timeout: float) -> int:
+        with self.lock:
+            pending, self.pending = self.pending, []
+        for callback, error in pending:
+            callback(error, None)
+        threading.Event().wait(min(timeout, 0.005))
+        return len(pending)
+
+    def flush(self, timeout: float = 0) -> int:
+        return 0
+
+
+def test_route_partition_is_crc32_of_the_route_modulo_the_partition_count():
+    # librdkafka's consistent_random partitioner: rd_crc32(key) % partitions (checked against a broker
+    # in integration/share/test_persister.py).
+    assert route_partition(b"123456789", 1 << 32) == 0xCBF43926  # the CRC-32 check value
+    assert route_partition(b"123456789", 3) == 0xCBF43926 % 3
+    assert {route_partition(bytes([i]), 4) for i in range(64)} == {0, 1, 2, 3}
+
+
+async def test_routed_records_go_to_their_routes_partition_and_others_to_the_partitioner():
+    made: list[RoutingProducer] = []
+    writer = StateLogWriter("unused:9092", producer_factory=lambda config: made.append(RoutingProducer(config))
+                            or made[-1])
+    writer.start()
+    producer = made[0]
+    try:
+        await writer.write("state", [(b"group", b"v"), (b"snapshot-key", b"s", b"snapshot-key"),
+                                     (b"update-key", b"u", b"snapshot-key"), (b"update-key", None, b"snapshot-key")])
+        expected = route_partition(b"snapshot-key", 3)
+        assert producer.produced == [(b"group", None), (b"snapshot-key", expected), (b"update-key", expected),
+                                     (b"update-key", expected)]
+        await writer.write("state", [(b"k", b"v", b"r")])
+        assert producer.metadata_reads == 1  # the partition count is cached
+        await writer.write("state", [(b"k", b"v")])
+        assert producer.metadata_reads == 1  # unrouted writes need none
+        producer.failures = 1
+        with pytest.raises(PersistError):
+            await writer.write("state", [(b"k", b"v", b"r")])
+        producer.partitions = 6  # e.g. partitions were added: a failed routed write reads them again
+        await writer.write("state", [(b"k", b"v", b"r")])
+        assert producer.metadata_reads == 2 and producer.produced[-1] == (b"k", route_partition(b"r", 6))
     finally:
         with trio.move_on_after(5):
             await writer.aclose()

@@ -1,0 +1,198 @@
+"""Cumulative ShareUpdates: what to write instead of a full ShareSnapshot, and when not to.
+
+Theory of operation
+-------------------
+The commit pipeline writes a share-partition's durable state as a **ShareSnapshot** (the whole
+state) or, when one is durable, as a **cumulative ShareUpdate**: the SPSO and, for every offset at
+or above it whose persisted view differs from that snapshot's, the current persisted view. Each
+update supersedes the one before it, which is what a *compacted* state topic needs: compaction keeps
+only the newest record per key, and recovery is exactly the newest snapshot plus the newest update
+with its ``snapshot_epoch`` (``state_store.recover`` applies every update of that epoch in log
+order; applying them all gives the same result, see below).
+
+The update is computed by **diff, not by tracking changes**: :func:`cumulative_delta` compares two
+:class:`~proxy.share.partition.PartitionSnapshot` values (the base snapshot and the engine's
+snapshot now), so it is exact whatever happened in between -- rollbacks included -- and needs no
+engine hooks. Where the base has a batch and the current view has none (the records are back to
+Available with delivery count 0, e.g. a staged acceptance rolled back) the update carries an
+explicit AVAILABLE / count 0 batch, which replay treats exactly as a gap.
+
+*Carried ranges.* An update also carries (with their current view) every range an earlier update
+of the same epoch carried. So the newest update covers every offset any earlier one touched, and
+replaying all updates of the epoch in order ends with the newest one's view on each of those
+offsets: the same as replaying only the newest (what compaction leaves). Without it, a record whose
+view returned to the base's (none does today: persisted views only move forward between
+snapshots, a failed write forces a snapshot) would keep an earlier update's view on replay before
+compaction and the base's after.
+
+*Policy* (:func:`plan`): a snapshot when there is no durable base (first write, after a restart, a
+reset, any failed write), after ``snapshot_every`` updates since the base, when the snapshot is
+small anyway (fewer than ``min_snapshot_batches`` batches: the easy case of in-order accepts keeps
+writing tiny snapshots), or when the update would carry more than half the snapshot's batches.
+
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from bisect import bisect_right
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from proxy.share.partition import PartitionSnapshot, PersistedBatch, StateDelta
+from proxy.share.states import RecordState
+
+Interval = tuple[int, int]  # (first, last), inclusive
+
+__all__ = ["DeltaBase", "DeltaPolicy", "Interval", "cumulative_delta", "plan"]
+
+
+@dataclass(frozen=True, slots=True)
+class DeltaPolicy:
+    """When a cumulative update is written instead of a snapshot (``--state-deltas on``)."""
+
+    snapshot_every: int = 100  # updates since the base at most: bounds replay before compaction
+    min_snapshot_batches: int = 8  # a snapshot this small is written as it is
+
+    def __post_init__(self) -> None:
+        if self.snapshot_every < 1:
+            raise ValueError(f"snapshot_every {self.snapshot_every} < 1")
+
+
+@dataclass(frozen=True, slots=True)
+class DeltaBase:
+    """A share-partition's last *durable* snapshot, what updates are computed against.
+
+    ``state_epoch`` / ``create_timestamp``: the snapshot's, which an update does not carry (a reset
+    that changes them needs a snapshot). ``updates``: updates issued since; ``carried``: the offset
+    ranges the newest of them carried (each later update carries them again)."""
+
+    snapshot: PartitionSnapshot
+    epoch: int
+    state_epoch: int
+    create_timestamp: int
+    updates: int = 0
+    carried: tuple[Interval, ...] = ()
+
+    def after(self, delta: StateDelta) -> DeltaBase:
+        """This base once ``delta`` (an update computed against it) has been issued."""
+        return dataclasses.replace(self, updates=self.updates + 1,
+                                   carried=tuple((b.first_offset, b.last_offset) for b in delta.state_batches))
+
+
+def plan(base: DeltaBase | None, current: PartitionSnapshot, policy: DeltaPolicy) -> StateDelta | None:
+    """The cumulative update to write for ``current``, or None when a snapshot must be written."""
+    if base is None or base.updates >= policy.snapshot_every:
+        return None
+    if len(current.state_batches) < policy.min_snapshot_batches:
+        return None
+    delta = cumulative_delta(base.snapshot, current, base.carried)
+    if 2 * len(delta.state_batches) > len(current.state_batches):
+        return None
+    return delta
+
+
+def cumulative_delta(base: PartitionSnapshot, current: PartitionSnapshot,
+                     carried: Iterable[Interval] = ()) -> StateDelta:
+    """The ShareUpdate that, replayed over ``base``, gives ``current``: its SPSO and, at or above it,
+    the current view of every offset whose view differs from the base's or that ``carried`` names.
+    Offsets with no current batch (Available, count 0) are carried as an explicit AVAILABLE / 0 batch.
+
+    Cost: batches equal in both (same offsets and content: most of a window between two writes) are
+    matched by hashing; only the others are compared offset range by offset range (bisect)."""
+    start = current.start_offset
+    changed = _differing(base.state_batches, current.state_batches, start)
+    changed.extend((max(first, start), last) for first, last in carried if last >= start)
+    return StateDelta(start, tuple(_views(_normalise(changed), current.state_batches)))
+
+
+Row = tuple[int, int, tuple]  # (first, last, content)
+
+
+def _rows(batches: Sequence[PersistedBatch]) -> list[Row]:
+    return [(b.first_offset, b.last_offset, b.content) for b in batches]
+
+
+def _differing(base: Sequence[PersistedBatch], current: Sequence[PersistedBatch], start: int) -> list[Interval]:
+    """Intervals (at or above ``start``, unsorted) where the two batch lists' views differ."""
+    base_rows, current_rows = _rows(base), _rows(current)
+    in_base, in_current = set(base_rows), set(current_rows)
+    out: list[Interval] = []
+    # A current batch not in the base as it is: its parts not covered by base batches of its content.
+    # (A base batch equal to a current one cannot overlap another current batch: neither list overlaps.)
+    base_firsts = [row[0] for row in base_rows]
+    for first, last, content in current_rows:
+        if last < start or (first, last, content) in in_base:
+            continue
+        cursor = max(first, start)
+        k = max(bisect_right(base_firsts, cursor) - 1, 0)
+        while k < len(base_rows) and base_rows[k][0] <= last:
+            b_first, b_last, b_content = base_rows[k]
+            if b_content == content and b_last >= cursor:
+                if b_first > cursor:
+                    out.append((cursor, b_first - 1))
+                cursor = b_last + 1
+            k += 1
+        if cursor <= last:
+            out.append((cursor, last))
+    # A base batch not in the current state as it is: its parts no current batch covers (back to
+    # Available, count 0); the covered parts were compared above.
+    current_firsts = [row[0] for row in current_rows]
+    for first, last, content in base_rows:
+        if last < start or (first, last, content) in in_current:
+            continue
+        cursor = max(first, start)
+        k = max(bisect_right(current_firsts, cursor) - 1, 0)
+        while k < len(current_rows) and current_rows[k][0] <= last:
+            c_first, c_last, _ = current_rows[k]
+            if c_last >= cursor:
+                if c_first > cursor:
+                    out.append((cursor, c_first - 1))
+                cursor = c_last + 1
+            k += 1
+        if cursor <= last:
+            out.append((cursor, last))
+    return out
+
+
+def _normalise(intervals: list[Interval]) -> list[Interval]:
+    """Sorted, with overlapping and adjacent intervals merged."""
+    intervals.sort()
+    merged: list[Interval] = []
+    for first, last in intervals:
+        if merged and first <= merged[-1][1] + 1:
+            if last > merged[-1][1]:
+                merged[-1] = (merged[-1][0], last)
+        else:
+            merged.append((first, last))
+    return merged
+
+
+def _views(intervals: Sequence[Interval], current: Sequence[PersistedBatch]) -> list[PersistedBatch]:
+    """The current view over ``intervals`` (sorted, disjoint): current batches clipped to them, and
+    AVAILABLE / count 0 where no current batch is."""
+    out: list[PersistedBatch] = []
+    if not intervals:
+        return out
+    firsts = [b.first_offset for b in current]
+    for first, last in intervals:
+        cursor = first
+        k = max(bisect_right(firsts, first) - 1, 0)
+        while k < len(current) and current[k].first_offset <= last:
+            c = current[k]
+            k += 1
+            if c.last_offset < cursor:
+                continue
+            if c.first_offset > cursor:
+                out.append(PersistedBatch(cursor, c.first_offset - 1, RecordState.AVAILABLE, 0))
+            piece_first, piece_last = max(c.first_offset, cursor), min(c.last_offset, last)
+            if piece_first == c.first_offset and piece_last == c.last_offset:
+                out.append(c)
+            else:
+                out.append(PersistedBatch(piece_first, piece_last, c.delivery_state, c.delivery_count,
+                                          c.in_progress_start, c.last_progress, c.member_id, c.archive_reason))
+            cursor = piece_last + 1
+        if cursor <= last:
+            out.append(PersistedBatch(cursor, last, RecordState.AVAILABLE, 0))
+    return out

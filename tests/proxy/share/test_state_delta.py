@@ -1,0 +1,236 @@
+"""Cumulative ShareUpdates: the diff against the last durable snapshot, and when a snapshot is written instead."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from codec.share_events import ArchiveReason
+from proxy.share.partition import PartitionConfig, PartitionSnapshot, PersistedBatch, SharePartition, StateDelta
+from proxy.share.state_delta import DeltaBase, DeltaPolicy, cumulative_delta, plan
+from proxy.share.states import RecordState
+
+A, Q, K, D, X, P = (RecordState.AVAILABLE, RecordState.ACQUIRED, RecordState.ACKNOWLEDGED, RecordState.ARCHIVING,
+                    RecordState.ARCHIVED, RecordState.IN_PROGRESS)
+
+
+def b(first, last, state, count, *rest, **kw) -> PersistedBatch:
+    return PersistedBatch(first, last, state, count, *rest, **kw)
+
+
+def replayed(base: PartitionSnapshot, *updates: StateDelta) -> PartitionSnapshot:
+    """What a restart rebuilds from the snapshot and the updates after it."""
+    return SharePartition.from_persisted(PartitionConfig(), base, updates).snapshot()
+
+
+def rebuilt(snapshot: PartitionSnapshot) -> PartitionSnapshot:
+    return SharePartition.from_persisted(PartitionConfig(), snapshot).snapshot()
+
+
+# ----- cumulative_delta ----------------------------------------------------------------------------
+
+
+def test_an_unchanged_state_gives_an_update_with_the_spso_and_no_batches():
+    state = PartitionSnapshot(10, (b(12, 12, A, 1), b(13, 20, K, 1)))
+    assert cumulative_delta(state, state) == StateDelta(10, ())
+
+
+def test_only_the_offsets_whose_view_changed_are_carried():
+    base = PartitionSnapshot(10, (b(10, 19, A, 1),))
+    current = PartitionSnapshot(10, (b(10, 14, A, 1), b(15, 15, K, 2), b(16, 19, A, 1)))
+    delta = cumulative_delta(base, current)
+    assert delta == StateDelta(10, (b(15, 15, K, 2),))
+    assert replayed(base, delta) == rebuilt(current)
+
+
+def test_a_delivery_count_change_alone_is_a_change():
+    base = PartitionSnapshot(0, (b(3, 9, A, 1),))
+    current = PartitionSnapshot(0, (b(3, 5, A, 1), b(6, 9, A, 2)))
+    assert cumulative_delta(base, current).state_batches == (b(6, 9, A, 2),)
+
+
+def test_the_spso_moves_and_nothing_below_it_is_carried():
+    base = PartitionSnapshot(10, (b(10, 10, A, 1), b(11, 11, K, 1), b(15, 15, A, 2)))
+    current = PartitionSnapshot(12, (b(15, 15, A, 2),))
+    delta = cumulative_delta(base, current)
+    assert delta == StateDelta(12, ())
+    assert replayed(base, delta) == rebuilt(current)
+
+
+def test_a_batch_straddling_the_new_spso_is_compared_from_the_spso_on():
+    base = PartitionSnapshot(0, (b(0, 9, A, 1),))
+    current = PartitionSnapshot(5, (b(5, 9, A, 2),))
+    delta = cumulative_delta(base, current)
+    assert delta == StateDelta(5, (b(5, 9, A, 2),))
+    assert replayed(base, delta) == rebuilt(current)
+
+
+def test_records_back_to_available_count_0_are_carried_as_an_explicit_available_0_batch():
+    # e.g. a staged acceptance of records delivered once, rolled back after a write that may have landed
+    base = PartitionSnapshot(10, (b(12, 13, K, 1), b(14, 20, A, 2)))
+    current = PartitionSnapshot(10, (b(14, 20, A, 2),))
+    delta = cumulative_delta(base, current)
+    assert delta == StateDelta(10, (b(12, 13, A, 0),))
+    assert replayed(base, delta) == rebuilt(current) == current
+
+
+def test_an_explicit_available_0_batch_at_the_end_rebuilds_the_same_engine_as_the_gap():
+    base = PartitionSnapshot(0, (b(2, 3, A, 1), b(8, 9, K, 1)))
+    current = PartitionSnapshot(0, (b(2, 3, A, 1),))
+    delta = cumulative_delta(base, current)
+    assert delta.state_batches == (b(8, 9, A, 0),)
+    with_update = SharePartition.from_persisted(PartitionConfig(), base, [delta])
+    alone = SharePartition.from_persisted(PartitionConfig(), current)
+    assert list(with_update.in_flight()) == list(alone.in_flight())
+    assert with_update.end_offset == alone.end_offset == 4
+
+
+def test_in_progress_batches_are_carried_with_owner_and_times():
+    base = PartitionSnapshot(0, (b(0, 4, P, 1, 100, 150, "m1"), b(5, 9, A, 1)))
+    current = PartitionSnapshot(0, (b(0, 4, P, 1, 100, 180, "m1"), b(5, 9, P, 2, 170, 170, "m2")))
+    delta = cumulative_delta(base, current)
+    assert delta.state_batches == current.state_batches
+    assert replayed(base, delta) == rebuilt(current)
+
+
+def test_archiving_batches_are_carried_with_their_reason():
+    base = PartitionSnapshot(0, (b(0, 1, A, 1),))
+    current = PartitionSnapshot(0, (b(0, 0, D, 2, archive_reason=ArchiveReason.REJECTED),
+                                    b(1, 1, D, 5, archive_reason=ArchiveReason.DELIVERY_LIMIT)))
+    delta = cumulative_delta(base, current)
+    assert delta.state_batches == current.state_batches
+    assert replayed(base, delta) == rebuilt(current)
+    # The reason alone differing is a change.
+    again = PartitionSnapshot(0, (b(0, 1, D, 2, archive_reason=ArchiveReason.DELIVERY_LIMIT),))
+    assert cumulative_delta(PartitionSnapshot(0, (b(0, 1, D, 2, archive_reason=ArchiveReason.REJECTED),)),
+                            again).state_batches == again.state_batches
+
+
+def test_carried_ranges_come_again_with_their_current_view_even_when_back_to_the_base():
+    base = PartitionSnapshot(0, (b(2, 5, A, 1),))
+    first = PartitionSnapshot(0, (b(2, 3, A, 1), b(4, 5, K, 1)))
+    u1 = cumulative_delta(base, first)
+    assert u1.state_batches == (b(4, 5, K, 1),)
+    # Back to the base's view at 4-5 (no path does this today; the update must still supersede u1).
+    u2 = cumulative_delta(base, base, [(4, 5)])
+    assert u2.state_batches == (b(4, 5, A, 1),)
+    assert replayed(base, u1, u2) == replayed(base, u2) == rebuilt(base)
+    # A carried range where nothing is now: back to Available, count 0.
+    assert cumulative_delta(base, base, [(7, 8)]).state_batches == (b(7, 8, A, 0),)
+    # Carried ranges below the SPSO are dropped, straddling ones clipped.
+    moved = PartitionSnapshot(5, (b(5, 5, A, 1),))
+    assert cumulative_delta(base, moved, [(0, 6)]).state_batches == (b(5, 5, A, 1), b(6, 6, A, 0))
+
+
+def test_a_reset_to_an_earlier_spso_carries_what_differs_above_it():
+    base = PartitionSnapshot(50, (b(52, 60, K, 1),))
+    current = PartitionSnapshot(0, ())
+    delta = cumulative_delta(base, current)
+    assert delta == StateDelta(0, (b(52, 60, A, 0),))
+    assert replayed(base, delta) == rebuilt(current)
+
+
+def test_many_scattered_changes_in_a_fragmented_window():
+    base = PartitionSnapshot(0, tuple(b(o, o, K, 1) for o in range(1, 200, 2)))
+    current = PartitionSnapshot(0, tuple(b(o, o, K, 1) for o in range(1, 200, 2) if o % 10 != 1)
+                                + (b(100, 100, A, 3),))
+    current = PartitionSnapshot(0, tuple(sorted(current.state_batches, key=lambda x: x.first_offset)))
+    delta = cumulative_delta(base, current)
+    assert replayed(base, delta) == rebuilt(current)
+    assert len(delta.state_batches) == 21  # 20 accepts undone (Available, count 0) and offset 100
+
+
+# ----- plan: update or snapshot --------------------------------------------------------------------
+
+FRAGMENTED = PartitionSnapshot(0, tuple(b(o, o, K, 1) for o in range(1, 41, 2)))  # 20 batches
+CHANGED = PartitionSnapshot(0, FRAGMENTED.state_batches + (b(50, 50, K, 1),))
+
+
+def base(snapshot=FRAGMENTED, **kw) -> DeltaBase:
+    return DeltaBase(snapshot, epoch=4, state_epoch=0, create_timestamp=1, **kw)
+
+
+def test_no_durable_base_means_a_snapshot():
+    assert plan(None, CHANGED, DeltaPolicy()) is None
+
+
+def test_a_clearly_smaller_update_is_planned_over_the_base():
+    assert plan(base(), CHANGED, DeltaPolicy()) == StateDelta(0, (b(50, 50, K, 1),))
+
+
+def test_a_snapshot_after_snapshot_every_updates():
+    policy = DeltaPolicy(snapshot_every=3)
+    assert plan(base(updates=2), CHANGED, policy) is not None
+    assert plan(base(updates=3), CHANGED, policy) is None
+
+
+def test_a_small_snapshot_is_written_as_it_is():
+    # The easy case (in-order accepts): the snapshot has next to no batches.
+    small = PartitionSnapshot(7, (b(9, 9, A, 1),))
+    before = base(PartitionSnapshot(5, (b(9, 9, A, 1),)))
+    assert plan(before, small, DeltaPolicy()) is None
+    assert plan(before, small, DeltaPolicy(min_snapshot_batches=0)) == StateDelta(7, ())
+
+
+def test_an_update_carrying_more_than_half_the_snapshots_batches_is_a_snapshot():
+    every_other_changed = PartitionSnapshot(0, tuple(b(o, o, K, 2 if o % 4 == 1 else 1) for o in range(1, 41, 2)))
+    assert plan(base(), every_other_changed, DeltaPolicy()) is not None  # 10 of 20
+    most_changed = PartitionSnapshot(0, tuple(b(o, o, K, 2 if o % 8 != 7 else 1) for o in range(1, 41, 2)))
+    assert plan(base(), most_changed, DeltaPolicy()) is None
+
+
+def test_the_base_counts_updates_and_remembers_what_the_newest_one_carried():
+    delta = StateDelta(0, (b(50, 50, K, 1), b(60, 62, A, 0)))
+    after = base(updates=1).after(delta)
+    assert after.updates == 2 and after.carried == ((50, 50), (60, 62))
+    assert after.snapshot is FRAGMENTED and after.epoch == 4
+
+
+def test_the_policy_refuses_a_snapshot_interval_below_one():
+    with pytest.raises(ValueError):
+        DeltaPolicy(snapshot_every=0)
+
+
+# ----- against a per-offset reference ------------------------------------------------------------------
+
+CONTENTS = [(A, 1), (A, 2), (K, 1), (X, 3), (P, 1, 100, 120, "m1"), (P, 1, 100, 130, "m1"),
+            (D, 2, -1, -1, None, ArchiveReason.REJECTED)]
+
+
+@st.composite
+def snapshots(draw) -> PartitionSnapshot:
+    """Sorted, disjoint, coalesced batches over offsets 0-59 (gaps allowed), and an SPSO."""
+    start = draw(st.integers(0, 20))
+    batches: list[PersistedBatch] = []
+    offset = start
+    while offset < 60:
+        size = draw(st.integers(1, 6))
+        if draw(st.booleans()):
+            content = draw(st.sampled_from(CONTENTS))
+            if not (batches and batches[-1].last_offset == offset - 1 and batches[-1].content == b(0, 0, *content).content):
+                batches.append(b(offset, min(offset + size, 60) - 1, *content))
+        offset += size
+    return PartitionSnapshot(start, tuple(batches))
+
+
+def per_offset(snapshot: PartitionSnapshot) -> dict[int, tuple]:
+    return {o: batch.content for batch in snapshot.state_batches for o in range(batch.first_offset, batch.last_offset + 1)}
+
+
+@settings(max_examples=300, deadline=None)
+@given(snapshots(), snapshots(), st.lists(st.tuples(st.integers(0, 60), st.integers(0, 8)), max_size=3))
+def test_the_delta_carries_exactly_the_changed_and_carried_offsets_and_replays_to_the_current_state(
+        base, current, carried):
+    carried = [(first, first + size) for first, size in carried]
+    delta = cumulative_delta(base, current, carried)
+    old, new = per_offset(base), per_offset(current)
+    nothing = b(0, 0, A, 0).content
+    expected = {o for o in set(old) | set(new) if o >= current.start_offset and old.get(o) != new.get(o)}
+    expected |= {o for first, last in carried for o in range(max(first, current.start_offset), last + 1)}
+    carried_offsets = {o: batch.content for batch in delta.state_batches
+                       for o in range(batch.first_offset, batch.last_offset + 1)}
+    assert set(carried_offsets) == expected
+    assert all(view == new.get(o, nothing) for o, view in carried_offsets.items())
+    assert delta.start_offset == current.start_offset
+    assert replayed(base, delta) == rebuilt(current)
