@@ -1289,7 +1289,11 @@ class SharePartition:
                 self._append_archived(self._end, gap_last, changes, ArchiveReason.GAP)
                 if self._end >= limit_end:
                     break
-            last = min(header.last_offset, limit_end - 1)
+            # Batch-optimized: the whole log batch that starts inside the limit, as Kafka's
+            # acquireNewBatchRecords does (the window may exceed the limit by the rest of it; a
+            # cut batch would be sent whole for a sliver of records and then again for the rest).
+            # Record-limit mode cuts at the limit.
+            last = min(header.last_offset, limit_end - 1) if record_limit else header.last_offset
             if i in excluded:
                 run_first = self._close_run(run_first, member_id, lock_id, out)
                 self._append_archived(first, last, changes, ArchiveReason.CONTROL_RECORD if header.is_control

@@ -598,22 +598,35 @@ def test_throttled_records_wait_for_the_next_fetch_when_others_came_first():
 # ------------------------------------------------------------------------------------------
 
 
-def test_record_lock_limit_bounds_the_in_flight_span():
+def test_record_lock_limit_takes_the_whole_log_batch_that_starts_inside_it():
+    """As Kafka's acquireNewBatchRecords: the window may exceed the limit by the rest of one log
+    batch rather than cut it (a cut batch goes to the client whole for a sliver of records)."""
     p = SharePartition(PartitionConfig(max_record_locks=100), 0)
     log = Log.uniform(0, 300, 30)
     r = fetch(p, log, "m1", max_records=1000)
-    assert r.acquired == (AcquiredRecords(0, 99, 1),)  # cut inside batch 90-119
-    assert p.in_flight_count == 100
+    assert r.acquired == (AcquiredRecords(0, 119, 1),)  # batch 90-119 starts inside the limit
+    assert p.in_flight_count == 120
     assert not p.can_acquire()
     assert fetch(p, log, "m2").acquired == ()
     # Only records released inside the window can be acquired again.
     ack(p, "m1", 50, 59, RELEASE)
     assert p.can_acquire()
     assert fetch(p, log, "m2").acquired == (AcquiredRecords(50, 59, 2),)
-    # Finishing the head of the window makes room for new records.
+    # Finishing the head of the window makes room for new records once the span is below the limit.
     ack(p, "m1", 0, 9, ACCEPT)
-    assert fetch(p, log, "m3").acquired == (AcquiredRecords(100, 109, 1),)
+    assert p.in_flight_count == 110 and fetch(p, log, "m3").acquired == ()
+    ack(p, "m1", 10, 29, ACCEPT)
+    assert fetch(p, log, "m3").acquired == (AcquiredRecords(120, 149, 1),)
+    assert p.in_flight_count == 120
+
+
+def test_record_limit_mode_cuts_at_the_record_lock_limit():
+    p = SharePartition(PartitionConfig(max_record_locks=100), 0)
+    log = Log.uniform(0, 300, 30)
+    r = fetch(p, log, "m1", max_records=1000, mode=AcquireMode.RECORD_LIMIT)
+    assert r.acquired == (AcquiredRecords(0, 99, 1),)  # cut inside batch 90-119
     assert p.in_flight_count == 100
+    assert not p.can_acquire()
 
 
 # ------------------------------------------------------------------------------------------
