@@ -29,7 +29,7 @@ from pathlib import Path
 from confluent_kafka import ShareConsumer as ConfluentShareConsumer
 
 import client
-from integration.bench.passthrough import produce
+from integration.bench.passthrough import Target, produce
 from integration.kafka_fixtures import ProxyProcess, create_topics, unique_name
 from proxy.localkafka import DEFAULT_VERSION, LocalKafka
 
@@ -123,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              extra_args=("--share-auto-offset-reset", "earliest")) as proxy:
             topic = unique_name("client-bench")
             create_topics(kafka.bootstrap, [topic], partitions=args.partitions)
-            produce(kafka.bootstrap, topic, args.records, args.size, "none")
+            produce(Target("direct", kafka.bootstrap), topic, args.partitions, args.records, args.size, "none")
             rows = []
             for name, run in (("confluent_kafka.ShareConsumer", consume_confluent),
                               ("client.ShareConsumer", consume_python)):

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from confluent_kafka import AcknowledgeType, ShareConsumer
 
-from integration.bench.passthrough import produce
+from integration.bench.passthrough import Target, produce
 from integration.kafka_fixtures import ProxyProcess, create_topics, unique_name
 from proxy.localkafka import DEFAULT_VERSION, LocalKafka
 from proxy.localkafka.broker import free_port
@@ -112,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for proxy in (on, off):  # warm-up (connections, the first group's set-up): not counted
                 topic = unique_name("event-log-bench-warmup")
                 create_topics(kafka.bootstrap, [topic], partitions=1)
-                produce(kafka.bootstrap, topic, 1000, args.size, "none")
+                produce(Target("direct", kafka.bootstrap), topic, 1, 1000, args.size, "none")
                 consume_and_acknowledge(proxy.bootstrap, topic, 1000)
             runs = {"on": {"seconds": 0.0, "records": 0, "trips": []}, "off": {"seconds": 0.0, "records": 0, "trips": []}}
             for round_number in range(args.rounds):
@@ -120,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for name, proxy in order:
                     topic = unique_name("event-log-bench")
                     create_topics(kafka.bootstrap, [topic], partitions=1)
-                    produce(kafka.bootstrap, topic, args.records, args.size, "none")
+                    produce(Target("direct", kafka.bootstrap), topic, 1, args.records, args.size, "none")
                     seconds, got, trips = consume_and_acknowledge(proxy.bootstrap, topic, args.records,
                                                                   args.release_every)
                     runs[name]["seconds"] += seconds

@@ -72,7 +72,7 @@ from pathlib import Path
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 from prometheus_client.parser import text_string_to_metric_families
 
-from integration.bench.passthrough import produce
+from integration.bench.passthrough import Target, produce
 from integration.kafka_fixtures import ProxyProcess, admin_client, create_topics, kafka_tools_jar, unique_name
 from proxy.localkafka import DEFAULT_VERSION, LocalKafka
 from proxy.localkafka.broker import find_java, free_port
@@ -325,7 +325,7 @@ def shape_topics(bootstrap: str, args: argparse.Namespace) -> dict[int, str]:
     topics = {}
     for partitions in args.partitions:
         topic = create_topics(bootstrap, [unique_name(f"bench-share-p{partitions}")], partitions=partitions)[0]
-        produce(bootstrap, topic, args.records, args.size, compression="none")
+        produce(Target("direct", bootstrap), topic, partitions, args.records, args.size, "none")
         topics[partitions] = topic
     return topics
 
@@ -399,8 +399,9 @@ def phase_authorization(args: argparse.Namespace, tools: PerfTools, log_dir: Pat
     """The proxied share runs once per --share-authorization mode, proxies one after the other."""
     results: list[Measurement] = []
     with LocalKafka(version=args.kafka_version, share_groups=False, data_dir=log_dir / "kafka") as kafka:
-        topic = create_topics(kafka.bootstrap, [unique_name("bench-share")], partitions=args.partitions)[0]
-        produce(kafka.bootstrap, topic, args.records, args.size, compression="none")
+        partitions = args.partitions  # main() narrowed it to the one shape
+        topic = create_topics(kafka.bootstrap, [unique_name("bench-share")], partitions=partitions)[0]
+        produce(Target("direct", kafka.bootstrap), topic, partitions, args.records, args.size, "none")
         modes = list(args.share_authorization)
         for run in range(args.repeat):
             # Each repeat starts with another mode: on a shared machine the first runs of a round
