@@ -360,10 +360,22 @@ async def test_a_snapshot_every_n_updates(autojump_clock):
     assert replay(writer) == leader.engine.snapshot()
 
 
-async def test_a_small_snapshot_is_written_as_a_snapshot_even_with_deltas(autojump_clock):
-    # The easy case: in-order accepts leave next to no batches; snapshots stay (no regression).
+async def test_the_easy_case_writes_updates_after_its_first_snapshot(autojump_clock):
+    # In-order accepts leave next to no batches: one snapshot, then updates (smaller than snapshots).
     writer = Writer()
     pipeline = CommitPipeline(writer, "state", wall_clock=lambda: 0, deltas=DeltaPolicy())
+    leader = acquired_leader()
+    pipeline.touch(leader)
+    assert await pipeline.write_once()
+    for offset in range(3):
+        assert await change(pipeline, leader, offset)
+    assert [kind for kind, _, _ in written(writer)] == [SNAPSHOT, UPDATE, UPDATE, UPDATE]
+    assert replay(writer) == leader.engine.snapshot()
+
+
+async def test_a_small_snapshot_is_written_as_a_snapshot_below_min_snapshot_batches(autojump_clock):
+    writer = Writer()
+    pipeline = CommitPipeline(writer, "state", wall_clock=lambda: 0, deltas=DeltaPolicy(min_snapshot_batches=8))
     leader = acquired_leader()
     pipeline.touch(leader)
     assert await pipeline.write_once()

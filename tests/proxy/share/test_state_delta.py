@@ -165,12 +165,12 @@ def test_a_snapshot_after_snapshot_every_updates():
     assert plan(base(updates=3), CHANGED, policy) is None
 
 
-def test_a_small_snapshot_is_written_as_it_is():
+def test_a_small_snapshot_is_an_update_by_default_and_a_snapshot_below_min_snapshot_batches():
     # The easy case (in-order accepts): the snapshot has next to no batches.
     small = PartitionSnapshot(7, (b(9, 9, A, 1),))
     before = base(PartitionSnapshot(5, (b(9, 9, A, 1),)))
-    assert plan(before, small, DeltaPolicy()) is None
-    assert plan(before, small, DeltaPolicy(min_snapshot_batches=0)) == StateDelta(7, ())
+    assert plan(before, small, DeltaPolicy()) == StateDelta(7, ())
+    assert plan(before, small, DeltaPolicy(min_snapshot_batches=8)) is None
 
 
 def test_an_update_carrying_more_than_half_the_snapshots_batches_is_a_snapshot():
