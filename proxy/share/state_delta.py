@@ -27,9 +27,11 @@ compaction and the base's after.
 
 *Policy* (:func:`plan`): a snapshot when there is no durable base (first write, after a restart, a
 reset, any failed write), after ``snapshot_every`` updates since the base, when the snapshot has
-fewer than ``min_snapshot_batches`` batches (0 by default: even the easy case of in-order accepts,
-whose window is next to empty, writes updates, ~20 B smaller than a snapshot since an update has no
-state epoch or timestamps), or when the update would carry more than half the snapshot's batches.
+fewer than ``min_snapshot_batches`` batches (0 by default), or when the update would carry more than
+half the snapshot's batches -- a rule that bounds how far cumulative updates grow, applied only to
+snapshots of ``halves_from_batches`` batches or more. Below that an update is written even when it
+carries every batch: it is still ~20 B smaller (no state epoch, no timestamps), which is the whole
+state cost of the easy case of in-order accepts, whose window holds the one batch just acquired.
 
 Pure: no I/O, no clock.
 """
@@ -54,9 +56,11 @@ class DeltaPolicy:
     """When a cumulative update is written instead of a snapshot (``--state-deltas on``)."""
 
     snapshot_every: int = 100  # updates since the base at most: bounds replay before compaction
-    # A snapshot with fewer batches is written as it is. 0: an update whenever the rule of halves allows,
-    # which in the easy case (in-order accepts) is ~20 B a write smaller (issue 14: state bytes <= native).
-    min_snapshot_batches: int = 0
+    min_snapshot_batches: int = 0  # a snapshot with fewer batches is written as it is
+    # The rule of halves (an update carrying more than half the snapshot's batches is a snapshot) from
+    # this many snapshot batches on. Below, an update is ~20 B smaller than the snapshot whatever it
+    # carries: in the easy case (in-order accepts) that is what keeps state bytes at native's.
+    halves_from_batches: int = 8
 
     def __post_init__(self) -> None:
         if self.snapshot_every < 1:
@@ -91,7 +95,8 @@ def plan(base: DeltaBase | None, current: PartitionSnapshot, policy: DeltaPolicy
     if len(current.state_batches) < policy.min_snapshot_batches:
         return None
     delta = cumulative_delta(base.snapshot, current, base.carried)
-    if 2 * len(delta.state_batches) > len(current.state_batches):
+    batches = len(current.state_batches)
+    if batches >= policy.halves_from_batches and 2 * len(delta.state_batches) > batches:
         return None
     return delta
 

@@ -173,6 +173,14 @@ def test_a_small_snapshot_is_an_update_by_default_and_a_snapshot_below_min_snaps
     assert plan(before, small, DeltaPolicy(min_snapshot_batches=8)) is None
 
 
+def test_a_small_window_writes_an_update_even_when_it_carries_every_batch():
+    # The easy case: the window holds the batch acquired since the base, and nothing else.
+    base_window = base(PartitionSnapshot(5, (b(5, 9, A, 1),)))
+    next_batch = PartitionSnapshot(10, (b(10, 19, A, 1),))
+    assert plan(base_window, next_batch, DeltaPolicy()) == StateDelta(10, (b(10, 19, A, 1),))
+    assert plan(base_window, next_batch, DeltaPolicy(halves_from_batches=1)) is None
+
+
 def test_an_update_carrying_more_than_half_the_snapshots_batches_is_a_snapshot():
     every_other_changed = PartitionSnapshot(0, tuple(b(o, o, K, 2 if o % 4 == 1 else 1) for o in range(1, 41, 2)))
     assert plan(base(), every_other_changed, DeltaPolicy()) is not None  # 10 of 20

@@ -95,11 +95,12 @@ def logs(draw) -> list[BatchHeader]:
 
 
 @settings(max_examples=90, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(logs(), operations, st.integers(1, 5), st.integers(0, 3), st.booleans())
-def test_deltas_replay_to_what_a_full_snapshot_replays_to(log, ops, snapshot_every, min_batches, dead_letter):
+@given(logs(), operations, st.integers(1, 5), st.integers(0, 3), st.integers(0, 9), st.booleans())
+def test_deltas_replay_to_what_a_full_snapshot_replays_to(log, ops, snapshot_every, min_batches, halves_from,
+                                                          dead_letter):
     config = PartitionConfig(delivery_count_limit=3, record_lock_duration_ms=1_000, dead_letter=dead_letter,
                              in_progress_staleness_threshold_ms=2_000, in_progress_rebalance_grace_ms=1_000)
-    trio.run(_history, log, ops, DeltaPolicy(snapshot_every, min_batches), config)
+    trio.run(_history, log, ops, DeltaPolicy(snapshot_every, min_batches, halves_from), config)
 
 
 async def _history(log, ops, policy: DeltaPolicy, config: PartitionConfig) -> None:
