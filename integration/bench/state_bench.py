@@ -133,6 +133,9 @@ class LogUsage:
     max_segments: int = 0  # .log files of the partition that has most: 1 = never rolled, so never cleaned
     end_offsets: dict[int, int] = field(default_factory=dict)  # partition -> next offset
     batch_bytes: int = 0  # sizes of the batches at or after ``start`` (header included)
+    # ...of which batches holding only group records (the proxy's PROXY_GROUP_*): native share groups
+    # keep theirs in __consumer_offsets, so a like-for-like comparison leaves these out.
+    group_batch_bytes: int = 0
     batches: int = 0
     records: int = 0  # records at or after ``start``
     by_type: dict[str, TypeUsage] = field(default_factory=dict)
@@ -184,11 +187,13 @@ def read_state_log(dirs: dict[int, Path], start: dict[int, int] | None = None, *
                     continue
                 usage.batch_bytes += batch.size
                 usage.batches += 1
+                group_only = True
                 for record in decode_records(view[batch.position:batch.position + batch.size], verify_crc=False):
                     if record.offset < start.get(partition, 0):
                         continue
                     usage.records += 1
                     name = _type_name(record.key)
+                    group_only = group_only and name.startswith("PROXY_GROUP")
                     kind = usage.by_type.setdefault(name, TypeUsage())
                     value_size = len(record.value) if record.value is not None else 0
                     kind.records += 1
@@ -197,6 +202,8 @@ def read_state_log(dirs: dict[int, Path], start: dict[int, int] | None = None, *
                     kind.max_value_bytes = max(kind.max_value_bytes, value_size)
                     if keep_snapshots and name == RecordType.SHARE_SNAPSHOT.name and record.value is not None:
                         usage.snapshots.append((record.key, record.value))
+                if group_only:
+                    usage.group_batch_bytes += batch.size
         usage.end_offsets[partition] = end
     return usage
 
@@ -418,6 +425,11 @@ class Measured:
     def per_accepted(self, amount: float) -> float:
         return amount / self.run.accepted if self.run.accepted else float("nan")
 
+    @property
+    def share_partition_bytes(self) -> int:
+        """Disk growth less the batches of group records only (what native writes to __share_group_state)."""
+        return self.disk_bytes - self.state.group_batch_bytes
+
 
 def deltas_on(flags: Sequence[str]) -> bool:
     """Whether these serve flags turn cumulative ShareUpdates on (--state-deltas on)."""
@@ -492,8 +504,9 @@ def report(results: Sequence[Measured], args: argparse.Namespace) -> tuple[str, 
     by = {(m.side, m.workload): m for m in results}
     lines = [
         "| workload | side | accepted | released | commits | share-partition acks | state bytes (disk) | state records | "
-        "bytes / accepted | records / accepted | records / share-partition ack | commit p50 ms | commit p99 ms |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "bytes / accepted | share-partition bytes / accepted | records / accepted | records / share-partition ack | "
+        "commit p50 ms | commit p99 ms |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     numbers: dict = {"workloads": {}}
     sides = list(dict.fromkeys(m.side for m in results))
@@ -506,7 +519,8 @@ def report(results: Sequence[Measured], args: argparse.Namespace) -> tuple[str, 
             lines.append(
                 f"| {name} | {side} | {m.run.accepted:,} | {m.run.released:,} | {len(trips):,} | "
                 f"{m.run.partition_commits:,} | {m.disk_bytes:,} | {m.records_written:,} | "
-                f"{m.per_accepted(m.disk_bytes):.2f} | {m.per_accepted(m.records_written):.4f} | "
+                f"{m.per_accepted(m.disk_bytes):.2f} | {m.per_accepted(m.share_partition_bytes):.2f} | "
+                f"{m.per_accepted(m.records_written):.4f} | "
                 f"{m.records_written / max(m.run.partition_commits, 1):.2f} | "
                 f"{percentile(trips, 0.5) * 1000:.2f} | {percentile(trips, 0.99) * 1000:.2f} |")
             numbers["workloads"].setdefault(name, {})[side] = {
@@ -518,13 +532,16 @@ def report(results: Sequence[Measured], args: argparse.Namespace) -> tuple[str, 
                 "records_written": m.records_written, "kafka_records_written": m.kafka_records_written,
                 "segments": m.segments, "log_start_offsets": m.log_start_offsets,
                 "bytes_per_accepted": m.per_accepted(m.disk_bytes),
+                "group_batch_bytes": m.state.group_batch_bytes,
+                "share_partition_bytes_per_accepted": m.per_accepted(m.share_partition_bytes),
                 "records_per_accepted": m.per_accepted(m.records_written),
                 "commit_p50_ms": percentile(trips, 0.5) * 1000, "commit_p99_ms": percentile(trips, 0.99) * 1000,
                 "by_type": {k: dataclasses.asdict(v) for k, v in m.state.by_type.items()},
                 "delta_estimate": dataclasses.asdict(m.delta) if m.delta else None,
             }
-    lines += ["", "| workload | proxy side | bytes / accepted proxy / native | records / accepted proxy / native | "
-                  "commit p50 proxy - native ms | commit p99 proxy - native ms |", "|---|---|---:|---:|---:|---:|"]
+    lines += ["", "| workload | proxy side | bytes / accepted proxy / native | share-partition bytes proxy / native | "
+                  "records / accepted proxy / native | commit p50 proxy - native ms | commit p99 proxy - native ms |",
+              "|---|---|---:|---:|---:|---:|---:|"]
     for name in args.workloads:
         native = by.get(("native", name))
         for side in sides:
@@ -533,6 +550,8 @@ def report(results: Sequence[Measured], args: argparse.Namespace) -> tuple[str, 
                 continue
             ratios = {
                 "bytes": proxy.per_accepted(proxy.disk_bytes) / native.per_accepted(native.disk_bytes),
+                "share_partition_bytes": proxy.share_partition_bytes / native.share_partition_bytes
+                * native.run.accepted / proxy.run.accepted,
                 "records": proxy.per_accepted(proxy.records_written) / native.per_accepted(native.records_written),
                 "p50_ms": (percentile(proxy.run.round_trips, 0.5) - percentile(native.run.round_trips, 0.5)) * 1000,
                 "p99_ms": (percentile(proxy.run.round_trips, 0.99) - percentile(native.run.round_trips, 0.99)) * 1000,
@@ -540,7 +559,8 @@ def report(results: Sequence[Measured], args: argparse.Namespace) -> tuple[str, 
             numbers["workloads"][name][side]["vs_native"] = ratios
             if side == "proxy":
                 numbers["workloads"][name]["proxy_vs_native"] = ratios
-            lines.append(f"| {name} | {side} | {ratios['bytes']:.2f} | {ratios['records']:.2f} | "
+            lines.append(f"| {name} | {side} | {ratios['bytes']:.2f} | {ratios['share_partition_bytes']:.2f} | "
+                         f"{ratios['records']:.2f} | "
                          f"{ratios['p50_ms']:+.2f} | {ratios['p99_ms']:+.2f} |")
     variants = [side for side in sides if side.startswith("proxy-")]
     if len(variants) >= 2:
