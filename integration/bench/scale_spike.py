@@ -2,7 +2,7 @@
 several proxy instances, measured against a real broker. A probe, not a test: it prints what it
 measured (``--json`` also writes the numbers). docs/scale-out.md quotes a run.
 
-One LocalKafka (KRaft, single node; ``group.initial.rebalance.delay.ms=0``), three parts:
+One LocalKafka (KRaft, single node; ``group.initial.rebalance.delay.ms=0``), four parts:
 
 1. **Ownership group.** ``--members`` (3) child processes -- each one confluent-kafka Consumer, as a
    proxy instance would run one -- subscribe to a ``--partitions`` (50) partition topic (a stand-in
@@ -11,10 +11,11 @@ One LocalKafka (KRaft, single node; ``group.initial.rebalance.delay.ms=0``), thr
    librdkafka's default --, ``cooperative-sticky``, and ``cooperative-sticky`` with static membership
    ``group.instance.id``): the partitions each member owns once stable; what
    ``AdminClient.describe_consumer_groups`` shows of every member (client.id, group.instance.id,
-   host, assigned partitions) and how long it takes (and, for spread and a clean close only, KIP-848's
-   ``group.protocol=consumer``, whose session timeout is the broker's 45 s); the time until the surviving members own every
-   partition again after one member **closes cleanly** (SIGTERM: ``Consumer.close()``) and after one
-   is **killed** (SIGKILL); and with ``cooperative-sticky``, a member **frozen with SIGSTOP** for
+   host, assigned partitions) and how long it takes; the time until the surviving members own every
+   partition again after one member **closes cleanly** (SIGTERM: ``Consumer.close()``) and after
+   one is **killed** (SIGKILL) -- for KIP-848's ``group.protocol=consumer`` spread and a clean close
+   only (its session timeout is the broker's, 45 s); and with ``cooperative-sticky``, a member
+   **frozen with SIGSTOP** for
    ``--freeze-s`` (10 s, past the session timeout) then resumed with SIGCONT: when the others took
    its partitions, which callback or error tells it that it lost them and how long after SIGCONT it
    still believed it owned them, and when the group is whole again.
@@ -33,11 +34,12 @@ One LocalKafka (KRaft, single node; ``group.initial.rebalance.delay.ms=0``), thr
 3. **Write latency**, side by side, ``--iterations`` (500) each, one ``--record-bytes`` (2048) record
    to a compacted single-partition topic, lz4 (the state writer's settings):
    (a) idempotent ``acks=all`` produce + flush; (b) ``begin_transaction`` / produce /
-   ``commit_transaction``; both with ``linger.ms`` 1 and 0 (librdkafka registers a transaction's
-   partitions with the coordinator on a timer tied to linger: a large part of (b) at 1 ms);
-   (c) with ``linger.ms`` 0, 8 records, one per partition of an 8-partition topic, flushed together
-   or in one transaction (a group-committed writer batch); p50 / p99 / mean in ms. And ``init_transactions``
-   of a fresh transactional.id and of one that was used (a hand-over's fencing cost).
+   ``commit_transaction``; both with ``linger.ms`` 1 and 0, and (b) with a ``flush()`` before the
+   commit (200 iterations);
+   (c) with ``linger.ms`` 0, 8 records, one per partition of an 8-partition topic, flushed
+   together or in one transaction (a group-committed writer batch); p50 / p99 / mean in ms. And
+   ``init_transactions`` of a fresh transactional.id and of one that was used (a hand-over's
+   fencing cost).
 
 About 4-5 minutes. Run one broker at a time on a small machine:
 
@@ -337,7 +339,8 @@ def ownership_part(bootstrap: str, args: argparse.Namespace, assignor: str, stat
                         first_loss = event
                         break
             after = [
-                {k: e[k] for k in ("ev", "error", "detail", "line") if k in e} | {"after_cont_s": round(e["t"] - t_cont, 3)}
+                {k: e[k] for k in ("ev", "error", "detail", "line") if k in e}
+                | {"after_cont_s": round(e["t"] - t_cont, 3)}
                 for e in frozen.events[seen:]
             ]
             result["sigstop_frozen_s"] = round(t_cont - t_stop, 2)
@@ -423,7 +426,8 @@ def fencing_part(bootstrap: str) -> dict:
         # librdkafka's watermark query follows the consumer's isolation.level (default
         # read_committed): the "high" offset is then the last stable offset.
         hw = Consumer({"bootstrap.servers": bootstrap, "group.id": unique_name("wm"), "isolation.level": isolation})
-        result[f"open_txn_watermarks_{isolation}"] = list(hw.get_watermark_offsets(TopicPartition(topic, 0), timeout=10))
+        watermarks = hw.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+        result[f"open_txn_watermarks_{isolation}"] = list(watermarks)
         hw.close()
     committed_seen, committed_pos = _count(bootstrap, topic, "read_committed", 2.0)
     result["open_txn_read_committed_seen_position"] = [committed_seen, committed_pos]
@@ -639,7 +643,7 @@ def _stats(samples: list[float]) -> dict:
 
 
 def _time_writes(producer: Producer, topics: Sequence[tuple[str, int]], value: bytes, iterations: int,
-                 transactional: bool) -> dict:
+                 transactional: bool, flush_in_transaction: bool = False) -> dict:
     """`iterations` timed writes of one record to each (topic, partition), after 20 untimed ones."""
     samples = []
     for i in range(20 + iterations):
@@ -649,6 +653,8 @@ def _time_writes(producer: Producer, topics: Sequence[tuple[str, int]], value: b
         for topic, partition in topics:
             producer.produce(topic, key=b"k%d" % (i % 50), value=value, partition=partition)
         if transactional:
+            if flush_in_transaction:
+                producer.flush(10)
             producer.commit_transaction(30)
         else:
             producer.flush(10)
@@ -673,6 +679,9 @@ def latency_part(bootstrap: str, iterations: int, record_bytes: int) -> dict:
         txn.init_transactions(30)
         result[f"transactional_begin_produce_commit_linger{linger}"] = _time_writes(
             txn, single, value, iterations, True)
+        # flush() before commit_transaction (the commit flushes anyway)
+        result[f"transactional_flush_then_commit_linger{linger}"] = _time_writes(
+            txn, single, value, min(iterations, 200), True, flush_in_transaction=True)
         if linger == 0:
             result["idempotent_8_partitions_flush_linger0"] = _time_writes(idem, spread8, value, iterations, False)
             result["transactional_8_partitions_one_txn_linger0"] = _time_writes(
