@@ -2,7 +2,7 @@
 several proxy instances, measured against a real broker. A probe, not a test: it prints what it
 measured (``--json`` also writes the numbers). docs/scale-out.md quotes a run.
 
-One LocalKafka (KRaft, single node; ``group.initial.rebalance.delay.ms=0``), four parts:
+One LocalKafka (KRaft, single node; ``group.initial.rebalance.delay.ms=0``), five parts:
 
 1. **Ownership group.** ``--members`` (3) child processes -- each one confluent-kafka Consumer, as a
    proxy instance would run one -- subscribe to a ``--partitions`` (50) partition topic (a stand-in
@@ -40,6 +40,10 @@ One LocalKafka (KRaft, single node; ``group.initial.rebalance.delay.ms=0``), fou
    together or in one transaction (a group-committed writer batch); p50 / p99 / mean in ms. And
    ``init_transactions`` of a fresh transactional.id and of one that was used (a hand-over's
    fencing cost).
+4. **Producers per process**: threads and resident memory of the process before and after 12
+   transactional producers (one per state partition of a 12-partition state topic, each
+   initialised and one transaction committed), and how long their 12 ``init_transactions`` take
+   one after the other (a single instance taking every partition).
 
 About 4-5 minutes. Run one broker at a time on a small machine:
 
@@ -708,6 +712,43 @@ def latency_part(bootstrap: str, iterations: int, record_bytes: int) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------
+# part 4: what a transactional producer per owned state partition costs one process
+
+
+def _threads_and_rss() -> tuple[int, int]:
+    threads = len(os.listdir("/proc/self/task"))
+    with open("/proc/self/status") as status:
+        rss_kb = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+    return threads, rss_kb
+
+
+def producers_part(bootstrap: str, count: int) -> dict:
+    """Threads and resident memory of this process before and after `count` transactional producers
+    (each ``init_transactions``-ed, one record committed), and the total time of their inits."""
+    topic = create_topics(bootstrap, [unique_name("spike-lanes")], partitions=count)[0]
+    before = _threads_and_rss()
+    producers = []
+    t = time.perf_counter()
+    for p in range(count):
+        producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0,
+                             "compression.type": "lz4", "transactional.id": unique_name(f"spike-lane-{p}")})
+        producer.init_transactions(30)
+        producers.append(producer)
+    inits_ms = (time.perf_counter() - t) * 1000
+    for p, producer in enumerate(producers):
+        producer.begin_transaction()
+        producer.produce(topic, key=b"k", value=b"v" * 2048, partition=p)
+        producer.commit_transaction(30)
+    after = _threads_and_rss()
+    for producer in producers:
+        producer.flush(5)
+    return {"producers": count, "threads_before": before[0], "threads_after": after[0],
+            "threads_per_producer": round((after[0] - before[0]) / count, 1),
+            "rss_kb_before": before[1], "rss_kb_after": after[1],
+            "rss_kb_per_producer": round((after[1] - before[1]) / count), "sequential_inits_ms": round(inits_ms)}
+
+
+# ----------------------------------------------------------------------------------------------
 
 
 def load() -> str:
@@ -723,7 +764,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--freeze-s", type=float, default=10.0)
     parser.add_argument("--iterations", type=int, default=500)
     parser.add_argument("--record-bytes", type=int, default=2048)
-    parser.add_argument("--parts", default="ownership,fencing,group-fencing,latency")
+    parser.add_argument("--parts", default="ownership,fencing,group-fencing,latency,producers")
     parser.add_argument("--json")
     # child mode
     parser.add_argument("--member", type=int)
@@ -757,6 +798,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "group-fencing" in parts:
             out["group_fencing"] = group_fencing_part(bootstrap, min(args.iterations, 200))
             print(json.dumps(out["group_fencing"], indent=1), flush=True)
+        if "producers" in parts:
+            out["producers"] = producers_part(bootstrap, 12)
+            print(json.dumps(out["producers"], indent=1), flush=True)
         if "latency" in parts:
             out["latency"] = latency_part(bootstrap, args.iterations, args.record_bytes)
             print(json.dumps(out["latency"], indent=1), flush=True)
