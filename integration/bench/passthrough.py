@@ -30,6 +30,8 @@ of terminating TLS, and the before/after over TLS.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import statistics
 import sys
@@ -411,7 +413,23 @@ def _named_tree(text: str) -> tuple[str, str]:
     return name, str(Path(tree).resolve())
 
 
-def main() -> None:
+def per_round_ratios(measurements: Sequence[Measurement], top: str, bottom: str = "direct") -> dict[str, dict[int, float]]:
+    """{operation: {connections: median over rounds of top/bottom records/s}}: each round measures the
+    paths back to back, so the per-round ratio is what the machine's load disturbs least."""
+    ratios: dict[str, dict[int, float]] = {}
+    for operation in dict.fromkeys(m.operation for m in measurements):
+        for connections in dict.fromkeys(m.connections for m in measurements):
+            def rounds(path: str) -> list[Measurement]:
+                return sorted((m for m in measurements if (m.operation, m.path, m.connections) == (operation, path, connections)),
+                              key=lambda m: m.round)
+            pairs = list(zip(rounds(top), rounds(bottom)))
+            if pairs:
+                ratios.setdefault(operation, {})[connections] = statistics.median(
+                    a.records_per_second / b.records_per_second for a, b in pairs)
+    return ratios
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kafka-version", default=os.environ.get("KSP_KAFKA_VERSION", DEFAULT_VERSION))
     parser.add_argument("--records", type=int, default=200_000)
@@ -430,10 +448,19 @@ def main() -> None:
     parser.add_argument("--tls-proxy", action="store_true", help="also measure every proxy with TLS listeners")
     parser.add_argument("--proxy-arg", action="append", default=[], help="extra `serve` argument (repeatable)")
     parser.add_argument("--profile", help="run the current proxy under cProfile; DIR/proxy.prof at exit")
-    args = parser.parse_args()
+    parser.add_argument("--json", type=Path, help="also write every measurement and the per-round ratios here")
+    args = parser.parse_args(argv)
     measurements, notes = run(args)
     print(report(measurements, args, notes))
+    if args.json:
+        paths = dict.fromkeys(m.path for m in measurements if m.path != "direct")
+        args.json.write_text(json.dumps({
+            "notes": list(notes),
+            "measurements": [dataclasses.asdict(m) for m in measurements],
+            "per_round_ratio_to_direct": {path: per_round_ratios(measurements, path) for path in paths},
+        }, indent=2))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -56,6 +56,7 @@ import contextlib
 import dataclasses
 import datetime
 import itertools
+import json
 import os
 import re
 import shutil
@@ -577,6 +578,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--profile-dir", type=Path, default=Path(tempfile.gettempdir()) / "share-bench-profiles",
                         help="where --py-spy writes its raw profiles (one file per run)")
     parser.add_argument("--profile-top", type=int, default=25, help="functions listed per profile")
+    parser.add_argument("--json", type=Path, help="also write every measurement here")
     parser.add_argument("--share-authorization", type=lambda s: s.split(","), default=None,
                         help="measure these --share-authorization modes against each other instead (e.g. off,cluster)")
     args = parser.parse_args(argv)
@@ -615,6 +617,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.repeat > 1:
             print("\nevery repeat (records/s whole run · after the first record · first record after s):\n")
             print(repeats_table(results, partitions))
+    if args.json:
+        args.json.write_text(json.dumps([{**dataclasses.asdict(m),
+                                          "records_per_second": m.records_per_second,
+                                          "streaming_records_per_second": m.streaming_records_per_second}
+                                         for m in results], indent=2))
     acquired = [f"x{m.consumers} {m.label.split(', ', 1)[1]} p{m.partitions}: {m.acquired:,}"
                 for m in results if m.acquired is not None]
     print(f"records the proxy acquired per share run (redeliveries would exceed the count): {', '.join(acquired)}")

@@ -1,0 +1,174 @@
+"""Issue 14's goals, every one as a ratio measured side by side, from one command.
+
+Runs, one after the other on this machine (never two brokers at once), the three benchmarks whose
+sides are measured in the same run, and prints one table of the goals:
+
+1. ``share_bench``: share consumption through the proxy vs Kafka's native share groups (Kafka's
+   ShareConsumerPerformance, the Java KafkaShareConsumer), streaming rate after the first record,
+   at each --consumers count and --partitions shape; the whole-run rate beside it. Goal ≥ 1.1.
+2. ``passthrough``: confluent-kafka producers and consumers through the proxy vs directly, at each
+   --connections count; the median of the per-round ratios. Goals: produce ≥ 0.9, consume ≥ 0.95.
+3. ``state_bench``: state-topic bytes per accepted record, proxy vs native (``__share_group_state``
+   log growth), in the easy case (in-order accepts) and the fragmented one (10 % released once,
+   acknowledgements shuffled); and commit_sync latency p50 / p99, proxy − native. Goals: bytes ≤ 1.0
+   of native; latency ≤ native + 2 ms.
+
+The cost model (memory per share-partition and per in-flight record, timer CPU, replay time at 10 /
+1,000 / 10,000 share-partitions) is not a ratio; it is ``integration.bench.cost_model``.
+
+    PYTHONPATH=$PWD .venv/bin/python -m integration.bench.goals --out /tmp/goals
+
+Each benchmark's own report (tables, per-run proxy metrics) goes to ``--out`` as ``NAME.txt`` with
+its numbers as ``NAME.json``; the goal table is printed and written to ``goals.md`` there, with the
+load average before and after each part.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import io
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from integration.bench import passthrough, share_bench, state_bench
+
+
+@dataclass(frozen=True, slots=True)
+class Goal:
+    goal: str
+    cell: str
+    measured: float
+    target: float
+    higher_is_better: bool = True
+    unit: str = "x"  # "x" a ratio, "ms" a difference
+    note: str = ""
+
+    @property
+    def met(self) -> bool:
+        return self.measured >= self.target if self.higher_is_better else self.measured <= self.target
+
+    def row(self) -> str:
+        value = f"{self.measured:.2f}" if self.unit == "x" else f"{self.measured:+.2f} ms"
+        target = (f"≥ {self.target:.2f}" if self.higher_is_better else f"≤ {self.target:.2f}") if self.unit == "x" \
+            else f"≤ {self.target:+.2f} ms"
+        return f"| {self.goal} | {self.cell} | {value} | {target} | {'met' if self.met else '**missed**'} | {self.note} |"
+
+
+def load() -> str:
+    return " ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
+def run_part(name: str, out: Path, main: Callable[[list[str]], int], argv: list[str], log: list[str]) -> dict | list:
+    """Run one benchmark's main() here, its report to out/NAME.txt, its numbers from out/NAME.json."""
+    numbers = out / f"{name}.json"
+    report = io.StringIO()
+    before, started = load(), time.monotonic()
+    print(f"{name}: {' '.join(argv)} (load {before})", file=sys.stderr, flush=True)
+    with contextlib.redirect_stdout(report):
+        main([*argv, "--json", str(numbers)])
+    (out / f"{name}.txt").write_text(report.getvalue())
+    log.append(f"{name}: {time.monotonic() - started:.0f} s, load {before} before, {load()} after")
+    print(f"{name}: done, {log[-1]}", file=sys.stderr, flush=True)
+    return json.loads(numbers.read_text())
+
+
+def share_goals(numbers: list[dict], consumers: Sequence[int], partitions: Sequence[int]) -> list[Goal]:
+    fields = {f.name for f in dataclasses.fields(share_bench.Measurement)}
+    results = [share_bench.Measurement(**{k: v for k, v in m.items() if k in fields}) for m in numbers]
+    goals = []
+    for shape in partitions:
+        for count in consumers:
+            proxy = share_bench.best(results, f"share group x{count}, proxy", shape)
+            native = share_bench.best(results, f"share group x{count}, native", shape)
+            if proxy is None or native is None:
+                continue
+            goals.append(Goal(
+                "share consumption, proxy / native (streaming)", f"{count} consumers, {shape} partitions",
+                proxy.streaming_records_per_second / native.streaming_records_per_second, 1.1,
+                note=f"{proxy.streaming_records_per_second:,.0f} vs {native.streaming_records_per_second:,.0f} "
+                     f"records/s; whole run {proxy.records_per_second / native.records_per_second:.2f}x"))
+    return goals
+
+
+def passthrough_goals(numbers: dict) -> list[Goal]:
+    ratios = numbers["per_round_ratio_to_direct"].get("proxy", {})
+    goals = []
+    for operation, target in (("produce", 0.9), ("consume", 0.95)):
+        for connections, ratio in sorted(ratios.get(operation, {}).items(), key=lambda item: int(item[0])):
+            goals.append(Goal(f"pass-through {operation}, proxy / direct", f"{connections} connections", ratio, target,
+                              note="median of per-round ratios"))
+    return goals
+
+
+def state_goals(numbers: dict) -> list[Goal]:
+    goals = []
+    for workload, sides in numbers["workloads"].items():
+        versus = sides.get("proxy_vs_native")
+        if not versus:
+            continue
+        proxy, native = sides["proxy"], sides["native"]
+        goals.append(Goal("state bytes per accepted record, proxy / native", workload, versus["bytes"], 1.0,
+                          higher_is_better=False,
+                          note=f"{proxy['bytes_per_accepted']:.3f} vs {native['bytes_per_accepted']:.3f} B; "
+                               f"share-partition records only {versus['share_partition_bytes']:.2f}x"))
+        for quantile in ("p50", "p99"):
+            goals.append(Goal(f"commit_sync latency {quantile}, proxy − native", workload, versus[f"{quantile}_ms"], 2.0,
+                              higher_is_better=False, unit="ms",
+                              note=f"{proxy[f'commit_{quantile}_ms']:.2f} vs {native[f'commit_{quantile}_ms']:.2f} ms, "
+                                   f"{proxy['commits']} vs {native['commits']} commits"))
+    return goals
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="directory for each part's report and numbers")
+    parser.add_argument("--parts", default="share,passthrough,state", help="comma separated: share, passthrough, state")
+    parser.add_argument("--share-records", type=int, default=200_000)
+    parser.add_argument("--share-consumers", default="1,4,16")
+    parser.add_argument("--share-partitions", default="4,32")
+    parser.add_argument("--share-repeat", type=int, default=2)
+    parser.add_argument("--passthrough-records", type=int, default=200_000)
+    parser.add_argument("--passthrough-connections", default="1,8,64")
+    parser.add_argument("--passthrough-repeat", type=int, default=5)
+    parser.add_argument("--state-records", type=int, default=100_000)
+    parser.add_argument("--state-partitions", type=int, default=4)
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    parts = args.parts.split(",")
+    log = [f"start {time.strftime('%Y-%m-%d %H:%M:%S')}, load {load()}"]
+    goals: list[Goal] = []
+    if "share" in parts:
+        numbers = run_part("share", args.out, share_bench.main, [
+            "--records", str(args.share_records), "--consumers", args.share_consumers,
+            "--partitions", args.share_partitions, "--repeat", str(args.share_repeat)], log)
+        goals += share_goals(numbers, [int(c) for c in args.share_consumers.split(",")],
+                             [int(p) for p in args.share_partitions.split(",")])
+    if "passthrough" in parts:
+        numbers = run_part("passthrough", args.out, passthrough.main, [
+            "--records", str(args.passthrough_records), "--connections", args.passthrough_connections,
+            "--repeat", str(args.passthrough_repeat)], log)
+        goals += passthrough_goals(numbers)
+    if "state" in parts:
+        numbers = run_part("state", args.out, state_bench.main, [
+            "--records", str(args.state_records), "--partitions", str(args.state_partitions),
+            "--workloads", "easy,fragmented"], log)
+        goals += state_goals(numbers)
+    log.append(f"end {time.strftime('%Y-%m-%d %H:%M:%S')}, load {load()}")
+    lines = ["| goal | cell | measured | target | | detail |", "|---|---|---:|---:|---|---|",
+             *(goal.row() for goal in goals), "",
+             f"{sum(goal.met for goal in goals)} of {len(goals)} met.", "", *log]
+    table = "\n".join(lines)
+    (args.out / "goals.md").write_text(table + "\n")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
