@@ -1,0 +1,59 @@
+"""goals' pure parts: each benchmark's numbers turned into goals, met or missed."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from integration.bench.goals import Goal, passthrough_goals, share_goals, state_goals
+from integration.bench.passthrough import Measurement as PassthroughMeasurement
+from integration.bench.passthrough import per_round_ratios
+from integration.bench.share_bench import Measurement as ShareMeasurement
+
+
+def share(label: str, consumers: int, partitions: int, seconds: float, first: float) -> dict:
+    m = ShareMeasurement(label, label.rsplit(", ", 1)[1], "share group", consumers, 100_000, 100.0, seconds, first,
+                         partitions=partitions)
+    return {**dataclasses.asdict(m), "records_per_second": m.records_per_second}
+
+
+def test_a_ratio_goal_is_met_at_its_target_and_a_difference_goal_below_it():
+    assert Goal("g", "c", 1.1, 1.1).met and not Goal("g", "c", 1.09, 1.1).met
+    assert Goal("g", "c", 2.0, 2.0, higher_is_better=False, unit="ms").met
+    assert not Goal("g", "c", 2.5, 2.0, higher_is_better=False, unit="ms").met
+    assert "**missed**" in Goal("g", "c", 0.5, 0.95).row() and "+2.50 ms" in Goal(
+        "g", "c", 2.5, 2.0, higher_is_better=False, unit="ms").row()
+
+
+def test_share_goals_compare_the_best_streaming_rates_per_consumer_count_and_shape():
+    numbers = [
+        share("share group x1, proxy", 1, 4, 2.0, 0.5),   # 100,000 / 1.5 s streaming
+        share("share group x1, proxy", 1, 4, 3.0, 0.5),   # slower repeat: not the best
+        share("share group x1, native", 1, 4, 7.0, 5.0),  # 100,000 / 2.0 s streaming
+        share("share group x1, native", 1, 32, 7.0, 5.0),  # no proxy run for this shape: no goal
+    ]
+    [goal] = share_goals(numbers, [1], [4, 32])
+    assert goal.cell == "1 consumers, 4 partitions"
+    assert round(goal.measured, 3) == round(2.0 / 1.5, 3)
+    assert goal.met
+
+
+def test_passthrough_goals_take_the_median_of_per_round_ratios():
+    rows = []
+    for round_number, (direct_s, proxy_s) in enumerate([(1.0, 2.0), (1.0, 1.0), (1.0, 1.25)]):
+        rows.append(PassthroughMeasurement("direct", "consume", 8, round_number, 1000, 1000, direct_s))
+        rows.append(PassthroughMeasurement("proxy", "consume", 8, round_number, 1000, 1000, proxy_s))
+    ratios = per_round_ratios(rows, "proxy")
+    assert ratios == {"consume": {8: 0.8}}
+    [goal] = passthrough_goals({"per_round_ratio_to_direct": {"proxy": {"consume": {"8": 0.8}}}})
+    assert goal.cell == "8 connections" and goal.target == 0.95 and not goal.met
+
+
+def test_state_goals_are_bytes_and_both_latency_quantiles_per_workload():
+    side = {"bytes_per_accepted": 0.2, "commit_p50_ms": 5.0, "commit_p99_ms": 20.0, "commits": 100}
+    numbers = {"workloads": {"easy": {
+        "proxy": side, "native": {**side, "bytes_per_accepted": 0.25},
+        "proxy_vs_native": {"bytes": 0.8, "share_partition_bytes": 0.79, "p50_ms": 0.0, "p99_ms": 3.0},
+    }}}
+    goals = state_goals(numbers)
+    assert [(g.goal.split(",")[0], g.met) for g in goals] == [
+        ("state bytes per accepted record", True), ("commit_sync latency p50", True), ("commit_sync latency p99", False)]
