@@ -78,6 +78,9 @@ class Leader:
     batch_bytes: int = 0  # the largest log batch of recent reads (decaying): a read's floor
     read_lock: trio.Lock = field(default_factory=trio.Lock)
     readers_waiting: int = 0
+    # (member, SPSO, answers): how many fetches of the member pinning the full window at that SPSO
+    # were answered early (proxy.share.reader: a self-pinned fetch), for their back-off.
+    pinned_answers: tuple[str, int, int] | None = None
     cache: ReadCache | None = None
     # The partition's end offset from the last upstream read (-1: none yet); metrics compute lag
     # from it without asking the cluster (proxy.share.observe).

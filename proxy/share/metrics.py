@@ -17,6 +17,9 @@ ACKNOWLEDGEMENTS = Counter("ksp_share_acknowledged_partitions", "Per-partition a
 ACKNOWLEDGEMENTS_ROLLED_BACK = Counter("ksp_share_acknowledgements_rolled_back",
                                        "Staged acknowledgements rolled back because their state write failed")
 RECORDS_ACQUIRED = Counter("ksp_share_records_acquired", "Records acquired by share consumers")
+SELF_PINNED_ANSWERS = Counter("ksp_share_fetch_self_pinned",
+                              "ShareFetches answered empty before MaxWaitMs because their member held the record "
+                              "pinning a full record-lock window")
 BACKGROUND_TASK_CRASHES = Counter("ksp_background_task_crashes",
                                   "Unexpected errors in background tasks (each restarted with backoff)", ["task"])
 READ_CACHE_BYTES = Gauge("ksp_share_read_cache_bytes", "Log bytes held by the share-partition read caches")

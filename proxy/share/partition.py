@@ -820,6 +820,18 @@ class SharePartition:
         """True when a fetch could acquire something: a released record, or room for new ones."""
         return self.next_fetch_offset() < self._end or self.in_flight_count < self.config.max_record_locks
 
+    def pinned_by(self) -> str | None:
+        """The member whose Acquired record at the SPSO holds the window at the record-lock limit.
+
+        None while something can be acquired, or when the record at the SPSO is not Acquired (a
+        staged acknowledgement, a record in progress, a dead letter being written): only that
+        member's acknowledgement, or its lock expiring, lets anyone acquire here again.
+        """
+        if self.can_acquire() or self._start >= self._end:
+            return None
+        state, _, member = self.record_state(self._start)
+        return member if state is _ACQUIRED else None
+
     def record_state(self, offset: int) -> tuple[RecordState, int, str | None]:
         """(state, delivery count, owning member) of one offset."""
         if offset < self._start:

@@ -35,6 +35,16 @@ again). When nothing can be acquired, a fetch long-polls until MaxWaitMs, woken 
 have become acquirable (:class:`WorkSignal`: acknowledgements, releases, lock expiry, commits) or
 when upstream has new data for an idle partition.
 
+**A member pinning a full window is answered early.** When the member itself holds the Acquired
+record at the SPSO of a share-partition at its record-lock limit (``SharePartition.pinned_by``),
+nothing but its own acknowledgement (or its lock expiring) lets anyone acquire there. Clients send
+acknowledgements with their next ShareFetch, and the Java client sends a ShareFetch while its
+application still holds the records of the last one (it prefetches), so a long poll there stalls
+the partition for every member until MaxWaitMs. Such a fetch is answered empty after
+``SELF_PINNED_HOLD_S`` (10 ms), doubling with every early answer to that member at the same SPSO
+up to MaxWaitMs, so the acknowledgement comes with the client's next fetch, and a member that holds
+its records for long (slow processing, explicit acknowledgement) soon long-polls as usual.
+
 Metadata is refreshed through :class:`MetadataRefresher`, which bounds how often: unknown topic
 ids and stale-leader errors cost at most one refresh per interval, however many partitions or
 requests hit them.
@@ -74,6 +84,9 @@ log = structlog.get_logger(__name__)
 
 FIRST_FETCH_BYTES = 1024 * 1024  # until the partition's record size is known
 MIN_FETCH_BYTES = 64 * 1024
+# A fetch whose member itself pins a full window is answered after this hold, doubling with each
+# early answer at the same SPSO (see Reader._pinned_deadline).
+SELF_PINNED_HOLD_S = 0.01
 
 
 class WorkSignal:
@@ -266,6 +279,7 @@ class Reader:
             shift = next(self._rotation) % len(order)
             order = order[shift:] + order[:shift]  # rotate so no partition starves
         results: dict[TopicIdPartition, Fetched] = {}
+        pinned_deadline: float | None = None  # the member itself holds a full window: answer by then
         while True:
             work = self.work.event
             idle_partitions: list[tuple[TopicIdPartition, int]] = []
@@ -286,7 +300,43 @@ class Reader:
                 return results
             if any(r.error is not ErrorCode.none for r in results.values()):
                 return results
-            await self._wait_for_work(work, idle_partitions, params.deadline)
+            pinned_deadline = self._pinned_deadline(group_id, member_id, order, pinned_deadline)
+            if pinned_deadline is not None and trio.current_time() >= pinned_deadline:
+                metrics.SELF_PINNED_ANSWERS.inc()
+                return results
+            await self._wait_for_work(work, idle_partitions,
+                                      params.deadline if pinned_deadline is None else min(pinned_deadline, params.deadline))
+
+    def _pinned_deadline(
+        self, group_id: str, member_id: str, order: list[TopicIdPartition], current: float | None,
+    ) -> float | None:
+        """When this fetch should be answered, empty, because the member itself pins a full window.
+
+        A member that holds the Acquired record at the SPSO of a share-partition at its
+        record-lock limit is the only one whose acknowledgement lets anyone acquire there again.
+        A client sends its acknowledgements with its next ShareFetch, and the Java client may
+        send a ShareFetch before its application has processed the records it holds (it
+        prefetches); waiting for MaxWaitMs then keeps the partition stalled for every member until
+        the wait ends. So the fetch is answered after a short hold instead, and the client's next
+        ShareFetch brings the acknowledgements. The hold doubles with each early answer to the
+        same member at the same SPSO (SELF_PINNED_HOLD_S up to MaxWaitMs), so a member holding its
+        records for long -- slow processing, explicit acknowledgement -- soon long-polls as usual.
+        None: the member pins nothing (it waits until MaxWaitMs).
+        """
+        if current is not None:
+            return current  # decided when this fetch first found itself pinned
+        hold: float | None = None
+        for tp in order:
+            leader = self.registry.active((group_id, tp[0], tp[1]))
+            if leader is None or leader.engine.pinned_by() != member_id:
+                continue
+            spso = leader.engine.start_offset
+            previous = leader.pinned_answers
+            answers = previous[2] + 1 if previous is not None and previous[:2] == (member_id, spso) else 0
+            leader.pinned_answers = (member_id, spso, answers)
+            leader_hold = SELF_PINNED_HOLD_S * (2 ** min(answers, 16))
+            hold = leader_hold if hold is None else min(hold, leader_hold)
+        return None if hold is None else trio.current_time() + hold
 
     async def _fetch_round(
         self, order: list[TopicIdPartition], group_id: str, member_id: str, params: FetchParams, budget: _Budget,

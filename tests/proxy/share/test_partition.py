@@ -620,6 +620,32 @@ def test_record_lock_limit_takes_the_whole_log_batch_that_starts_inside_it():
     assert p.in_flight_count == 120
 
 
+def test_pinned_by_names_the_member_holding_the_spso_of_a_full_window():
+    """Only the holder of the Acquired record at the SPSO can let anyone acquire again (by
+    acknowledging it, or its lock expiring); the reader answers that member's fetches early."""
+    p = SharePartition(PartitionConfig(max_record_locks=100), 0)
+    log = Log.uniform(0, 300, 30)
+    assert p.pinned_by() is None  # empty window
+    fetch(p, log, "m1", max_records=30)
+    assert p.can_acquire() and p.pinned_by() is None  # room left: nobody pins
+    fetch(p, log, "m2", max_records=30)
+    fetch(p, log, "m3", max_records=60)
+    assert not p.can_acquire() and p.pinned_by() == "m1"
+    ack(p, "m2", 30, 59, ACCEPT)  # acknowledging above the SPSO frees nothing
+    assert p.pinned_by() == "m1"
+    staged = p.stage_acknowledge("m1", [AckRange(0, 29, (ACCEPT,))], now=0)
+    # Staged, the SPSO waits for the write, but m1 has done its part: nobody pins.
+    assert p.start_offset == 0 and not p.can_acquire() and p.pinned_by() is None
+    p.rollback(staged.change_id)
+    assert p.pinned_by() == "m1"
+    ack(p, "m1", 0, 29, ACCEPT)
+    assert p.start_offset == 60 and p.can_acquire() and p.pinned_by() is None
+    fetch(p, log, "m1", max_records=60)
+    assert not p.can_acquire() and p.pinned_by() == "m3"
+    ack(p, "m3", 60, 60, RELEASE)  # a released record at the SPSO can be acquired: nobody pins
+    assert p.can_acquire() and p.pinned_by() is None
+
+
 def test_record_limit_mode_cuts_at_the_record_lock_limit():
     p = SharePartition(PartitionConfig(max_record_locks=100), 0)
     log = Log.uniform(0, 300, 30)

@@ -229,3 +229,48 @@ async def test_members_of_one_partition_share_one_upstream_read(nursery, autojum
     assert len(harness.cluster.fetch_requests) == 1
     offsets = sorted(first for ranges in got.values() for first, _, _ in ranges)
     assert offsets == [0, 5, 10]  # each member its own records, from the one read
+
+
+# ----- a member pinning a full window: answered before MaxWaitMs
+
+
+async def test_the_member_pinning_a_full_window_is_answered_early_and_backs_off(nursery, autojump_clock):
+    """A client may send its next ShareFetch before acknowledging the records it holds (the Java
+    client prefetches); when those records pin the SPSO of a full window, only its own
+    acknowledgement -- which rides on a later ShareFetch -- lets anyone acquire. Its fetch is
+    answered empty after a short hold, doubling per early answer at the same SPSO, not MaxWaitMs."""
+    harness = await start_service(nursery, config=service_config(max_record_locks=100))
+    for _ in range(6):
+        harness.cluster.append([b"x"] * 50)
+    holder = harness.member("holder")
+    assert acquired(await harness.fetch(holder)) == [(0, 99, 1)]  # the window is full, holder pins it
+    holds = []
+    for _ in range(8):
+        start = trio.current_time()
+        assert acquired(await harness.fetch(holder, max_wait_ms=500)) == []
+        holds.append(round(trio.current_time() - start, 3))
+    assert holds == [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.5, 0.5]
+    # Its acknowledgement rides on the next fetch, which takes the next records; the next SPSO
+    # starts the hold afresh.
+    assert acquired(await harness.fetch(holder, acks=[(TPS[0], 0, 99, ACCEPT)], max_wait_ms=500)) == [(100, 199, 1)]
+    start = trio.current_time()
+    assert acquired(await harness.fetch(holder, max_wait_ms=500)) == []
+    assert trio.current_time() - start == pytest.approx(0.01)
+
+
+async def test_members_not_pinning_the_window_long_poll_as_before(nursery, autojump_clock):
+    harness = await start_service(nursery, config=service_config(max_record_locks=100))
+    for _ in range(4):
+        harness.cluster.append([b"x"] * 50)
+    first, second, waiter = harness.member("first"), harness.member("second"), harness.member("waiter")
+    assert acquired(await harness.fetch(first, max_records=50)) == [(0, 49, 1)]
+    assert acquired(await harness.fetch(second, max_records=50)) == [(50, 99, 1)]
+    for member in (second, waiter):  # second holds records, but not those at the SPSO
+        start = trio.current_time()
+        assert acquired(await harness.fetch(member, max_wait_ms=3_000)) == []
+        assert trio.current_time() - start == pytest.approx(3.0, abs=0.6)
+    # The waiter is woken by the pinning member's acknowledgement, as before.
+    result, accepted_at = await harness.long_poll_while(
+        waiter, 1.2, lambda: harness.fetch(first, acks=[(TPS[0], 0, 49, ACCEPT)], max_records=0))
+    assert acquired(result) == [(100, 149, 1)]
+    assert trio.current_time() - accepted_at < 0.1
