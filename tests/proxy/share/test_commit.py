@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
 import trio
 from prometheus_client import REGISTRY
 
@@ -360,28 +361,23 @@ async def test_a_snapshot_every_n_updates(autojump_clock):
     assert replay(writer) == leader.engine.snapshot()
 
 
-async def test_the_easy_case_writes_updates_after_its_first_snapshot(autojump_clock):
+@pytest.mark.parametrize(("policy", "kinds"), [
     # In-order accepts leave next to no batches: one snapshot, then updates (smaller than snapshots).
+    (DeltaPolicy(), [SNAPSHOT, UPDATE, UPDATE, UPDATE]),
+    # Below min_snapshot_batches a small snapshot is written as it is.
+    (DeltaPolicy(min_snapshot_batches=8), [SNAPSHOT, SNAPSHOT, SNAPSHOT, SNAPSHOT]),
+])
+async def test_the_easy_case_writes_updates_after_its_first_snapshot_unless_below_min_snapshot_batches(
+        autojump_clock, policy, kinds):
     writer = Writer()
-    pipeline = CommitPipeline(writer, "state", wall_clock=lambda: 0, deltas=DeltaPolicy())
+    pipeline = CommitPipeline(writer, "state", wall_clock=lambda: 0, deltas=policy)
     leader = acquired_leader()
     pipeline.touch(leader)
     assert await pipeline.write_once()
     for offset in range(3):
         assert await change(pipeline, leader, offset)
-    assert [kind for kind, _, _ in written(writer)] == [SNAPSHOT, UPDATE, UPDATE, UPDATE]
+    assert [kind for kind, _, _ in written(writer)] == kinds
     assert replay(writer) == leader.engine.snapshot()
-
-
-async def test_a_small_snapshot_is_written_as_a_snapshot_below_min_snapshot_batches(autojump_clock):
-    writer = Writer()
-    pipeline = CommitPipeline(writer, "state", wall_clock=lambda: 0, deltas=DeltaPolicy(min_snapshot_batches=8))
-    leader = acquired_leader()
-    pipeline.touch(leader)
-    assert await pipeline.write_once()
-    for offset in range(3):
-        assert await change(pipeline, leader, offset)
-    assert {kind for kind, _, _ in written(writer)} == {SNAPSHOT}
 
 
 async def test_without_deltas_every_write_is_a_snapshot_routed_by_its_own_key(autojump_clock):
