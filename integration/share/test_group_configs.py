@@ -108,7 +108,11 @@ def test_verifiable_share_consumer_offset_reset_earliest_reads_records_produced_
     acknowledged = [e for e in events if e["name"] == "offsets_acknowledged"]
     assert consumed == 25, result.stdout[-3000:]
     assert sum(e["count"] for e in acknowledged) == 25 and all(e["success"] for e in acknowledged)
-    assert kinds[-1] == "shutdown_complete"
+    # A clean close: shutdown_complete, after which the tool may only report its own shutdown hook
+    # (kafka-tools 4.4.0 prints shutdown_requested from the hook after a consumer that stopped at
+    # --max-messages has closed; 4.3.0 printed it before).
+    assert "shutdown_complete" in kinds, (result.stdout[-3000:], result.stderr[-3000:])
+    assert set(kinds[kinds.index("shutdown_complete") + 1:]) <= {"shutdown_requested"}, result.stdout[-3000:]
     # The proxy holds the config (source GROUP_CONFIG); the broker never saw it.
     assert describe(proxy.bootstrap, names.group)["share.auto.offset.reset"][:2] == ("earliest", GROUP_CONFIG)
     if kafka_groups_have_configs(kafka):
