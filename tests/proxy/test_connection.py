@@ -14,7 +14,7 @@ from codec.framing import encode_frame
 from codec.headers import RequestHeader, encode_request_header
 from proxy import metrics
 from proxy.apiversions import ApiVersionTable, VersionRange
-from proxy.connection import ClientConnection, Forward, Request, ServeLocally
+from proxy.connection import STREAM_SEND_BYTES, ClientConnection, Forward, Request, ServeLocally
 from proxy.errors import UpstreamError
 from proxy.upstream import FramedStream
 
@@ -443,7 +443,7 @@ async def receive_at_least(stream, count: int) -> bytes:
 
 
 async def test_a_large_response_the_writer_waits_for_reaches_the_client_before_its_last_byte_arrives():
-    size = 600 * KIB
+    size = 1000 * KIB
     h = Harness(max_frame_size=1 << 20)
     streamed_before = metrics.RESPONSES_STREAMED._value.get()
     async with trio.open_nursery() as nursery:
@@ -451,12 +451,12 @@ async def test_a_large_response_the_writer_waits_for_reaches_the_client_before_i
         await h.client.send_frame(request(1, FETCH, 12))
         await h.broker_receive()
         answer = encode_frame(response(1, os.urandom(size)))
-        half = len(answer) // 2
-        await h.broker.stream.send_all(answer[:half])
-        # The client gets (much of) the first half while the broker has not sent the rest.
+        first = STREAM_SEND_BYTES + 100 * KIB
+        await h.broker.stream.send_all(answer[:first])
+        # The client gets a first part while the broker has not sent the rest.
         with trio.fail_after(5):  # gathered whole (store and forward), nothing would come
-            early = await receive_at_least(h.client_side, half // 2)
-        await h.broker.stream.send_all(answer[half:])
+            early = await receive_at_least(h.client_side, STREAM_SEND_BYTES)
+        await h.broker.stream.send_all(answer[first:])
         rest = await receive_at_least(h.client_side, len(answer) - len(early))
         assert early + rest == answer
         # The connection goes on: the next (small) response comes whole and in order.
