@@ -25,13 +25,14 @@ requests strictly in order; the proxy keeps the same promise with three tasks:
 Slots enter the order channel *before* their frame is sent upstream, so a fast
 broker response always finds its slot.
 
-**Cut-through.** A large upstream response (``stream_from``, 128 KiB: typically a Fetch) that
+**Cut-through** (off unless ``stream_from`` > 0, ``--stream-responses-from``; measured mixed, see
+docs/benchmarks.md). A large upstream response (typically a Fetch) that
 the writer is already waiting for, and that needs no transform, is not gathered whole: the
 upstream reader writes its prefix and its pieces to the client as they arrive, then completes
 the slot with nothing left to write. Only the writer writes to the client otherwise, and it is
 parked on exactly this slot, so the two never write at once. Gathering first (store and forward)
-made every large Fetch wait for its last byte before its first went out, which with clients that
-keep one fetch in flight per broker costs throughput (docs/benchmarks.md). Any other response,
+makes every large Fetch wait for its last byte before its first goes out; streaming instead costs
+more writes per response. Any other response,
 and one that arrives while the writer is still busy with earlier ones, is gathered as before. Produce with acks=0 gets no slot: the
 broker never answers it. Bytes that are only forwarded are never decoded.
 
@@ -111,10 +112,8 @@ SASL_WAIT_TIMEOUT_S = 30.0
 #: the channel has room for: each a trip round trio's run loop saved), so without this a client
 #: that pipelines a burst (acks=0 Produce has no max_in_flight bound) could hold the loop.
 FRAMES_PER_YIELD = 32
-#: Upstream responses this large or larger are passed on as they arrive when the writer is waiting
-#: for them (cut-through, see the theory of operation); smaller ones are gathered whole.
-STREAM_RESPONSES_FROM = 128 * 1024
-#: ...and written out whenever this much of one has arrived (and at its end).
+#: A streamed response (``stream_from`` > 0, --stream-responses-from; cut-through, see the theory
+#: of operation) is written out whenever this much of it has arrived, and at its end.
 STREAM_SEND_BYTES = 512 * 1024
 
 
@@ -255,7 +254,7 @@ class ClientConnection:
         listener: str = "",
         node_id: int = BOOTSTRAP_NODE_ID,
         peer: str = "",
-        stream_from: int = STREAM_RESPONSES_FROM,
+        stream_from: int = 0,
     ) -> None:
         self.client = client
         self._stream_from = stream_from
@@ -470,7 +469,7 @@ class ClientConnection:
                 metrics.CONNECTION_BACKPRESSURE.inc()
                 await budget.wait_until(self._may_read_upstream)
             try:
-                frame = await upstream.receive_frame(self._may_stream)
+                frame = await upstream.receive_frame(self._may_stream if self._stream_from else None)
             except (CodecError, EOFError, OSError, trio.BrokenResourceError) as exc:
                 raise UpstreamError(f"upstream connection broke: {exc}") from exc
             if isinstance(frame, StreamedFrame):
@@ -518,7 +517,7 @@ class ClientConnection:
         """Whether an upstream response of `size` bytes, now arriving, is passed on as it arrives:
         large, untransformed, and the very response the writer is parked on (so nothing else writes
         to the client meanwhile)."""
-        if size < self._stream_from or not self._awaiting_upstream:
+        if not self._stream_from or size < self._stream_from or not self._awaiting_upstream:
             return False
         pending = self._awaiting_upstream[0]
         return (pending is self._writer_waits_for and pending.transform is None

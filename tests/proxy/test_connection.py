@@ -41,6 +41,7 @@ class Harness:
         max_frame_size: int = 1024,
         lockstep: bool = False,
         api_versions: ApiVersionTable | None = None,
+        stream_from: int = 0,
     ):
         # lockstep: a send blocks until the other side reads, as a full TCP window does.
         self._pair = trio.testing.lockstep_stream_pair if lockstep else trio.testing.memory_stream_pair
@@ -58,6 +59,7 @@ class Harness:
             api_versions=table,
             max_in_flight=max_in_flight,
             max_bytes=max_bytes,
+            stream_from=stream_from,
         )
 
     async def _open_upstream(self) -> FramedStream:
@@ -430,7 +432,9 @@ async def test_a_burst_of_buffered_requests_still_lets_other_tasks_run():
         nursery.cancel_scope.cancel()
 
 
-# -- cut-through: large responses passed on as they arrive -----------------------------------
+# -- cut-through (--stream-responses-from): large responses passed on as they arrive -------------
+
+STREAM = 128 * KIB
 
 
 async def receive_at_least(stream, count: int) -> bytes:
@@ -444,7 +448,7 @@ async def receive_at_least(stream, count: int) -> bytes:
 
 async def test_a_large_response_the_writer_waits_for_reaches_the_client_before_its_last_byte_arrives():
     size = 1000 * KIB
-    h = Harness(max_frame_size=1 << 20)
+    h = Harness(max_frame_size=1 << 20, stream_from=STREAM)
     streamed_before = metrics.RESPONSES_STREAMED._value.get()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(h.connection.serve)
@@ -470,7 +474,7 @@ async def test_a_large_response_the_writer_waits_for_reaches_the_client_before_i
 
 
 async def test_pipelined_large_responses_arrive_whole_and_in_order_streamed_or_not():
-    h = Harness(max_frame_size=1 << 20)
+    h = Harness(max_frame_size=1 << 20, stream_from=STREAM)
     bodies = {cid: os.urandom(size) for cid, size in ((1, 300 * KIB), (2, 10), (3, 500 * KIB), (4, 200 * KIB))}
     async with trio.open_nursery() as nursery:
         nursery.start_soon(h.connection.serve)
@@ -488,7 +492,7 @@ async def test_a_large_response_with_a_transform_is_gathered_and_transformed():
     async def upper(req: Request, frame: bytes) -> bytes:
         return frame[:5] + frame[5:].upper()
 
-    h = Harness(routes={METADATA: Forward(transform=upper)}, max_frame_size=1 << 20)
+    h = Harness(routes={METADATA: Forward(transform=upper)}, max_frame_size=1 << 20, stream_from=STREAM)
     body = b"abc" * (100 * KIB)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(h.connection.serve)
@@ -500,16 +504,35 @@ async def test_a_large_response_with_a_transform_is_gathered_and_transformed():
 
 
 async def test_upstream_closing_inside_a_streamed_response_closes_the_client_connection():
-    h = Harness(max_frame_size=1 << 20)
+    h = Harness(max_frame_size=1 << 20, stream_from=STREAM)
     failures_before = metrics.UPSTREAM_FAILURES._value.get()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(h.connection.serve)
         await h.client.send_frame(request(1, FETCH, 12))
         await h.broker_receive()
-        answer = encode_frame(response(1, b"f" * (400 * KIB)))
-        await h.broker.stream.send_all(answer[: 200 * KIB])
-        await receive_at_least(h.client_side, 100 * KIB)
+        answer = encode_frame(response(1, b"f" * (1000 * KIB)))
+        await h.broker.stream.send_all(answer[: STREAM_SEND_BYTES + 100 * KIB])
+        with trio.fail_after(5):
+            await receive_at_least(h.client_side, STREAM_SEND_BYTES)
         await h.broker.stream.aclose()
         with trio.fail_after(5):
             await h.connection.closed.wait()
     assert metrics.UPSTREAM_FAILURES._value.get() == failures_before + 1
+
+
+async def test_without_stream_from_a_large_response_is_gathered_whole():
+    h = Harness(max_frame_size=1 << 20)  # the default: off
+    streamed_before = metrics.RESPONSES_STREAMED._value.get()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(h.connection.serve)
+        await h.client.send_frame(request(1, FETCH, 12))
+        await h.broker_receive()
+        answer = encode_frame(response(1, os.urandom(900 * KIB)))
+        await h.broker.stream.send_all(answer[: 800 * KIB])
+        await trio.testing.wait_all_tasks_blocked()
+        with trio.move_on_after(0.2):
+            assert not await h.client_side.receive_some(), "part of an incomplete response was passed on"
+        await h.broker.stream.send_all(answer[800 * KIB:])
+        assert await receive_at_least(h.client_side, len(answer)) == answer
+        await h.client_side.aclose()
+    assert metrics.RESPONSES_STREAMED._value.get() == streamed_before
