@@ -81,6 +81,26 @@ class FrameDecoder:
         """Bytes still to come of the frame in progress (0 when none is): what to read next."""
         return self._missing
 
+    @property
+    def frame_received(self) -> int:
+        """Payload bytes received of the frame in progress (0 when none is)."""
+        return self._received if self._parts is not None else 0
+
+    def detach_frame(self) -> tuple[bytes, int]:
+        """Hand the frame in progress over to be passed on as it arrives (cut-through): returns
+        (its payload received so far, the bytes still missing) and forgets it.
+
+        The caller takes those missing bytes from the stream itself, no more, before it feeds this
+        decoder again: while a frame is in progress nothing beyond it has been fed (see ``feed``).
+        """
+        if self._error is not None:
+            raise self._error
+        if self._parts is None or not self._missing:
+            raise ValueError("no incomplete frame in progress")
+        head, missing = b"".join(self._parts), self._missing
+        self._parts, self._missing, self._received = None, 0, 0
+        return head, missing
+
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         """Append bytes received from the peer."""
         if self._error is not None:

@@ -126,6 +126,7 @@ class ProxyConfig:
     max_upstream_frame_size: int = 1024 * 1024 * 1024
     max_in_flight: int = 64
     max_connection_bytes: int = 16 * 1024 * 1024
+    stream_responses_from: int = 0
     max_connections: int = 1000
     connect_timeout: float = 10.0
     shutdown_grace: float = 5.0
@@ -275,6 +276,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_upstream_frame_size", int, "largest response frame accepted from a broker, in bytes (default 1073741824)", "BYTES"),
     Option("max_in_flight", int, "requests a client may pipeline on one connection before the proxy stops reading it (default 64)", "N"),
     Option("max_connection_bytes", int, "bytes of requests and responses one client connection may hold before the proxy stops reading it (default 16777216); a single larger frame still passes, alone", "BYTES"),
+    Option("stream_responses_from", int, "pass upstream responses of at least this many bytes to the client as they arrive (cut-through) when nothing earlier is still being written; 0 (default) gathers every response whole first (docs/proxy.md, docs/benchmarks.md: measured mixed)", "BYTES"),
     Option("max_connections", int, "client connections open at once, over all listeners; more are closed as soon as they are accepted (default 1000)", "N"),
     Option("connect_timeout", float, "seconds to wait for an upstream broker connection (default 10)", "SECONDS"),
     Option("shutdown_grace", float, "seconds open connections get to finish on SIGTERM/SIGINT (default 5)", "SECONDS"),
@@ -469,6 +471,8 @@ def _validate(config: ProxyConfig) -> None:
         raise ConfigError("max_connection_bytes must be positive")
     if config.max_connections <= 0:
         raise ConfigError("max_connections must be positive")
+    if config.stream_responses_from < 0:
+        raise ConfigError("stream_responses_from must be 0 (off) or positive")
     if config.share_upstream_connections <= 0 or config.share_long_poll_connections <= 0:
         raise ConfigError("share connection pools need at least one connection per broker")
     if config.max_share_session_partitions <= 0 or config.max_share_session_partitions_total <= 0:

@@ -23,7 +23,17 @@ requests strictly in order; the proxy keeps the same promise with three tasks:
   responses exactly as a broker would, and nothing is reordered.
 
 Slots enter the order channel *before* their frame is sent upstream, so a fast
-broker response always finds its slot. Produce with acks=0 gets no slot: the
+broker response always finds its slot.
+
+**Cut-through** (off unless ``stream_from`` > 0, ``--stream-responses-from``; measured mixed, see
+docs/benchmarks.md). A large upstream response (typically a Fetch) that
+the writer is already waiting for, and that needs no transform, is not gathered whole: the
+upstream reader writes its prefix and its pieces to the client as they arrive, then completes
+the slot with nothing left to write. Only the writer writes to the client otherwise, and it is
+parked on exactly this slot, so the two never write at once. Gathering first (store and forward)
+makes every large Fetch wait for its last byte before its first goes out; streaming instead costs
+more writes per response. Any other response,
+and one that arrives while the writer is still busy with earlier ones, is gathered as before. Produce with acks=0 gets no slot: the
 broker never answers it. Bytes that are only forwarded are never decoded.
 
 Bytes held are bounded too (:class:`ByteBudget`, ``max_connection_bytes``): a request
@@ -74,11 +84,12 @@ import structlog
 import trio
 
 from codec.errors import CodecError, FrameError, HeaderError
+from codec.framing import encode_size_prefix
 from codec.headers import API_VERSIONS_KEY, RequestHeader, parse_request_header, request_expects_response
 from proxy import metrics
 from proxy.apiversions import ApiVersionTable
 from proxy.errors import ClientProtocolError, ProxyError, UpstreamError
-from proxy.upstream import FramedStream, decode_call_response, encode_call
+from proxy.upstream import FramedStream, StreamedFrame, decode_call_response, encode_call
 
 _connection_ids = itertools.count(1)
 
@@ -101,6 +112,9 @@ SASL_WAIT_TIMEOUT_S = 30.0
 #: the channel has room for: each a trip round trio's run loop saved), so without this a client
 #: that pipelines a burst (acks=0 Produce has no max_in_flight bound) could hold the loop.
 FRAMES_PER_YIELD = 32
+#: A streamed response (``stream_from`` > 0, --stream-responses-from; cut-through, see the theory
+#: of operation) is written out whenever this much of it has arrived, and at its end.
+STREAM_SEND_BYTES = 512 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +182,7 @@ class ByteBudget:
 class PendingResponse:
     """A response owed to the client, in request order."""
 
-    __slots__ = ("request", "transform", "ready", "payload", "close_reason")
+    __slots__ = ("request", "transform", "ready", "payload", "close_reason", "streamed")
 
     def __init__(self, request: Request, transform: ResponseTransform | None = None) -> None:
         self.request = request
@@ -176,6 +190,7 @@ class PendingResponse:
         self.ready = trio.Event()
         self.payload: bytes | None = None
         self.close_reason: str | None = None  # set: close the connection here instead of answering
+        self.streamed = False  # written to the client by the upstream reader as it arrived (cut-through)
 
     def complete(self, payload: bytes | None) -> None:
         self.payload = payload
@@ -239,8 +254,10 @@ class ClientConnection:
         listener: str = "",
         node_id: int = BOOTSTRAP_NODE_ID,
         peer: str = "",
+        stream_from: int = 0,
     ) -> None:
         self.client = client
+        self._stream_from = stream_from
         self.id = next(_connection_ids)
         self.peer = peer  # "host:port" of the client, reported by ShareGroupDescribe
         self.listener = listener  # "bootstrap" or "broker-<id>": ListGroups adds share groups on one only
@@ -408,10 +425,13 @@ class ClientConnection:
                                      reason=pending.close_reason)
                     return
                 payload, pending.payload = pending.payload, None
+                answered = pending.streamed  # already written by the upstream reader
                 if payload is not None:
                     await self.client.send_frame(payload)
                     self.budget.release(len(payload))
                     del payload
+                    answered = True
+                if answered:
                     started = pending.request.received_at
                     if started:
                         metrics.instruments(pending.request.header.api_key).latency.observe(
@@ -449,9 +469,12 @@ class ClientConnection:
                 metrics.CONNECTION_BACKPRESSURE.inc()
                 await budget.wait_until(self._may_read_upstream)
             try:
-                frame = await upstream.receive_frame()
+                frame = await upstream.receive_frame(self._may_stream if self._stream_from else None)
             except (CodecError, EOFError, OSError, trio.BrokenResourceError) as exc:
                 raise UpstreamError(f"upstream connection broke: {exc}") from exc
+            if isinstance(frame, StreamedFrame):
+                await self._pass_on(frame)
+                continue
             if frame is None:
                 if self._awaiting_upstream:
                     raise UpstreamError("upstream closed the connection")
@@ -464,17 +487,7 @@ class ClientConnection:
                 self._upstream_closed = True
                 self.stop_reading()
                 return
-            if not self._awaiting_upstream:
-                raise UpstreamError("upstream sent a response nobody asked for")
-            pending = self._awaiting_upstream[0]
-            correlation_id = int.from_bytes(frame[:4], "big", signed=True)
-            if len(frame) < 4 or correlation_id != pending.request.header.correlation_id:
-                # Still queued, so a waiting call learns why (see _read_upstream).
-                raise UpstreamError(
-                    f"upstream answered correlation id {correlation_id}, "
-                    f"expected {pending.request.header.correlation_id}"
-                )
-            self._awaiting_upstream.popleft()
+            pending = self._answered(frame)
             budget.charge(len(frame))  # a call's caller releases it once decoded
             if pending.transform is not None:
                 raw_size = len(frame)
@@ -483,6 +496,55 @@ class ClientConnection:
                 budget.release(raw_size)
             pending.complete(frame)
             del frame, pending
+
+    def _answered(self, frame: bytes) -> PendingResponse:
+        """The oldest slot awaiting upstream, taken off the queue, once `frame` (a response payload
+        or its first bytes) carries its correlation id."""
+        if not self._awaiting_upstream:
+            raise UpstreamError("upstream sent a response nobody asked for")
+        pending = self._awaiting_upstream[0]
+        correlation_id = int.from_bytes(frame[:4], "big", signed=True)
+        if len(frame) < 4 or correlation_id != pending.request.header.correlation_id:
+            # Still queued, so a waiting call learns why (see _read_upstream).
+            raise UpstreamError(
+                f"upstream answered correlation id {correlation_id}, "
+                f"expected {pending.request.header.correlation_id}"
+            )
+        self._awaiting_upstream.popleft()
+        return pending
+
+    def _may_stream(self, size: int) -> bool:
+        """Whether an upstream response of `size` bytes, now arriving, is passed on as it arrives:
+        large, untransformed, and the very response the writer is parked on (so nothing else writes
+        to the client meanwhile)."""
+        if not self._stream_from or size < self._stream_from or not self._awaiting_upstream:
+            return False
+        pending = self._awaiting_upstream[0]
+        return (pending is self._writer_waits_for and pending.transform is None
+                and not isinstance(pending, UpstreamCall) and not pending.ready.is_set())
+
+    async def _pass_on(self, frame: StreamedFrame) -> None:
+        """Write a response to the client as it arrives (cut-through), then complete its slot."""
+        pending = self._answered(frame.head)
+        metrics.RESPONSES_STREAMED.inc()
+        # Pieces go out in one scatter write per STREAM_SEND_BYTES gathered (no copy): a send per
+        # piece read (often 64 KiB) cost more CPU than the gathering it replaces.
+        pieces, held = [encode_size_prefix(frame.size), frame.head], len(frame.head)
+        while True:
+            try:
+                piece = await frame.receive_more()
+            except (EOFError, OSError, trio.BrokenResourceError) as exc:
+                raise UpstreamError(f"upstream connection broke: {exc}") from exc
+            if piece:
+                pieces.append(piece)
+                held += len(piece)
+            if held >= STREAM_SEND_BYTES or not piece:
+                await self.client.send_bytes(*pieces)
+                pieces, held = [], 0
+            if not piece:
+                break
+        pending.streamed = True
+        pending.complete(None)
 
     # -- what routes call -----------------------------------------------------
 

@@ -19,6 +19,10 @@ CONNECTION_BACKPRESSURE = Counter(
     "ksp_connection_backpressure",
     "Times a client connection paused reading because it held its byte budget (--max-connection-bytes)",
 )
+RESPONSES_STREAMED = Counter(
+    "ksp_responses_streamed",
+    "Large upstream responses written to the client as they arrived (cut-through) instead of gathered whole",
+)
 CONNECTIONS_REFUSED = Counter(
     "ksp_client_connections_refused",
     "Client connections closed as soon as accepted because --max-connections were open",

@@ -21,7 +21,7 @@ import io
 import os
 import socket
 import ssl
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import trio
@@ -59,6 +59,29 @@ _CLOSED_ERRNOS = frozenset({errno.EBADF, errno.ENOTSOCK})
 NOTSENT_LOWAT = 1024 * 1024
 
 
+class StreamedFrame:
+    """A frame handed over while it arrives (cut-through): its size, the payload received so far
+    (``head``, at least the correlation id), and :meth:`receive_more` for the rest, which must be
+    read to the end before the stream it came from is read again."""
+
+    __slots__ = ("size", "head", "missing", "_stream")
+
+    def __init__(self, size: int, head: bytes, missing: int, stream: trio.abc.Stream) -> None:
+        self.size, self.head, self.missing, self._stream = size, head, missing, stream
+
+    async def receive_more(self) -> bytes:
+        """The next piece of the payload; b"" once all of it was received.
+
+        Raises :class:`EOFError` when the peer closes before the end of the frame."""
+        if not self.missing:
+            return b""
+        data = await self._stream.receive_some(min(self.missing, MAX_RECEIVE))
+        if not data:
+            raise EOFError(f"stream closed inside a frame ({self.missing} bytes missing)")
+        self.missing -= len(data)
+        return data
+
+
 class FramedStream:
     """Whole Kafka frames over a trio stream. Not safe for concurrent senders.
 
@@ -78,14 +101,22 @@ class FramedStream:
         # connections.max.reauth.ms); None: no limit. Pools stop reusing a connection before then.
         self.session_expires_at: float | None = None
 
-    async def receive_frame(self) -> bytes | None:
+    async def receive_frame(self, stream_if: Callable[[int], bool] | None = None) -> bytes | StreamedFrame | None:
         """Next frame payload; None at a clean end of stream.
+
+        ``stream_if(size)``: asked once a frame is known to be incomplete after a read (its first
+        4 payload bytes, the correlation id, received); if it says yes the frame is returned as a
+        :class:`StreamedFrame` to be passed on as it arrives, instead of gathered whole.
 
         Raises :class:`codec.errors.FrameError` on a bad prefix and
         :class:`EOFError` when the peer closes in the middle of a frame.
         """
         decoder = self._decoder
         while (frame := decoder.next_frame()) is None:
+            if (stream_if is not None and decoder.missing and decoder.frame_received >= 4
+                    and stream_if(decoder.frame_received + decoder.missing)):
+                head, missing = decoder.detach_frame()
+                return StreamedFrame(len(head) + missing, head, missing, self.stream)
             data = await self.stream.receive_some(max(RECEIVE_CHUNK, min(decoder.missing, MAX_RECEIVE)))
             if not data:
                 if decoder.buffered:
@@ -103,6 +134,14 @@ class FramedStream:
         else:
             await self.stream.send_all(prefix)
             await self.stream.send_all(payload)
+
+    async def send_bytes(self, *buffers: bytes) -> None:
+        """Raw bytes, in order (a streamed frame's prefix and pieces): no framing added."""
+        if self._socket is not None:
+            await _send_scattered(self._socket, *buffers)
+        else:
+            for buffer in buffers:
+                await self.stream.send_all(buffer)
 
     async def aclose(self) -> None:
         await self.stream.aclose()

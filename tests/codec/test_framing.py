@@ -177,3 +177,27 @@ def test_round_trip_when_feeds_and_drains_interleave_unevenly(payloads, cuts, dr
         out.append(frame)
     assert out == payloads
     assert (decoder.buffered, decoder.missing) == (0, 0)
+
+
+def test_a_frame_in_progress_is_detached_with_what_it_still_misses_and_the_decoder_goes_on():
+    decoder = FrameDecoder(max_frame_size=1 << 20)
+    payload = bytes(range(256)) * 40
+    decoder.feed(encode_frame(payload)[:1000])
+    assert decoder.next_frame() is None
+    assert decoder.frame_received == 996
+    head, missing = decoder.detach_frame()
+    assert head == payload[:996] and missing == len(payload) - 996
+    assert decoder.frame_received == decoder.missing == decoder.buffered == 0
+    # The caller took the rest from the stream itself; what follows is framed as usual.
+    decoder.feed(encode_frame(b"next"))
+    assert decoder.next_frame() == b"next"
+
+
+def test_only_an_incomplete_frame_can_be_detached():
+    decoder = FrameDecoder(max_frame_size=1 << 20)
+    with pytest.raises(ValueError):
+        decoder.detach_frame()
+    decoder.feed(encode_frame(b"whole"))
+    with pytest.raises(ValueError):
+        decoder.detach_frame()  # complete frames are handed out by next_frame
+    assert decoder.next_frame() == b"whole"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import itertools
 
 import trio
@@ -13,7 +14,7 @@ from codec.framing import encode_frame
 from codec.headers import RequestHeader, encode_request_header
 from proxy import metrics
 from proxy.apiversions import ApiVersionTable, VersionRange
-from proxy.connection import ClientConnection, Forward, Request, ServeLocally
+from proxy.connection import STREAM_SEND_BYTES, ClientConnection, Forward, Request, ServeLocally
 from proxy.errors import UpstreamError
 from proxy.upstream import FramedStream
 
@@ -40,6 +41,7 @@ class Harness:
         max_frame_size: int = 1024,
         lockstep: bool = False,
         api_versions: ApiVersionTable | None = None,
+        stream_from: int = 0,
     ):
         # lockstep: a send blocks until the other side reads, as a full TCP window does.
         self._pair = trio.testing.lockstep_stream_pair if lockstep else trio.testing.memory_stream_pair
@@ -57,6 +59,7 @@ class Harness:
             api_versions=table,
             max_in_flight=max_in_flight,
             max_bytes=max_bytes,
+            stream_from=stream_from,
         )
 
     async def _open_upstream(self) -> FramedStream:
@@ -427,3 +430,109 @@ async def test_a_burst_of_buffered_requests_still_lets_other_tasks_run():
         await client.aclose()
         await listener.aclose()
         nursery.cancel_scope.cancel()
+
+
+# -- cut-through (--stream-responses-from): large responses passed on as they arrive -------------
+
+STREAM = 128 * KIB
+
+
+async def receive_at_least(stream, count: int) -> bytes:
+    data = b""
+    while len(data) < count:
+        chunk = await stream.receive_some()
+        assert chunk, "the proxy closed the connection"
+        data += chunk
+    return data
+
+
+async def test_a_large_response_the_writer_waits_for_reaches_the_client_before_its_last_byte_arrives():
+    size = 1000 * KIB
+    h = Harness(max_frame_size=1 << 20, stream_from=STREAM)
+    streamed_before = metrics.RESPONSES_STREAMED._value.get()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(h.connection.serve)
+        await h.client.send_frame(request(1, FETCH, 12))
+        await h.broker_receive()
+        answer = encode_frame(response(1, os.urandom(size)))
+        first = STREAM_SEND_BYTES + 100 * KIB
+        await h.broker.stream.send_all(answer[:first])
+        # The client gets a first part while the broker has not sent the rest.
+        with trio.fail_after(5):  # gathered whole (store and forward), nothing would come
+            early = await receive_at_least(h.client_side, STREAM_SEND_BYTES)
+        await h.broker.stream.send_all(answer[first:])
+        rest = await receive_at_least(h.client_side, len(answer) - len(early))
+        assert early + rest == answer
+        # The connection goes on: the next (small) response comes whole and in order.
+        await h.client.send_frame(request(2))
+        await h.broker_receive()
+        await h.broker.send_frame(response(2, b"small"))
+        assert await h.client.receive_frame() == response(2, b"small")
+        await h.client_side.aclose()
+    assert metrics.RESPONSES_STREAMED._value.get() == streamed_before + 1
+    assert h.connection.budget.held == 0
+
+
+async def test_pipelined_large_responses_arrive_whole_and_in_order_streamed_or_not():
+    h = Harness(max_frame_size=1 << 20, stream_from=STREAM)
+    bodies = {cid: os.urandom(size) for cid, size in ((1, 300 * KIB), (2, 10), (3, 500 * KIB), (4, 200 * KIB))}
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(h.connection.serve)
+        for cid in bodies:
+            await h.client.send_frame(request(cid, FETCH, 12))
+        for cid in bodies:
+            assert correlation_of(await h.broker_receive()) == cid
+        for cid, body in bodies.items():
+            await h.broker.send_frame(response(cid, body))
+        assert [await h.client.receive_frame() for _ in bodies] == [response(cid, b) for cid, b in bodies.items()]
+        await h.client_side.aclose()
+
+
+async def test_a_large_response_with_a_transform_is_gathered_and_transformed():
+    async def upper(req: Request, frame: bytes) -> bytes:
+        return frame[:5] + frame[5:].upper()
+
+    h = Harness(routes={METADATA: Forward(transform=upper)}, max_frame_size=1 << 20, stream_from=STREAM)
+    body = b"abc" * (100 * KIB)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(h.connection.serve)
+        await h.client.send_frame(request(1))
+        await h.broker_receive()
+        await h.broker.send_frame(response(1, body))
+        assert await h.client.receive_frame() == response(1, body.upper())
+        await h.client_side.aclose()
+
+
+async def test_upstream_closing_inside_a_streamed_response_closes_the_client_connection():
+    h = Harness(max_frame_size=1 << 20, stream_from=STREAM)
+    failures_before = metrics.UPSTREAM_FAILURES._value.get()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(h.connection.serve)
+        await h.client.send_frame(request(1, FETCH, 12))
+        await h.broker_receive()
+        answer = encode_frame(response(1, b"f" * (1000 * KIB)))
+        await h.broker.stream.send_all(answer[: STREAM_SEND_BYTES + 100 * KIB])
+        with trio.fail_after(5):
+            await receive_at_least(h.client_side, STREAM_SEND_BYTES)
+        await h.broker.stream.aclose()
+        with trio.fail_after(5):
+            await h.connection.closed.wait()
+    assert metrics.UPSTREAM_FAILURES._value.get() == failures_before + 1
+
+
+async def test_without_stream_from_a_large_response_is_gathered_whole():
+    h = Harness(max_frame_size=1 << 20)  # the default: off
+    streamed_before = metrics.RESPONSES_STREAMED._value.get()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(h.connection.serve)
+        await h.client.send_frame(request(1, FETCH, 12))
+        await h.broker_receive()
+        answer = encode_frame(response(1, os.urandom(900 * KIB)))
+        await h.broker.stream.send_all(answer[: 800 * KIB])
+        await trio.testing.wait_all_tasks_blocked()
+        with trio.move_on_after(0.2):
+            assert not await h.client_side.receive_some(), "part of an incomplete response was passed on"
+        await h.broker.stream.send_all(answer[800 * KIB:])
+        assert await receive_at_least(h.client_side, len(answer)) == answer
+        await h.client_side.aclose()
+    assert metrics.RESPONSES_STREAMED._value.get() == streamed_before

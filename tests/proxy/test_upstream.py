@@ -11,7 +11,7 @@ import trio
 import trio.testing
 
 from codec.framing import encode_frame
-from proxy.upstream import MAX_RECEIVE, NOTSENT_LOWAT, RECEIVE_CHUNK, FramedStream
+from proxy.upstream import MAX_RECEIVE, NOTSENT_LOWAT, RECEIVE_CHUNK, FramedStream, StreamedFrame
 
 
 async def tcp_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
@@ -205,3 +205,35 @@ async def test_a_tcp_stream_may_queue_more_unsent_bytes_than_trios_default():
     assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT) == NOTSENT_LOWAT
     await client.aclose()
     await server.aclose()
+
+
+async def test_a_frame_the_caller_wants_streamed_comes_in_pieces_and_the_next_one_whole():
+    payload = os.urandom(3 * MAX_RECEIVE)
+    stream = RecordingStream(encode_frame(payload) + encode_frame(b"next"))
+    framed = FramedStream(stream, 8 << 20)
+    sizes: list[int] = []
+    streamed = await framed.receive_frame(lambda size: sizes.append(size) or True)
+    assert isinstance(streamed, StreamedFrame)
+    assert sizes == [len(payload)] and streamed.size == len(payload)
+    pieces = [streamed.head]
+    while piece := await streamed.receive_more():
+        pieces.append(piece)
+    assert b"".join(pieces) == payload
+    # The pieces never read past the frame: the next one is intact.
+    assert await framed.receive_frame(lambda size: True) == b"next"
+
+
+async def test_a_frame_the_caller_declines_to_stream_is_gathered_whole():
+    payload = os.urandom(2 * MAX_RECEIVE)
+    framed = FramedStream(RecordingStream(encode_frame(payload)), 8 << 20)
+    assert await framed.receive_frame(lambda size: False) == payload
+
+
+async def test_a_streamed_frame_cut_short_raises_eof():
+    payload = os.urandom(2 * MAX_RECEIVE)
+    framed = FramedStream(RecordingStream(encode_frame(payload)[:MAX_RECEIVE]), 8 << 20)
+    streamed = await framed.receive_frame(lambda size: True)
+    assert isinstance(streamed, StreamedFrame)
+    with pytest.raises(EOFError):
+        while await streamed.receive_more():
+            pass
