@@ -23,7 +23,8 @@ requests strictly in order; the proxy keeps the same promise with three tasks:
   responses exactly as a broker would, and nothing is reordered.
 
 Slots enter the order channel *before* their frame is sent upstream, so a fast
-broker response always finds its slot.
+broker response always finds its slot. Produce with acks=0 gets no slot: the
+broker never answers it. Bytes that are only forwarded are never decoded.
 
 **Cut-through** (off unless ``stream_from`` > 0, ``--stream-responses-from``; measured mixed, see
 docs/benchmarks.md). A large upstream response (typically a Fetch) that
@@ -32,9 +33,8 @@ upstream reader writes its prefix and its pieces to the client as they arrive, t
 the slot with nothing left to write. Only the writer writes to the client otherwise, and it is
 parked on exactly this slot, so the two never write at once. Gathering first (store and forward)
 makes every large Fetch wait for its last byte before its first goes out; streaming instead costs
-more writes per response. Any other response,
-and one that arrives while the writer is still busy with earlier ones, is gathered as before. Produce with acks=0 gets no slot: the
-broker never answers it. Bytes that are only forwarded are never decoded.
+more writes per response. Any other response, and one that arrives while the writer is still
+busy with earlier ones, is gathered as before.
 
 Bytes held are bounded too (:class:`ByteBudget`, ``max_connection_bytes``): a request
 frame counts from the moment it is read until it has been passed on (sent upstream,
@@ -517,11 +517,11 @@ class ClientConnection:
         """Whether an upstream response of `size` bytes, now arriving, is passed on as it arrives:
         large, untransformed, and the very response the writer is parked on (so nothing else writes
         to the client meanwhile)."""
-        if not self._stream_from or size < self._stream_from or not self._awaiting_upstream:
+        if size < self._stream_from or not self._awaiting_upstream:
             return False
         pending = self._awaiting_upstream[0]
         return (pending is self._writer_waits_for and pending.transform is None
-                and not isinstance(pending, UpstreamCall) and not pending.ready.is_set())
+                and not isinstance(pending, UpstreamCall))
 
     async def _pass_on(self, frame: StreamedFrame) -> None:
         """Write a response to the client as it arrives (cut-through), then complete its slot."""

@@ -446,21 +446,27 @@ async def receive_at_least(stream, count: int) -> bytes:
     return data
 
 
+async def fetch_answered_in_part(h: Harness, size: int) -> bytes:
+    """Send a Fetch, let the broker send a first part of a `size`-byte answer (enough for one
+    streamed write); returns the whole answer frame."""
+    await h.client.send_frame(request(1, FETCH, 12))
+    await h.broker_receive()
+    answer = encode_frame(response(1, os.urandom(size)))
+    await h.broker.stream.send_all(answer[:STREAM_SEND_BYTES + 100 * KIB])
+    return answer
+
+
 async def test_a_large_response_the_writer_waits_for_reaches_the_client_before_its_last_byte_arrives():
     size = 1000 * KIB
     h = Harness(max_frame_size=1 << 20, stream_from=STREAM)
     streamed_before = metrics.RESPONSES_STREAMED._value.get()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(h.connection.serve)
-        await h.client.send_frame(request(1, FETCH, 12))
-        await h.broker_receive()
-        answer = encode_frame(response(1, os.urandom(size)))
-        first = STREAM_SEND_BYTES + 100 * KIB
-        await h.broker.stream.send_all(answer[:first])
+        answer = await fetch_answered_in_part(h, size)
         # The client gets a first part while the broker has not sent the rest.
         with trio.fail_after(5):  # gathered whole (store and forward), nothing would come
             early = await receive_at_least(h.client_side, STREAM_SEND_BYTES)
-        await h.broker.stream.send_all(answer[first:])
+        await h.broker.stream.send_all(answer[STREAM_SEND_BYTES + 100 * KIB:])
         rest = await receive_at_least(h.client_side, len(answer) - len(early))
         assert early + rest == answer
         # The connection goes on: the next (small) response comes whole and in order.
@@ -508,10 +514,7 @@ async def test_upstream_closing_inside_a_streamed_response_closes_the_client_con
     failures_before = metrics.UPSTREAM_FAILURES._value.get()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(h.connection.serve)
-        await h.client.send_frame(request(1, FETCH, 12))
-        await h.broker_receive()
-        answer = encode_frame(response(1, b"f" * (1000 * KIB)))
-        await h.broker.stream.send_all(answer[: STREAM_SEND_BYTES + 100 * KIB])
+        await fetch_answered_in_part(h, 1000 * KIB)
         with trio.fail_after(5):
             await receive_at_least(h.client_side, STREAM_SEND_BYTES)
         await h.broker.stream.aclose()
@@ -525,14 +528,11 @@ async def test_without_stream_from_a_large_response_is_gathered_whole():
     streamed_before = metrics.RESPONSES_STREAMED._value.get()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(h.connection.serve)
-        await h.client.send_frame(request(1, FETCH, 12))
-        await h.broker_receive()
-        answer = encode_frame(response(1, os.urandom(900 * KIB)))
-        await h.broker.stream.send_all(answer[: 800 * KIB])
+        answer = await fetch_answered_in_part(h, 900 * KIB)
         await trio.testing.wait_all_tasks_blocked()
         with trio.move_on_after(0.2):
             assert not await h.client_side.receive_some(), "part of an incomplete response was passed on"
-        await h.broker.stream.send_all(answer[800 * KIB:])
+        await h.broker.stream.send_all(answer[STREAM_SEND_BYTES + 100 * KIB:])
         assert await receive_at_least(h.client_side, len(answer)) == answer
         await h.client_side.aclose()
     assert metrics.RESPONSES_STREAMED._value.get() == streamed_before
