@@ -65,7 +65,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -374,6 +374,15 @@ def _error(exc: BaseException) -> dict:
     return {"error": type(exc).__name__, "detail": str(exc)[:160]}
 
 
+def _attempt(steps: dict, name: str, call: Callable[[], object], done: str = "ok") -> None:
+    """Record in `steps` what one client call of a (possibly fenced) producer did."""
+    try:
+        call()
+        steps[name] = done
+    except (KafkaException, SystemError) as exc:
+        steps[name] = _error(exc)
+
+
 def _flush(producer: Producer, timeout: float = 10) -> str:
     try:
         left = producer.flush(timeout)
@@ -445,18 +454,11 @@ def fencing_part(bootstrap: str) -> dict:
     # A carries on as if nothing happened.
     deliveries.clear()
     steps: dict = {}
-    try:
-        a.produce(topic, key=b"k", value=b"A-open-2", on_delivery=on_delivery)
-        steps["produce"] = "accepted locally"
-    except (KafkaException, SystemError) as exc:
-        steps["produce"] = _error(exc)
+    _attempt(steps, "produce", lambda: a.produce(topic, key=b"k", value=b"A-open-2", on_delivery=on_delivery),
+             "accepted locally")
     steps["flush"] = _flush(a)
     steps["delivery_reports"] = list(deliveries)
-    try:
-        a.commit_transaction(10)
-        steps["commit_transaction"] = "ok"
-    except (KafkaException, SystemError) as exc:
-        steps["commit_transaction"] = _error(exc)
+    _attempt(steps, "commit_transaction", lambda: a.commit_transaction(10))
     steps["error_cb"] = list(client_errors)
     client_errors.clear()
     result["a_after_fenced_open_txn"] = steps
@@ -473,23 +475,12 @@ def fencing_part(bootstrap: str) -> dict:
     result["init_used_id_idle_ms"] = round((time.monotonic() - t) * 1000, 1)
     steps = {}
     deliveries.clear()
-    try:
-        b.begin_transaction()
-        steps["begin_transaction"] = "ok"
-    except (KafkaException, SystemError) as exc:
-        steps["begin_transaction"] = _error(exc)
-    try:
-        b.produce(topic, key=b"k", value=b"B-zombie", on_delivery=on_delivery)
-        steps["produce"] = "accepted locally"
-    except (KafkaException, SystemError) as exc:
-        steps["produce"] = _error(exc)
+    _attempt(steps, "begin_transaction", b.begin_transaction)
+    _attempt(steps, "produce", lambda: b.produce(topic, key=b"k", value=b"B-zombie", on_delivery=on_delivery),
+             "accepted locally")
     steps["flush"] = _flush(b)
     steps["delivery_reports"] = list(deliveries)
-    try:
-        b.commit_transaction(10)
-        steps["commit_transaction"] = "ok"
-    except (KafkaException, SystemError) as exc:
-        steps["commit_transaction"] = _error(exc)
+    _attempt(steps, "commit_transaction", lambda: b.commit_transaction(10))
     steps["error_cb"] = list(client_errors)
     result["b_after_fenced_idle"] = steps
     c.begin_transaction()
