@@ -11,6 +11,7 @@ key version (record type)  key          value (value version 0)
 32001                      ProxyShareGroupMetadataKey    group epoch
 32002                      ProxyShareGroupPartitionsKey  initialized partitions
 32003                      ProxyShareGroupConfigKey      group configs
+32004                      ProxyStateLayoutKey           the layout marker
 ========================  ===========  ==================================
 
 Types 0 and 1 are exactly Kafka 4.4's (including the tagged DeliveryCompleteCount).
@@ -43,6 +44,7 @@ class RecordType(enum.IntEnum):
     PROXY_GROUP_METADATA = 32001
     PROXY_GROUP_PARTITIONS = 32002
     PROXY_GROUP_CONFIG = 32003
+    PROXY_STATE_LAYOUT = 32004
 
 
 class DeliveryState(enum.IntEnum):
@@ -64,6 +66,7 @@ _NAMES = {
     RecordType.PROXY_GROUP_METADATA: "ProxyShareGroupMetadata",
     RecordType.PROXY_GROUP_PARTITIONS: "ProxyShareGroupPartitions",
     RecordType.PROXY_GROUP_CONFIG: "ProxyShareGroupConfig",
+    RecordType.PROXY_STATE_LAYOUT: "ProxyStateLayout",
 }
 _KEYS: dict[int, type] = {}
 _VALUES: dict[int, type] = {}
@@ -81,6 +84,8 @@ ProxyShareGroupPartitionsKey = _KEYS[RecordType.PROXY_GROUP_PARTITIONS]
 ProxyShareGroupPartitionsValue = _VALUES[RecordType.PROXY_GROUP_PARTITIONS]
 ProxyShareGroupConfigKey = _KEYS[RecordType.PROXY_GROUP_CONFIG]
 ProxyShareGroupConfigValue = _VALUES[RecordType.PROXY_GROUP_CONFIG]
+ProxyStateLayoutKey = _KEYS[RecordType.PROXY_STATE_LAYOUT]
+ProxyStateLayoutValue = _VALUES[RecordType.PROXY_STATE_LAYOUT]
 
 _TYPE_OF_KEY = {cls: record_type for record_type, cls in _KEYS.items()}
 _TYPE_OF_VALUE = {cls: record_type for record_type, cls in _VALUES.items()}

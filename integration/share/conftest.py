@@ -468,13 +468,21 @@ def wait_for_assigned_members(bootstrap: str, group: str, count: int, timeout: f
 # ----- the durable share state, read back ------------------------------------------------------
 
 
+def state_topic_partitions(bootstrap: str, state_topic: str) -> int:
+    """The state topic's partition count: replay judges each record against its home partition
+    (layout 2), so a migrated topic's leftover copies and their tombstones are folded correctly."""
+    metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(state_topic, timeout=10)
+    return len(metadata.topics[state_topic].partitions)
+
+
 def durable_state(bootstrap: str, state_topic: str, group: str) -> dict[int, PartitionSnapshot]:
     """What a restarted proxy would rebuild for `group` from the state topic: partition -> snapshot.
 
     Rebuilt through the engine, as a restart does: a snapshot written when an acknowledgement was
     staged has the finished records at its head and the SPSO before them (the SPSO moves in
     memory once the write is durable, and is written with the partition's next change)."""
-    recovered = recover((r.key, r.value) for r in replay_state_topic(bootstrap, state_topic, timeout_s=20))
+    recovered = recover(replay_state_topic(bootstrap, state_topic, timeout_s=20),
+                        partitions=state_topic_partitions(bootstrap, state_topic))
     return {
         key[2]: SharePartition.from_persisted(PartitionConfig(), found.snapshot, found.updates).snapshot()
         for key, found in recovered.partitions.items() if key[0] == group

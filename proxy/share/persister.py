@@ -156,7 +156,7 @@ def route_partition(route: bytes, partitions: int) -> int:
     return zlib.crc32(route) % partitions
 
 
-StateRecord = tuple[bytes, bytes | None] | tuple[bytes, bytes | None, bytes]
+StateRecord = tuple[bytes, bytes | None] | tuple[bytes, bytes | None, bytes | int]
 
 
 class StateLogWriter:
@@ -164,8 +164,10 @@ class StateLogWriter:
 
     A record is (key, value-or-tombstone), placed by librdkafka's default partitioner, or (key,
     value, route): produced to :func:`route_partition` of ``route``, so records with different keys
-    can share a partition (a share-partition's snapshot and update). The partition count is read
-    from metadata on the first routed write and again after a routed write fails.
+    can share a partition (a share-partition's snapshot and update), or, when ``route`` is an int,
+    to that partition (a layout migration's tombstones of copies left off their home). The
+    partition count is read from metadata on the first routed write and again after a routed
+    write fails.
 
     An idempotent producer that hits a *fatal* error (e.g. its producer id fenced, or sequence
     numbers out of sync after a long outage) can never write again; the writer then replaces it
@@ -284,7 +286,11 @@ class StateLogWriter:
         for record in records:
             key, value = record[0], record[1]
             # -1: librdkafka's partitioner (RD_KAFKA_PARTITION_UA)
-            partition = route_partition(record[2], partitions) if len(record) == 3 else -1
+            partition = -1 if len(record) != 3 else (
+                record[2] if isinstance(record[2], int) else route_partition(record[2], partitions))
+            if partition >= max(partitions, 1):
+                token.run_sync_soon(settle, f"partition {partition} of {topic!r} does not exist ({partitions})")
+                continue
             while True:
                 try:
                     if partition < 0:

@@ -18,7 +18,7 @@ import trio
 from codec.extensions import DEFAULT_DESCRIBE_IN_FLIGHT_KEY, DEFAULT_MARK_IN_PROGRESS_KEY
 from proxy.security import librdkafka_config
 from proxy.server import Proxy
-from proxy.share import metrics, observe, state_store
+from proxy.share import metrics, observe, state_layout, state_store
 from proxy.share.admin_routes import admin_routes, register_admin_versions
 from proxy.share.authorization import AuthorizationPolicy
 from proxy.share.cluster import Cluster
@@ -30,6 +30,7 @@ from proxy.share.group_admin import GroupAdmin
 from proxy.share.group_guard import CONSUMER_GROUP_HEARTBEAT, JOIN_GROUP, ConsumerGroupGuard
 from proxy.share.manager import ShareService, ShareServiceConfig, monotonic_ms, wall_clock_ms
 from proxy.share.persister import (
+    PersistError,
     StateLogWriter,
     StateTopicSpec,
     ensure_state_topics,
@@ -183,6 +184,27 @@ async def _injected_replay_delay() -> None:
         await trio.sleep(seconds)
 
 
+async def _recover_in_layout_2(writer: StateLogWriter, topic: str, replayed) -> state_store.RecoveredState:
+    """Fold the replayed records and, when the topic is not (wholly) in layout 2 for its partition
+    count, migrate it before anything is served (proxy/share/state_layout.py); retried until done,
+    as replay is: serving from a half-placed topic is what the migration exists to prevent."""
+    delay = 0.5
+    while True:
+        try:
+            partitions = await writer.partition_count(topic)
+            # Records that do not decode or apply are skipped (logged with partition and offset,
+            # counted). IN_PROGRESS times are wall clock on the topic; engines run on monotonic_ms.
+            recovered = state_store.recover(replayed, topic=topic, clock_offset_ms=wall_clock_ms() - monotonic_ms(),
+                                            partitions=partitions)
+            if recovered.needs_migration(partitions):
+                await state_layout.migrate(writer, topic, recovered, partitions)
+            return recovered
+        except PersistError as exc:
+            log.warning("state topic layout not settled yet; retrying", error=str(exc), retry_in_s=delay)
+            await trio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+
+
 async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: trio.Nursery) -> ShareService:
     """Load durable share state, start the service in `nursery`, and route the share APIs."""
     config = proxy.config
@@ -211,16 +233,13 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
             log.warning("share state not loadable yet; retrying", error=str(exc), retry_in_s=delay)
             await trio.sleep(delay)
             delay = min(delay * 2, 10.0)
-    # Records that do not decode or apply are skipped (logged with partition and offset, counted).
-    # IN_PROGRESS times are wall clock on the topic; the service's engines run on monotonic_ms.
-    recovered = state_store.recover(replayed, topic=settings.state_topic,
-                                    clock_offset_ms=wall_clock_ms() - monotonic_ms())
-    await _injected_replay_delay()
-    metrics.STATE_REPLAY_SECONDS.set(trio.current_time() - replay_started)
-    metrics.STATE_REPLAY_RECORDS.set(len(replayed))
     writer = StateLogWriter(bootstrap, delivery_timeout_ms=settings.state_write_timeout_ms,
                             client_config=client_config)
     writer.start()
+    recovered = await _recover_in_layout_2(writer, settings.state_topic, replayed)
+    await _injected_replay_delay()
+    metrics.STATE_REPLAY_SECONDS.set(trio.current_time() - replay_started)
+    metrics.STATE_REPLAY_RECORDS.set(len(replayed))
     cluster = Cluster(config.upstream, connect_timeout=config.connect_timeout,
                       max_frame_size=config.max_upstream_frame_size,
                       connections_per_broker=settings.upstream_connections,

@@ -107,12 +107,20 @@ def test_unknown_value_version_and_mismatched_types_are_errors():
 def test_proxy_metadata_record_types_do_not_collide_with_kafkas():
     assert {t for t in RecordType if t >= 32000} == {
         RecordType.PROXY_GROUP_METADATA, RecordType.PROXY_GROUP_PARTITIONS, RecordType.PROXY_GROUP_CONFIG,
+        RecordType.PROXY_STATE_LAYOUT,
     }
     config = share_state.ProxyShareGroupConfigValue(
         configs=(share_state.ProxyShareGroupConfigValue.Config(name="group.share.record.lock.duration.ms", value="15000"),)
     )
     key = share_state.ProxyShareGroupConfigKey(group_id="g")
     assert decode_record(*encode_record(key, config)).value == config
+
+
+def test_the_layout_marker_has_one_fixed_key_and_round_trips():
+    marker = share_state.ProxyStateLayoutValue(layout=2, partitions=12)
+    key, value = encode_record(share_state.ProxyStateLayoutKey(), marker)
+    assert key == (32004).to_bytes(2, "big")  # no fields: one marker per topic, compaction keeps the newest
+    assert decode_record(key, value).value == marker
 
 
 # ----- the replay fast path (read_share_value) ------------------------------------------------

@@ -380,16 +380,17 @@ async def test_the_easy_case_writes_updates_after_its_first_snapshot_unless_belo
     assert replay(writer) == leader.engine.snapshot()
 
 
-async def test_without_deltas_every_write_is_a_snapshot_routed_by_its_own_key(autojump_clock):
+async def test_without_deltas_every_write_is_a_snapshot_routed_to_its_home(autojump_clock):
     writer = Writer()
     pipeline = CommitPipeline(writer, "state", wall_clock=lambda: 0)
     leader = fragmented_leader()
     pipeline.touch(leader)
     assert await pipeline.write_once()
     assert await change(pipeline, leader, 50)
-    route = state_store.share_partition_route(KEY)
+    # Layout 2: routed by (topic id, partition), the same whatever the group.
+    route = state_store.share_partition_route(("another-group", KEY[1], KEY[2]))
     assert written(writer) == [(SNAPSHOT, 1, route), (SNAPSHOT, 2, route)]
-    assert writer.batches[0][0][0] == route and leader.delta_base is None
+    assert leader.delta_base is None
 
 
 async def test_a_new_state_epoch_is_written_as_a_snapshot(autojump_clock):

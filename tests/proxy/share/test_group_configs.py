@@ -229,7 +229,7 @@ async def test_delete_of_the_last_override_writes_a_tombstone():
         (done,) = decode_response(INCREMENTAL_ALTER_CONFIGS, 1, await h.client.receive_frame()).responses
         assert done.error_code == ErrorCode.none
         assert coordinator.group_config_overrides("sg") == {}
-        assert [value for _, value in commits.queued] == [None]
+        assert [value for _, value, _ in commits.queued] == [None]
         nursery.cancel_scope.cancel()
 
 

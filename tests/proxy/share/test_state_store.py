@@ -75,24 +75,26 @@ def test_snapshot_key_is_the_same_for_every_write_of_a_partition():
 
 
 def test_group_records_round_trip():
-    metadata = records.decode_record(*state_store.group_metadata_record("g", 9, 1_234))
+    metadata = records.decode_record(*state_store.group_metadata_record("g", 9, 1_234)[:2])
     assert (metadata.key.group_id, metadata.value.group_epoch, metadata.value.create_timestamp) == ("g", 9, 1_234)
 
     partitions = records.decode_record(*state_store.group_partitions_record(
         "g", [(TOPIC, 2), (TOPIC, 0), (OTHER_TOPIC, 1)], {TOPIC: "orders"},
-    ))
+    )[:2])
     assert [(t.topic_id, t.topic_name, tuple(t.partitions)) for t in partitions.value.initialized_topics] == sorted(
         [(TOPIC, "orders", (0, 2)), (OTHER_TOPIC, "", (1,))]
     )
 
-    configs = records.decode_record(*state_store.group_config_record("g", {"b": 2, "a": "x"}))
+    configs = records.decode_record(*state_store.group_config_record("g", {"b": 2, "a": "x"})[:2])
     assert [(c.name, c.value) for c in configs.value.configs] == [("a", "x"), ("b", "2")]
 
 
 def test_group_tombstones_cover_all_three_group_records():
     tombstones = state_store.group_tombstones("g")
-    assert [value for _, value in tombstones] == [None, None, None]
-    assert {records.decode_key(key)[0] for key, _ in tombstones} == {
+    assert [value for _, value, _ in tombstones] == [None, None, None]
+    # All three on the group's one home partition (layout 2).
+    assert {route for _, _, route in tombstones} == {state_store.group_route("g")}
+    assert {records.decode_key(key)[0] for key, _, _ in tombstones} == {
         records.RecordType.PROXY_GROUP_METADATA,
         records.RecordType.PROXY_GROUP_PARTITIONS,
         records.RecordType.PROXY_GROUP_CONFIG,
@@ -267,7 +269,7 @@ def test_a_skipped_record_is_logged_with_its_topic_partition_and_offset_and_coun
     from proxy.share.metrics import STATE_RECORDS_SKIPPED
     from proxy.share.persister import ReplayedRecord
 
-    log = [ReplayedRecord(0, 7, *group()), ReplayedRecord(2, 41, b"\x00", None),
+    log = [ReplayedRecord(0, 7, *group()[:2]), ReplayedRecord(2, 41, b"\x00", None),
            ReplayedRecord(2, 42, *raw_snapshot([(10, 10, 9, 1)])), ReplayedRecord(1, 3, *snapshot())]
     before = STATE_RECORDS_SKIPPED._value.get()
     with capture_logs() as logged:
