@@ -174,6 +174,8 @@ class ProxyConfig:
     share_metadata_refresh_ms: int = 10_000
     state_write_timeout_ms: int = 30_000
     state_deltas: str = "on"  # on | off: cumulative ShareUpdates between snapshots (proxy/share/state_delta.py)
+    state_fencing: str = "none"  # none | transactional: a transactional producer per state partition
+    state_transactional_id_prefix: str = "ksp-state"
     state_snapshot_every: int = 100
     share_read_cache_bytes: int = 64 * 1024 * 1024
     share_upstream_connections: int = 32
@@ -320,6 +322,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("share_long_poll_connections", int, "connections per upstream broker the share service may hold in long polls (Fetch waiting for new data), apart from the ones above so that long polls never starve them (default 8)", "N"),
     Option("max_share_sessions", int, "share sessions the proxy keeps (group.share.max.share.sessions, default 2000)", "N"),
     Option("state_write_timeout_ms", int, "how long one state-topic write may take before it fails; a failed acknowledgement is rolled back and answered with a retriable error (the state producer's delivery timeout, default 30000)", "MS"),
+    Option("state_fencing", parse_choice("none", "transactional"), "transactional: write each state-topic partition through a transactional producer whose transactional.id (<prefix>.<state topic>.<partition>) is the same for every instance, and take it over before replay, so a second or paused proxy on the same state topic can never overwrite what this one wrote (its writes fail fenced); costs about 3 ms per write and needs transactions on the cluster (default none: one idempotent producer; docs/scale-out.md)", "none|transactional"),
+    Option("state_transactional_id_prefix", str, "prefix of the state lanes' transactional ids with --state-fencing transactional; the proxy's principal needs WRITE and DESCRIBE on TransactionalId with this prefix (default ksp-state)", "PREFIX"),
     Option("state_deltas", parse_choice("on", "off"), "on: write a share-partition's state changes as cumulative ShareUpdates (everything changed since its last durable snapshot) when clearly smaller than a snapshot, with a snapshot every --state-snapshot-every updates; off: a full ShareSnapshot per change (default on; docs/architecture.md, Durable state)", "on|off"),
     Option("state_snapshot_every", int, "with --state-deltas on: at most this many ShareUpdates per share-partition before a new snapshot; bounds replay before compaction (default 100)", "N"),
     Option("share_read_cache_bytes", int, "log bytes the share-partition read caches may hold in total, for members queued behind one upstream read (default 67108864)", "BYTES"),

@@ -103,6 +103,8 @@ def share_settings(config: ProxyConfig):
         metadata_refresh_ms=config.share_metadata_refresh_ms,
         state_write_timeout_ms=config.state_write_timeout_ms,
         state_deltas=config.state_deltas == "on",
+        state_fencing=config.state_fencing,
+        state_transactional_id_prefix=config.state_transactional_id_prefix,
         state_snapshot_every=config.state_snapshot_every,
         read_cache_bytes=config.share_read_cache_bytes,
         upstream_connections=config.share_upstream_connections,

@@ -65,7 +65,10 @@ def select(events: DataFrame, snapshots: DataFrame, group: str | None, since_ms:
 def _state_records(spark: SparkSession, args: argparse.Namespace) -> DataFrame:
     """The whole (compacted) state topic; no rows when it is absent or unreadable."""
     try:
-        records = sources.read_topic(spark, args.bootstrap_server, args.state_topic)
+        # read_committed: with --state-fencing transactional a fenced instance's aborted records are
+        # on the topic too, and must not count (Spark's Kafka source reads uncommitted by default).
+        records = sources.read_topic(spark, args.bootstrap_server, args.state_topic,
+                                     options={"kafka.isolation.level": "read_committed"})
         snapshots = sources.decoded_snapshots(records).persist(StorageLevel.MEMORY_AND_DISK)
         snapshots.count()  # read now: a missing topic fails here, inside this try
         return snapshots

@@ -40,6 +40,7 @@ from proxy.share.in_flight import in_flight_routes, in_flight_version_range
 from proxy.share.progress import extension_features, progress_routes, progress_version_range
 from proxy.share.routes import served_version_ranges, share_routes
 from proxy.share.state_delta import DeltaPolicy
+from proxy.share.state_lanes import TransactionalStateWriter
 from proxy.share.state_topic_guard import StateTopics, state_topic_routes
 from proxy.share.supervise import guarded, supervised
 
@@ -89,6 +90,8 @@ class ShareSettings:
     # Cumulative ShareUpdates between snapshots (--state-deltas, proxy.share.state_delta), and at most
     # this many updates per snapshot (--state-snapshot-every).
     state_deltas: bool = True
+    state_fencing: str = "none"  # none | transactional (proxy/share/state_lanes.py)
+    state_transactional_id_prefix: str = "ksp-state"
     state_snapshot_every: int = 100
     read_cache_bytes: int = 64 * 1024 * 1024  # one budget for every share-partition's read cache
     upstream_connections: int = 32  # per broker: ListOffsets, ListGroups, record reads
@@ -184,7 +187,7 @@ async def _injected_replay_delay() -> None:
         await trio.sleep(seconds)
 
 
-async def _recover_in_layout_2(writer: StateLogWriter, topic: str, replayed) -> state_store.RecoveredState:
+async def _recover_in_layout_2(writer: StateLogWriter | TransactionalStateWriter, topic: str, replayed) -> state_store.RecoveredState:
     """Fold the replayed records and, when the topic is not (wholly) in layout 2 for its partition
     count, migrate it before anything is served (proxy/share/state_layout.py); retried until done,
     as replay is: serving from a half-placed topic is what the migration exists to prevent."""
@@ -217,6 +220,14 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
         replication_factor=settings.state_topic_replication_factor,
         min_insync_replicas=settings.state_topic_min_insync_replicas,
     )
+    if settings.state_fencing == "transactional":
+        writer = TransactionalStateWriter(bootstrap, transactional_id_prefix=settings.state_transactional_id_prefix,
+                                          delivery_timeout_ms=settings.state_write_timeout_ms,
+                                          client_config=client_config)
+    else:
+        writer = StateLogWriter(bootstrap, delivery_timeout_ms=settings.state_write_timeout_ms,
+                                client_config=client_config)
+    writer.start()
     delay = 0.5
     replay_started = trio.current_time()
     while True:
@@ -224,6 +235,10 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
             await trio.to_thread.run_sync(
                 lambda: ensure_state_topics(bootstrap, [spec], client_config=client_config), abandon_on_cancel=True
             )
+            if isinstance(writer, TransactionalStateWriter):
+                # Fence first: after it nothing an earlier owner has open can commit, so the
+                # read_committed replay below holds everything any owner ever confirmed.
+                await writer.fence(settings.state_topic)
             replayed = await trio.to_thread.run_sync(
                 lambda: replay_state_topic(bootstrap, settings.state_topic, client_config=client_config),
                 abandon_on_cancel=True,
@@ -233,9 +248,6 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
             log.warning("share state not loadable yet; retrying", error=str(exc), retry_in_s=delay)
             await trio.sleep(delay)
             delay = min(delay * 2, 10.0)
-    writer = StateLogWriter(bootstrap, delivery_timeout_ms=settings.state_write_timeout_ms,
-                            client_config=client_config)
-    writer.start()
     recovered = await _recover_in_layout_2(writer, settings.state_topic, replayed)
     await _injected_replay_delay()
     metrics.STATE_REPLAY_SECONDS.set(trio.current_time() - replay_started)
