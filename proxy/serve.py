@@ -103,7 +103,10 @@ def share_settings(config: ProxyConfig):
         metadata_refresh_ms=config.share_metadata_refresh_ms,
         state_write_timeout_ms=config.state_write_timeout_ms,
         state_deltas=config.state_deltas == "on",
-        state_fencing=config.state_fencing,
+        state_fencing="transactional" if config.instance_id is not None else config.state_fencing,
+        instance_id=config.instance_id,
+        instance_slot=config.instance_slot,
+        ownership_session_timeout_ms=config.ownership_session_timeout_ms,
         state_transactional_id_prefix=config.state_transactional_id_prefix,
         state_snapshot_every=config.state_snapshot_every,
         read_cache_bytes=config.share_read_cache_bytes,
@@ -195,6 +198,9 @@ async def serve(config: ProxyConfig) -> None:
             if not stop.is_set():
                 async with trio.open_nursery() as nursery:
                     bootstrap = await nursery.start(proxy.run)
+                    if service is not None and service.scale_out is not None:
+                        # Joins the ownership group once its endpoints are known (issue 15).
+                        await service.scale_out.join(int(str(bootstrap).rsplit(":", 1)[1]), service_nursery)
                     READINESS.set("listening", not stop.is_set())
                     print(f"ready bootstrap={bootstrap}", flush=True)
                     # proxy.run returns once a signal has called proxy.shutdown().

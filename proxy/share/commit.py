@@ -215,6 +215,12 @@ class CommitPipeline:
         """Drop a removed share-partition from the next write (its tombstone must stay the last word)."""
         self._dirty.discard(leader)
 
+    def forget_group_records(self, gone: Callable[[bytes | int], bool]) -> None:
+        """Drop queued group records whose route ``gone`` says another instance now writes
+        (scale-out hand-over); unrouted records stay."""
+        self._group_records = {key: record for key, record in self._group_records.items()
+                               if len(record) != 3 or not gone(record[2])}
+
     @property
     def pending_group_records(self) -> int:
         return len(self._group_records)

@@ -700,6 +700,13 @@ class ShareGroupCoordinator:
         gone = frozenset(group.initialized)
         return ErrorCode.none, [PartitionsDeleted(group_id, gone)] if gone else []
 
+    def forget_group(self, group_id: str) -> bool:
+        """Drop a group from memory without deleting it (no events, nothing to persist): another
+        proxy instance coordinates it now (scale-out hand-over); its members rejoin there."""
+        self._config_overrides.pop(group_id, None)
+        self._configs.pop(group_id, None)
+        return self._groups.pop(group_id, None) is not None
+
     def create_empty_group(self, group_id: str) -> list[Event]:
         """An empty share group, as Kafka's AlterShareGroupOffsets creates one for an unknown id
         (``getOrMaybeCreateShareGroup(groupId, true)``); no event if it exists already."""

@@ -50,6 +50,7 @@ from proxy.share.commit import Cause, CommitPipeline
 from proxy.share.coordinator import (
     AssignmentChanged,
     CoordinatorConfig,
+    DescribedGroup,
     GroupEpochBumped,
     MemberDeparted,
     PartitionsDeleted,
@@ -60,6 +61,7 @@ from proxy.share.coordinator import (
 )
 from proxy.share.coordinator import TopicInfo as CoordinatorTopic
 from proxy.share.leaders import Leader, PartitionRegistry
+from proxy.share.ownership import ServiceOwnership
 from proxy.share.partition import AckRange, AcquireMode, ReleaseReason, ShareStateError, acquisition_mark
 from proxy.share.persister import PersistError, StateLogWriter
 from proxy.share.reader import Fetched, FetchParams, MetadataRefresher, Reader, WorkSignal
@@ -82,6 +84,8 @@ AckResults = dict[TopicIdPartition, tuple[ErrorCode, str | None]]
 #: touches, the ones the client may not READ. Asked after the session step, as Kafka's brokers do.
 TopicCheck = Callable[[set[uuid.UUID]], Awaitable[set[uuid.UUID]]]
 TOPIC_DENIED = (ErrorCode.topic_authorization_failed, "Topic authorization failed.")
+NOT_LED_HERE = (ErrorCode.not_leader_or_follower,
+                "Another proxy instance leads this share-partition (scale-out); refresh metadata.")
 
 # Fetch failures that mean our metadata may be stale trigger a refresh at most this often.
 STALE_METADATA_REFRESH_S = 0.5
@@ -181,6 +185,9 @@ class ShareService:
         self._watched_connections: set[int] = set()
         self._nursery: trio.Nursery | None = None
         self._group_created: dict[str, int] = {}
+        # Scale-out (issue 15): which share-partitions and groups this instance serves; None: all.
+        self.ownership: ServiceOwnership | None = None
+        self.scale_out = None  # runtime.ScaleOut with --instance-id: the ownership group member
         # Closed after the last state write, before the writer (e.g. the event log, which still
         # hears that write's committed changes).
         self.closers: list[Callable[[], Awaitable[None]]] = []
@@ -224,6 +231,8 @@ class ShareService:
 
     async def aclose(self) -> None:
         """Write what is still dirty, then close the writer and upstream connections."""
+        if self.scale_out is not None:
+            await self.scale_out.leave()  # hands owned partitions over, flushed, before anything closes
         await self.commits.flush([leader for leader in self.leaders.values() if leader.durable < leader.version])
         for close in self.closers:
             await close()
@@ -452,8 +461,55 @@ class ShareService:
         return heartbeat_response(result)
 
     def describe(self, request):
-        return describe_response(self.coordinator.describe(request.group_ids),
-                                 include_authorized_operations=bool(request.include_authorized_operations))
+        ownership = self.ownership
+        if ownership is None:
+            described = self.coordinator.describe(request.group_ids)
+        else:
+            here = [g for g in request.group_ids if ownership.coordinates(g)]
+            local = iter(self.coordinator.describe(here))
+            described = [next(local) if ownership.coordinates(g) else DescribedGroup(
+                g, ErrorCode.not_coordinator, "Another proxy instance coordinates this group (scale-out).")
+                for g in request.group_ids]
+        return describe_response(described, include_authorized_operations=bool(request.include_authorized_operations))
+
+    # ----- scale-out: state partitions gained and given up -------------------------------------
+
+    def gain(self, partitions: frozenset[int], recovered: state_store.RecoveredState) -> None:
+        """Serve the share-partitions and groups homed on ``partitions`` (fenced and replayed by the
+        caller; ``recovered`` holds only their records)."""
+        assert self.ownership is not None
+        self.restore(recovered)
+        self.ownership.owned = self.ownership.owned | partitions
+        self.work.fire()
+
+    async def give_up(self, partitions: frozenset[int], *, flush: bool) -> None:
+        """Stop serving what is homed on ``partitions`` (another instance takes them over): refuse it
+        from now on, write what is dirty there when ``flush`` (a clean revocation; never when the
+        partitions were lost: this instance's writes are fenced or about to be), then drop the
+        share-partitions and groups from memory. Acquired records are not written: the new owner's
+        replay finds them available with their previous delivery count."""
+        ownership = self.ownership
+        assert ownership is not None
+        ownership.owned = ownership.owned - partitions
+        leaving = [key for key in self.leaders.keys() if ownership.home_of_partition(key[1], key[2]) in partitions]
+        if flush:
+            dirty = [leader for key in leaving if (leader := self.leaders.active(key)) is not None
+                     and leader.durable < leader.version]
+            if dirty:
+                await self.commits.flush(dirty)
+        for key in leaving:
+            leader = self.leaders.active(key)
+            if leader is not None:
+                self.commits.forget(leader)
+            self.leaders.remove(key)
+        groups = [g for g in self.coordinator.group_ids() if ownership.home_of_group(g) in partitions]
+        for group_id in groups:
+            self.coordinator.forget_group(group_id)
+            self._group_created.pop(group_id, None)
+        self.commits.forget_group_records(lambda route: ownership.home_of_route(route) in partitions)
+        self.work.fire()
+        log.info("share state handed over", partitions=sorted(partitions), share_partitions=len(leaving),
+                 groups=len(groups), flushed=flush)
 
     def membership_error(self, group_id: str, member_id: str) -> tuple[ErrorCode, str] | None:
         """A share session is served only to a member of the group (else nothing is created).
@@ -495,6 +551,9 @@ class ShareService:
                     continue
                 if tp[0] in denied:
                     results[tp] = TOPIC_DENIED
+                    continue
+                if self.ownership is not None and not self.ownership.leads(*tp):
+                    results[tp] = NOT_LED_HERE
                     continue
                 leader = self.leaders.active((group_id, *tp))  # a parked one holds nothing acquired
                 if leader is None:
@@ -631,9 +690,14 @@ class ShareService:
             # its last acknowledgements, but acquires nothing more: its heartbeat tells it to rejoin.
             renew = getattr(request, "is_renew_ack", False)
             allowed = [tp for tp in context.session.partitions if tp[0] not in denied]
+            not_led = [] if self.ownership is None else [tp for tp in allowed if not self.ownership.leads(*tp)]
+            if not_led:
+                allowed = [tp for tp in allowed if tp not in not_led]
             if not renew and allowed and self.coordinator.has_member(group_id, member_id):
                 outcome.fetched = await self.reader.fetch_records(
                     allowed, group_id, member_id, _fetch_params(request, max_bytes_cap))
+            for tp in not_led:  # scale-out: the client re-reads metadata and goes to the leader
+                outcome.fetched[tp] = Fetched(error=NOT_LED_HERE[0], message=NOT_LED_HERE[1])
         if denied and not renew:
             for tp in context.session.partitions:
                 if tp[0] in denied:

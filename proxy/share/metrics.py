@@ -13,6 +13,9 @@ STATE_PARTITION_RECORDS = Counter("ksp_share_state_partition_records",
 STATE_WRITABLE = Gauge("ksp_share_state_writable", "0 from a failed state-topic write until the next one succeeds, else 1")
 STATE_PRODUCER_RECREATED = Counter("ksp_share_state_producer_recreated",
                                    "State producers replaced after a fatal producer error")
+STATE_PARTITION_OWNED = Gauge("ksp_share_state_partition_owned",
+                              "1 for each state-topic partition this instance owns in scale-out mode (--instance-id), "
+                              "0 once given up", ["partition"])
 STATE_LANES_FENCED = Counter("ksp_share_state_lanes_fenced",
                              "State-topic partitions this instance stopped writing because another producer took "
                              "over their transactional id (--state-fencing transactional)")

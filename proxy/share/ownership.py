@@ -20,14 +20,16 @@ each member's assignment (measured), so any instance can rebuild the **owner map
 partition -> instance -> endpoints -- from the cluster alone (:func:`owner_map`). It is refreshed
 after every rebalance and every ``refresh_s``.
 
-Not wired into serving yet: nothing in the proxy creates an :class:`OwnershipMember` (the
-``--instance-id`` flag comes with routing, docs/scale-out.md step 4).
+``--instance-id`` runs one (proxy/share/runtime.py ``ScaleOut``); :class:`ServiceOwnership` is
+what the share service asks on each request. Routing clients to the owning instance (virtual node
+ids in Metadata and FindCoordinator) is not built yet: docs/scale-out.md step 4.
 """
 
 from __future__ import annotations
 
 import re
 import threading
+import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -36,6 +38,10 @@ import trio
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from proxy.errors import ConfigError
+from proxy.share import state_store
+from proxy.share.persister import route_partition
+
 log = structlog.get_logger(__name__)
 
 CLIENT_ID_VERSION = 1
@@ -43,8 +49,8 @@ MAX_SLOT = 2046  # vnode ids ((slot + 1) << 20 | broker) must stay positive int3
 DEFAULT_GROUP_PREFIX = "ksp-owners"
 
 
-class OwnershipError(Exception):
-    """This instance cannot join the ownership group (e.g. its slot is taken)."""
+class OwnershipError(ConfigError):
+    """This instance cannot join the ownership group (e.g. its slot is taken): fatal at start."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +147,53 @@ def slot_conflict(members: Iterable[object], identity: InstanceIdentity) -> Inst
     return None
 
 
+def refuse_taken_slot(members: Iterable[object], instance_id: str, slot: int) -> None:
+    """OwnershipError if a live member claims ``slot`` under another instance id."""
+    taken = slot_conflict(members, InstanceIdentity(instance_id, slot, "-", 0, 0))
+    if taken is not None:
+        raise OwnershipError(f"slot {slot} is already claimed by instance {taken.instance_id!r} "
+                             f"({taken.host}:{taken.bootstrap_port}); give every instance a unique slot")
+
+
+def describe_members(admin: AdminClient, group_id: str) -> Sequence[object]:
+    """The members of ``group_id`` (none when it does not exist yet); blocking."""
+    future = admin.describe_consumer_groups([group_id], request_timeout=10)[group_id]
+    return future.result().members
+
+
+class ServiceOwnership:
+    """What the share service asks on every request in scale-out mode: does this instance lead a
+    share-partition (its topic-partition's home state partition is owned here) and coordinate a
+    group (its group home is owned here)? Homes are layout 2's (proxy/share/state_store.py)."""
+
+    def __init__(self, partitions: int) -> None:
+        self.partitions = partitions
+        self.owned: frozenset[int] = frozenset()
+        self._homes: dict[tuple[uuid.UUID, int], int] = {}
+
+    def home_of_partition(self, topic_id: uuid.UUID, partition: int) -> int:
+        home = self._homes.get((topic_id, partition))
+        if home is None:
+            if len(self._homes) > 100_000:
+                self._homes.clear()
+            home = self._homes[(topic_id, partition)] = route_partition(
+                state_store.share_partition_route(("", topic_id, partition)), self.partitions)
+        return home
+
+    def home_of_group(self, group_id: str) -> int:
+        return route_partition(state_store.group_route(group_id), self.partitions)
+
+    def home_of_route(self, route: bytes | int) -> int:
+        """The partition a routed state record goes to (an int route is the partition itself)."""
+        return route if isinstance(route, int) else route_partition(route, self.partitions)
+
+    def leads(self, topic_id: uuid.UUID, partition: int) -> bool:
+        return self.home_of_partition(topic_id, partition) in self.owned
+
+    def coordinates(self, group_id: str) -> bool:
+        return self.home_of_group(group_id) in self.owned
+
+
 PartitionsHandler = Callable[[frozenset[int]], Awaitable[None]]
 
 
@@ -198,8 +251,7 @@ class OwnershipMember:
     def _describe_members(self) -> Sequence[object]:
         if self._admin is None:
             self._admin = AdminClient(self._admin_config)
-        future = self._admin.describe_consumer_groups([self.group_id], request_timeout=10)[self.group_id]
-        return future.result().members
+        return describe_members(self._admin, self.group_id)
 
     async def refresh(self) -> OwnerMap:
         """Describe the group and rebuild the owner map (a worker thread: the Admin call blocks)."""
@@ -224,10 +276,7 @@ class OwnershipMember:
             members = await trio.to_thread.run_sync(self._describe_members, abandon_on_cancel=True)
         except KafkaException as exc:
             raise OwnershipError(f"cannot describe the ownership group {self.group_id!r}: {exc}") from exc
-        taken = slot_conflict(members, self.identity)
-        if taken is not None:
-            raise OwnershipError(f"slot {self.identity.slot} is already claimed by instance {taken.instance_id!r} "
-                                 f"({taken.host}:{taken.bootstrap_port}); give every instance a unique slot")
+        refuse_taken_slot(members, self.identity.instance_id, self.identity.slot)
         self._token = trio.lowlevel.current_trio_token()
         self._thread = threading.Thread(target=self._poll_loop, name="ownership-member", daemon=True)
         self._thread.start()
@@ -269,7 +318,7 @@ class OwnershipMember:
             self.owned = self.owned | numbers
         else:
             self.owned = self.owned - numbers
-        log.info("state partitions " + kind, group=self.group_id, partitions=sorted(numbers),
+        log.info("ownership changed", change=kind, group=self.group_id, partitions=sorted(numbers),
                  owned=sorted(self.owned))
         assert self._token is not None
         try:

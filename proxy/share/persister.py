@@ -25,7 +25,7 @@ import threading
 import time
 import uuid
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import structlog
@@ -325,8 +325,10 @@ def replay_state_topic(
     *,
     client_config: Mapping[str, str] | None = None,
     timeout_s: float = 60.0,
+    partitions: Iterable[int] | None = None,
 ) -> list[ReplayedRecord]:
-    """Read `topic` from the beginning to its current end, partition by partition.
+    """Read `topic` (only ``partitions`` of it, when given) from the beginning to its current end,
+    partition by partition.
 
     Blocking: call from a worker thread. Raises PersistError when the topic cannot be read to
     its end within `timeout_s` (serving from partial state would lose acknowledgements).
@@ -343,7 +345,7 @@ def replay_state_topic(
     )
     consumer = Consumer(config)
     try:
-        return _replay(consumer, topic, timeout_s)
+        return _replay(consumer, topic, timeout_s, None if partitions is None else set(partitions))
     except KafkaException as exc:
         # e.g. NOT_LEADER_FOR_PARTITION right after the topic was created: the caller retries.
         raise PersistError(f"replay of {topic!r} failed: {exc}") from exc
@@ -351,7 +353,7 @@ def replay_state_topic(
         consumer.close()
 
 
-def _replay(consumer: Consumer, topic: str, timeout_s: float) -> list[ReplayedRecord]:
+def _replay(consumer: Consumer, topic: str, timeout_s: float, only: set[int] | None = None) -> list[ReplayedRecord]:
     """Read `topic` from its start to the high watermarks seen now (see replay_state_topic)."""
     metadata = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
     if metadata is None or metadata.error is not None:
@@ -359,6 +361,8 @@ def _replay(consumer: Consumer, topic: str, timeout_s: float) -> list[ReplayedRe
     starts: dict[int, int] = {}
     ends: dict[int, int] = {}
     for partition in metadata.partitions:
+        if only is not None and partition not in only:
+            continue
         low, high = consumer.get_watermark_offsets(
             TopicPartition(topic, partition), timeout=timeout_s
         )

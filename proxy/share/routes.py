@@ -75,6 +75,10 @@ def _serve(handler: Handler):
 
 def share_routes(service: ShareService, policy: AuthorizationPolicy | None = None) -> dict[int, ServeLocally]:
     async def heartbeat(entity, request: Request, connection: ClientConnection):
+        if service.ownership is not None and not service.ownership.coordinates(entity.group_id):
+            # Scale-out: the client finds the coordinator again (FindCoordinator) and retries there.
+            return heartbeat_refusal(ErrorCode.not_coordinator,
+                                     "Another proxy instance coordinates this group (scale-out).")
         authz = authorization_for(policy, connection)
         if authz is not None:
             # KafkaApis.handleShareGroupHeartbeat: READ on the group, DESCRIBE on every subscribed topic.

@@ -16,6 +16,9 @@ import structlog
 import trio
 
 from codec.extensions import DEFAULT_DESCRIBE_IN_FLIGHT_KEY, DEFAULT_MARK_IN_PROGRESS_KEY
+from confluent_kafka.admin import AdminClient
+
+from proxy.errors import ConfigError
 from proxy.security import librdkafka_config
 from proxy.server import Proxy
 from proxy.share import metrics, observe, state_layout, state_store
@@ -41,6 +44,15 @@ from proxy.share.progress import extension_features, progress_routes, progress_v
 from proxy.share.routes import served_version_ranges, share_routes
 from proxy.share.state_delta import DeltaPolicy
 from proxy.share.state_lanes import TransactionalStateWriter
+from proxy.share.ownership import (
+    DEFAULT_GROUP_PREFIX,
+    InstanceIdentity,
+    OwnershipMember,
+    ServiceOwnership,
+    describe_members,
+    refuse_taken_slot,
+    slot_of_instance,
+)
 from proxy.share.state_topic_guard import StateTopics, state_topic_routes
 from proxy.share.supervise import guarded, supervised
 
@@ -91,6 +103,9 @@ class ShareSettings:
     # this many updates per snapshot (--state-snapshot-every).
     state_deltas: bool = True
     state_fencing: str = "none"  # none | transactional (proxy/share/state_lanes.py)
+    instance_id: str | None = None  # scale-out (issue 15): ScaleOut below
+    instance_slot: int | None = None
+    ownership_session_timeout_ms: int = 10_000
     state_transactional_id_prefix: str = "ksp-state"
     state_snapshot_every: int = 100
     read_cache_bytes: int = 64 * 1024 * 1024  # one budget for every share-partition's read cache
@@ -187,6 +202,113 @@ async def _injected_replay_delay() -> None:
         await trio.sleep(seconds)
 
 
+async def _settled_layout(writer, topic: str, bootstrap: str, client_config) -> int:
+    """Scale-out start: the state topic's partition count, once it is known to be in layout 2 for
+    it. A topic with no records at all is marked here (several instances starting together write
+    the same marker); one with records but no matching marker must be migrated first by a single
+    instance without --instance-id (it reads the whole topic, which only a single owner may)."""
+    partitions = await writer.partition_count(topic)
+
+    def read(only):
+        return replay_state_topic(bootstrap, topic, client_config=client_config, partitions=only)
+
+    first = await trio.to_thread.run_sync(read, [0], abandon_on_cancel=True)
+    if state_store.recover(first, partitions=partitions).layout == state_store.LayoutMarker(
+            state_store.LAYOUT, partitions):
+        return partitions
+    if await trio.to_thread.run_sync(read, None, abandon_on_cancel=True):
+        raise ConfigError(f"state topic {topic!r} is not in layout 2 for its {partitions} partitions: start one "
+                          "instance without --instance-id once to migrate it (docs/scale-out.md)")
+    marker = StateLogWriter(bootstrap, client_config=client_config)
+    marker.start()
+    try:
+        await marker.write(topic, [state_store.layout_record(partitions)])
+    finally:
+        await marker.aclose()
+    log.info("empty state topic marked layout 2", topic=topic, partitions=partitions)
+    return partitions
+
+
+class ScaleOut:
+    """This instance's part in a scale-out deployment (--instance-id; docs/scale-out.md): its
+    member of the ownership group, and what gaining and losing state partitions does to the share
+    service (fence and replay, or flush and drop)."""
+
+    def __init__(self, service: ShareService, writer: TransactionalStateWriter, settings: ShareSettings,
+                 bootstrap: str, client_config: dict[str, str] | None, partitions: int, directory) -> None:
+        self.service = service
+        self.writer = writer
+        self.settings = settings
+        self.bootstrap = bootstrap
+        self.client_config = client_config
+        self.partitions = partitions
+        self.directory = directory
+        self.slot = slot_of_instance(settings.instance_id, settings.instance_slot)
+        self.group_id = f"{DEFAULT_GROUP_PREFIX}.{settings.state_topic}"
+        self.member: OwnershipMember | None = None
+
+    async def check_slot(self) -> None:
+        """Refuse to start (OwnershipError) when another live instance claims this slot."""
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, **(self.client_config or {})})
+        members = await trio.to_thread.run_sync(describe_members, admin, self.group_id, abandon_on_cancel=True)
+        refuse_taken_slot(members, self.settings.instance_id, self.slot)
+
+    async def join(self, bootstrap_port: int, nursery: trio.Nursery) -> None:
+        identity = InstanceIdentity(self.settings.instance_id, self.slot, self.directory.advertised_host,
+                                    bootstrap_port, self.directory.port_base or 0)
+        self.member = OwnershipMember(
+            self.bootstrap, self.settings.state_topic, identity, group_id=self.group_id,
+            on_gained=self._gained, on_revoked=self._revoked, on_lost=self._lost,
+            session_timeout_ms=self.settings.ownership_session_timeout_ms, client_config=self.client_config)
+        await nursery.start(self.member.run)
+        log.info("joined the ownership group", group=self.group_id, instance=identity.instance_id, slot=self.slot)
+
+    async def leave(self) -> None:
+        """Leave the group: owned partitions are flushed and handed over (on_revoked) first."""
+        if self.member is not None:
+            await self.member.aclose()
+
+    async def _gained(self, partitions: frozenset[int]) -> None:
+        topic = self.settings.state_topic
+        started = trio.current_time()
+        delay = 0.5
+        while True:  # the rebalance waits: a partition is served only once fenced and replayed
+            try:
+                await self.writer.fence(topic, partitions)
+                replayed = await trio.to_thread.run_sync(
+                    lambda: replay_state_topic(self.bootstrap, topic, client_config=self.client_config,
+                                               partitions=partitions), abandon_on_cancel=True)
+                break
+            except Exception as exc:  # noqa: BLE001 - PersistError or any confluent-kafka error
+                log.warning("gained state partitions not loadable yet; retrying", partitions=sorted(partitions),
+                            error=str(exc), retry_in_s=delay)
+                await trio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+        recovered = state_store.recover(replayed, topic=topic, clock_offset_ms=wall_clock_ms() - monotonic_ms(),
+                                        partitions=self.partitions, skip_misplaced=True)
+        self.service.gain(partitions, recovered)
+        for partition in partitions:
+            metrics.STATE_PARTITION_OWNED.labels(str(partition)).set(1)
+        log.info("state partitions gained", partitions=sorted(partitions), records=len(replayed),
+                 groups=len(recovered.groups), share_partitions=len(recovered.partitions),
+                 misplaced=recovered.misplaced, seconds=round(trio.current_time() - started, 3))
+
+    async def _revoked(self, partitions: frozenset[int]) -> None:
+        await self.service.give_up(partitions, flush=True)
+        await self._released(partitions)
+
+    async def _lost(self, partitions: frozenset[int]) -> None:
+        # Declared dead (frozen or cut off): another instance may own these already, so nothing is
+        # written (the lanes are fenced or about to be).
+        await self.service.give_up(partitions, flush=False)
+        await self._released(partitions)
+
+    async def _released(self, partitions: frozenset[int]) -> None:
+        await self.writer.release(self.settings.state_topic, partitions)
+        for partition in partitions:
+            metrics.STATE_PARTITION_OWNED.labels(str(partition)).set(0)
+
+
 async def _recover_in_layout_2(writer: StateLogWriter | TransactionalStateWriter, topic: str, replayed) -> state_store.RecoveredState:
     """Fold the replayed records and, when the topic is not (wholly) in layout 2 for its partition
     count, migrate it before anything is served (proxy/share/state_layout.py); retried until done,
@@ -220,10 +342,11 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
         replication_factor=settings.state_topic_replication_factor,
         min_insync_replicas=settings.state_topic_min_insync_replicas,
     )
-    if settings.state_fencing == "transactional":
+    scale_out = settings.instance_id is not None
+    if settings.state_fencing == "transactional" or scale_out:
         writer = TransactionalStateWriter(bootstrap, transactional_id_prefix=settings.state_transactional_id_prefix,
                                           delivery_timeout_ms=settings.state_write_timeout_ms,
-                                          client_config=client_config)
+                                          client_config=client_config, owned_only=scale_out)
     else:
         writer = StateLogWriter(bootstrap, delivery_timeout_ms=settings.state_write_timeout_ms,
                                 client_config=client_config)
@@ -235,6 +358,11 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
             await trio.to_thread.run_sync(
                 lambda: ensure_state_topics(bootstrap, [spec], client_config=client_config), abandon_on_cancel=True
             )
+            if scale_out:
+                # Nothing is replayed before this instance owns partitions (ScaleOut._gained).
+                state_partitions = await _settled_layout(writer, settings.state_topic, bootstrap, client_config)
+                replayed = []
+                break
             if isinstance(writer, TransactionalStateWriter):
                 # Fence first: after it nothing an earlier owner has open can commit, so the
                 # read_committed replay below holds everything any owner ever confirmed.
@@ -244,11 +372,14 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
                 abandon_on_cancel=True,
             )
             break
+        except ConfigError:
+            raise
         except Exception as exc:  # noqa: BLE001 - PersistError or any confluent-kafka error
             log.warning("share state not loadable yet; retrying", error=str(exc), retry_in_s=delay)
             await trio.sleep(delay)
             delay = min(delay * 2, 10.0)
-    recovered = await _recover_in_layout_2(writer, settings.state_topic, replayed)
+    recovered = (state_store.RecoveredState() if scale_out
+                 else await _recover_in_layout_2(writer, settings.state_topic, replayed))
     await _injected_replay_delay()
     metrics.STATE_REPLAY_SECONDS.set(trio.current_time() - replay_started)
     metrics.STATE_REPLAY_RECORDS.set(len(replayed))
@@ -275,6 +406,11 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
     # ShareServiceConfig does not carry the partition bounds yet; set them on the cache
     # before anything is served.
     service.restore(recovered)
+    if scale_out:
+        service.ownership = ServiceOwnership(state_partitions)
+        service.scale_out = ScaleOut(service, writer, settings, bootstrap, client_config, state_partitions,
+                                     proxy.directory)
+        await service.scale_out.check_slot()
     if settings.share_events_enable:
         # Subscribed before the service runs, so no settled change is missed.
         _start_event_log(service, settings.event_log_settings(), bootstrap, cluster, nursery, client_config)

@@ -64,7 +64,7 @@ def transactional_id(prefix: str, topic: str, partition: int) -> str:
 class _Lane:
     """One state partition's transactional producer; one transaction at a time."""
 
-    __slots__ = ("topic", "partition", "transactional_id", "producer", "fenced", "lock")
+    __slots__ = ("topic", "partition", "transactional_id", "producer", "fenced", "lock", "owned")
 
     def __init__(self, topic: str, partition: int, transactional_id: str) -> None:
         self.topic = topic
@@ -73,6 +73,7 @@ class _Lane:
         self.producer: Producer | None = None  # None until init_transactions succeeded
         self.fenced: str | None = None
         self.lock = trio.Lock()
+        self.owned = False  # fence() took it over (what owned_only writers require)
 
 
 class TransactionalStateWriter:
@@ -88,6 +89,7 @@ class TransactionalStateWriter:
         linger_ms: int = 1,
         producer_factory: Callable[[dict[str, object]], Producer] = Producer,
         partition_reader: Callable[[str], int] | None = None,
+        owned_only: bool = False,
     ) -> None:
         self._bootstrap = bootstrap
         self._client_config = dict(client_config or {})
@@ -110,6 +112,9 @@ class TransactionalStateWriter:
         self._lanes: dict[tuple[str, int], _Lane] = {}
         self._partition_counts: dict[str, int] = {}
         self._started = False
+        # Scale-out: write only lanes fence() took over for this instance's owned partitions; a
+        # write to any other fails instead of initialising its lane (which would fence its owner).
+        self._owned_only = owned_only
 
     def start(self) -> None:
         self._started = True  # no poller: commit_transaction serves the delivery queue itself
@@ -166,8 +171,10 @@ class TransactionalStateWriter:
 
         async def one(lane: _Lane) -> None:
             async with lane.lock:
+                lane.fenced = None  # (re)gained: whatever fenced it before is in the past
                 try:
                     await self._ready(lane)
+                    lane.owned = True
                 except PersistError as error:
                     errors.append(error)
 
@@ -211,8 +218,23 @@ class TransactionalStateWriter:
             self._partition_counts.pop(topic, None)  # e.g. partitions added: learn them again
             raise next((e for e in errors if isinstance(e, StateFenced)), errors[0])
 
+    async def release(self, topic: str, partitions: Iterable[int]) -> None:
+        """Give lanes up (their partitions moved to another instance): no more writes through them;
+        their producers are closed (an open transaction is aborted by the next owner's fence)."""
+        for partition in partitions:
+            lane = self._lanes.get((topic, partition))
+            if lane is None:
+                continue
+            async with lane.lock:
+                lane.owned = False
+                producer, lane.producer = lane.producer, None
+            if producer is not None:
+                await trio.to_thread.run_sync(_discard, producer)
+
     async def _transaction(self, lane: _Lane, batch: list[tuple[bytes, bytes | None]]) -> None:
         async with lane.lock:
+            if self._owned_only and not lane.owned and lane.fenced is None:
+                raise PersistError(f"state partition {lane.topic}-{lane.partition} is not owned by this instance")
             producer = await self._ready(lane)
             try:
                 await trio.to_thread.run_sync(_run_transaction, producer, lane.topic, lane.partition, batch,
