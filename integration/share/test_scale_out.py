@@ -11,6 +11,7 @@ connects each client to the instance that owns its group and partition.
 
 from __future__ import annotations
 
+import signal
 import time
 import uuid
 
@@ -69,74 +70,119 @@ def group_homed_on(homes: ServiceOwnership, partitions: set[int]) -> str:
     raise AssertionError("no group id homed there")
 
 
-def test_two_instances_split_the_state_and_one_takes_over_when_the_other_stops(kafka, share_proxy, create_topic,
-                                                                               names):
-    state_topic = f"__share_proxy_state_scale_{uuid.uuid4().hex[:12]}"
-    ports = {"ksp-0": free_port(), "ksp-1": free_port()}
-    common = ("--state-topic-partitions", str(STATE_PARTITIONS), "--ownership-session-timeout-ms", "6000",
-              "--state-transactional-id-prefix", f"t-{uuid.uuid4().hex[:8]}")
-    proxies = {iid: share_proxy(*common, "--instance-id", iid, "--metrics-port", str(port), state_topic=state_topic)
-               for iid, port in ports.items()}
+class TwoInstances:
+    """Two proxies with --instance-id on one state topic, a topic, and a group homed on the instance
+    that leads the topic's partition ("first"); 20 records consumed through it, 0-9 accepted and
+    10-19 released (both confirmed)."""
 
-    everything = set(range(STATE_PARTITIONS))
-    wait_until(lambda: set(owners(kafka.bootstrap, state_topic)) == everything
-               and set(owners(kafka.bootstrap, state_topic).values()) == set(proxies), 30,
-               "both instances to own state partitions")
-    described = owners(kafka.bootstrap, state_topic)
-    mine = {iid: {p for p, owner in described.items() if owner == iid} for iid in proxies}
-    # What each instance says it owns is what the group says it owns.
-    wait_until(lambda: all(owned_by_metrics(ports[iid]) == mine[iid] for iid in proxies), 15,
-               lambda: f"metrics to agree with the group: {mine} vs "
-                       f"{ {iid: owned_by_metrics(p) for iid, p in ports.items()} }")
-
-    topic = create_topic(names.topic)
-    homes = ServiceOwnership(STATE_PARTITIONS)
-    home = homes.home_of_partition(topic_id_of(kafka.bootstrap, topic), 0)
-    first_id = described[home]
-    survivor_id = next(iid for iid in proxies if iid != first_id)
-    group = group_homed_on(homes, mine[first_id])
-    first, survivor = proxies[first_id], proxies[survivor_id]
-    produce(kafka.bootstrap, topic, 20)
-
-    consumer = share_consumer(first.bootstrap, group, topic, EXPLICIT)
-    try:
-        records = sorted(poll_until(consumer, 20, timeout=30), key=lambda m: m.offset())
-        assert [m.delivery_count() for m in records] == [1] * 20
-        acknowledge_all(consumer, records[:10])
-        for message in records[10:]:
-            consumer.acknowledge(message, AcknowledgeType.RELEASE)
-        consumer.commit_sync(30)
-    finally:
-        consumer.close()
-
-    async def heartbeat_at(bootstrap: str) -> ErrorCode:
-        member = await WireMember(bootstrap, group).connect()
+    def __init__(self, kafka, share_proxy, create_topic, names) -> None:
+        self.kafka = kafka
+        self.state_topic = f"__share_proxy_state_scale_{uuid.uuid4().hex[:12]}"
+        self.ports = {"ksp-0": free_port(), "ksp-1": free_port()}
+        self.common = ("--state-topic-partitions", str(STATE_PARTITIONS), "--ownership-session-timeout-ms", "6000",
+                       "--state-transactional-id-prefix", f"t-{uuid.uuid4().hex[:8]}")
+        self.proxies = {iid: share_proxy(*self.common, "--instance-id", iid, "--metrics-port", str(port),
+                                         state_topic=self.state_topic)
+                        for iid, port in self.ports.items()}
+        everything = set(range(STATE_PARTITIONS))
+        wait_until(lambda: set(self.owners()) == everything and set(self.owners().values()) == set(self.proxies),
+                   30, "both instances to own state partitions")
+        described = self.owners()
+        self.mine = {iid: {p for p, owner in described.items() if owner == iid} for iid in self.proxies}
+        # What each instance says it owns is what the group says it owns.
+        wait_until(lambda: all(owned_by_metrics(self.ports[iid]) == self.mine[iid] for iid in self.proxies), 15,
+                   lambda: f"metrics to agree with the group: {self.mine} vs "
+                           f"{ {iid: owned_by_metrics(p) for iid, p in self.ports.items()} }")
+        self.topic = create_topic(names.topic)
+        homes = ServiceOwnership(STATE_PARTITIONS)
+        self.first_id = described[homes.home_of_partition(topic_id_of(kafka.bootstrap, self.topic), 0)]
+        self.survivor_id = next(iid for iid in self.proxies if iid != self.first_id)
+        self.group = group_homed_on(homes, self.mine[self.first_id])
+        self.first, self.survivor = self.proxies[self.first_id], self.proxies[self.survivor_id]
+        produce(kafka.bootstrap, self.topic, 20)
+        consumer = share_consumer(self.first.bootstrap, self.group, self.topic, EXPLICIT)
         try:
-            return ErrorCode(int((await member.heartbeat((topic,), epoch=0)).error_code))
+            records = sorted(poll_until(consumer, 20, timeout=30), key=lambda m: m.offset())
+            assert [m.delivery_count() for m in records] == [1] * 20
+            acknowledge_all(consumer, records[:10])
+            acknowledge_all(consumer, records[10:], lambda m: AcknowledgeType.RELEASE)
         finally:
-            await member.aclose()
+            consumer.close()
 
+    def owners(self) -> dict[int, str]:
+        return owners(self.kafka.bootstrap, self.state_topic)
+
+    def heartbeat_error(self, bootstrap: str) -> ErrorCode:
+        async def heartbeat() -> ErrorCode:
+            member = await WireMember(bootstrap, self.group).connect()
+            try:
+                return ErrorCode(int((await member.heartbeat((self.topic,), epoch=0)).error_code))
+            finally:
+                await member.aclose()
+
+        return trio.run(heartbeat)
+
+    def consume_the_rest_at(self, bootstrap: str, delivery_count: int) -> None:
+        """What the first instance confirmed stands: 0-9 done, 10-19 delivered again."""
+        consumer = share_consumer(bootstrap, self.group, self.topic, EXPLICIT)
+        try:
+            again = poll_until(consumer, 10, timeout=30)
+            assert sorted((m.offset(), m.delivery_count()) for m in again) == [
+                (o, delivery_count) for o in range(10, 20)]
+            acknowledge_all(consumer, again)
+        finally:
+            consumer.close()
+        assert durable_state(self.kafka.bootstrap, self.state_topic, self.group)[0].start_offset == 20
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "kill-9"])
+def test_two_instances_split_the_state_and_one_takes_over_when_the_other_stops(kafka, share_proxy, create_topic,
+                                                                               names, stop_signal):
+    two = TwoInstances(kafka, share_proxy, create_topic, names)
     # The other instance does not coordinate this group.
-    assert trio.run(heartbeat_at, survivor.bootstrap) is ErrorCode.not_coordinator
+    assert two.heartbeat_error(two.survivor.bootstrap) is ErrorCode.not_coordinator
 
     stopped = time.monotonic()
-    first.stop()  # SIGTERM: leaves the group, its partitions are flushed and handed over
-    wait_until(lambda: owners(kafka.bootstrap, state_topic) == {p: survivor_id for p in everything}, 15,
+    two.first.stop(stop_signal)  # SIGTERM: a clean leave, flushed; kill -9: after the session times out
+    everything = set(range(STATE_PARTITIONS))
+    wait_until(lambda: two.owners() == {p: two.survivor_id for p in everything}, 30,
                "the survivor to own every state partition")
-    wait_until(lambda: owned_by_metrics(ports[survivor_id]) == everything, 15, "the survivor to gain them all")
+    wait_until(lambda: owned_by_metrics(two.ports[two.survivor_id]) == everything, 15,
+               "the survivor to gain them all")
     takeover_s = time.monotonic() - stopped
-
-    # The survivor serves what the first confirmed: 0-9 accepted, 10-19 released (delivered again).
-    consumer = share_consumer(survivor.bootstrap, group, topic, EXPLICIT)
-    try:
-        again = poll_until(consumer, 10, timeout=30)
-        assert sorted((m.offset(), m.delivery_count()) for m in again) == [(o, 2) for o in range(10, 20)]
-        acknowledge_all(consumer, again)
-    finally:
-        consumer.close()
-    assert durable_state(kafka.bootstrap, state_topic, group)[0].start_offset == 20
-    print(f"\nscale-out: split {mine}, take-over after SIGTERM {takeover_s:.2f} s")
+    two.consume_the_rest_at(two.survivor.bootstrap, delivery_count=2)
+    print(f"\nscale-out: split {two.mine}, take-over after {signal.Signals(stop_signal).name} {takeover_s:.2f} s")
 
     # A third instance claiming the survivor's slot is refused at start.
     with pytest.raises(RuntimeError, match="already claimed"):
-        share_proxy(*common, "--instance-id", f"other-{survivor_id.rsplit('-', 1)[1]}", state_topic=state_topic)
+        share_proxy(*two.common, "--instance-id", f"other-{two.survivor_id.rsplit('-', 1)[1]}",
+                    state_topic=two.state_topic)
+
+
+def test_an_instance_frozen_past_its_session_loses_its_partitions_and_rejoins(kafka, share_proxy, create_topic,
+                                                                             names):
+    two = TwoInstances(kafka, share_proxy, create_topic, names)
+    everything = set(range(STATE_PARTITIONS))
+    assert two.first.process is not None
+    two.first.process.send_signal(signal.SIGSTOP)
+    try:
+        wait_until(lambda: two.owners() == {p: two.survivor_id for p in everything}, 30,
+                   "the survivor to own every state partition")
+        wait_until(lambda: owned_by_metrics(two.ports[two.survivor_id]) == everything, 15,
+                   "the survivor to gain them all")
+        # Fenced and replayed while the first is still frozen: it serves what the first confirmed.
+        two.consume_the_rest_at(two.survivor.bootstrap, delivery_count=2)
+    finally:
+        two.first.process.send_signal(signal.SIGCONT)
+    # Resumed, it learns it was declared dead (lost, not revoked: nothing written), and rejoins.
+    wait_until(lambda: "change=lost" in two.first.log_tail(lines=400), 15, "the frozen instance to see its loss")
+    wait_until(lambda: set(two.owners().values()) == set(two.proxies) and set(two.owners()) == everything, 30,
+               "both instances to own partitions again")
+    described = two.owners()
+    for iid, port in two.ports.items():
+        wait_until(lambda iid=iid, port=port: owned_by_metrics(port) == {p for p, o in described.items() if o == iid},
+                   15, f"{iid}'s gauge to agree with the group")
+    # Only the instance that now owns the group's home coordinates it.
+    home = ServiceOwnership(STATE_PARTITIONS).home_of_group(two.group)
+    other = next(i for i in two.proxies if i != described[home])
+    assert two.heartbeat_error(two.proxies[other].bootstrap) is ErrorCode.not_coordinator
