@@ -22,8 +22,11 @@ from confluent_kafka.admin import AdminClient
 from kio.schema.errors import ErrorCode
 
 from integration.share.conftest import (
+    ACK_ACCEPT,
     EXPLICIT,
     WireMember,
+    acquired_offsets,
+    only_partition,
     acknowledge_all,
     durable_state,
     metric,
@@ -75,7 +78,7 @@ class TwoInstances:
     that leads the topic's partition ("first"); 20 records consumed through it, 0-9 accepted and
     10-19 released (both confirmed)."""
 
-    def __init__(self, kafka, share_proxy, create_topic, names) -> None:
+    def __init__(self, kafka, share_proxy, create_topic, names, *, cross: bool = False) -> None:
         self.kafka = kafka
         self.state_topic = f"__share_proxy_state_scale_{uuid.uuid4().hex[:12]}"
         self.ports = {"ksp-0": free_port(), "ksp-1": free_port()}
@@ -95,11 +98,15 @@ class TwoInstances:
                            f"{ {iid: owned_by_metrics(p) for iid, p in self.ports.items()} }")
         self.topic = create_topic(names.topic)
         homes = ServiceOwnership(STATE_PARTITIONS)
-        self.first_id = described[homes.home_of_partition(topic_id_of(kafka.bootstrap, self.topic), 0)]
+        self.topic_id = topic_id_of(kafka.bootstrap, self.topic)
+        self.first_id = described[homes.home_of_partition(self.topic_id, 0)]
         self.survivor_id = next(iid for iid in self.proxies if iid != self.first_id)
-        self.group = group_homed_on(homes, self.mine[self.first_id])
         self.first, self.survivor = self.proxies[self.first_id], self.proxies[self.survivor_id]
         produce(kafka.bootstrap, self.topic, 20)
+        if cross:  # the group coordinated by the other instance than the one leading the partition
+            self.group = group_homed_on(homes, self.mine[self.survivor_id])
+            return
+        self.group = group_homed_on(homes, self.mine[self.first_id])
         consumer = share_consumer(self.first.bootstrap, self.group, self.topic, EXPLICIT)
         try:
             records = sorted(poll_until(consumer, 20, timeout=30), key=lambda m: m.offset())
@@ -186,3 +193,37 @@ def test_an_instance_frozen_past_its_session_loses_its_partitions_and_rejoins(ka
     home = ServiceOwnership(STATE_PARTITIONS).home_of_group(two.group)
     other = next(i for i in two.proxies if i != described[home])
     assert two.heartbeat_error(two.proxies[other].bootstrap) is ErrorCode.not_coordinator
+
+
+def test_a_member_heartbeats_at_the_coordinating_instance_and_fetches_at_the_leading_one(kafka, share_proxy,
+                                                                                       create_topic, names):
+    """The group is coordinated by one instance, its partition led by the other: the leader serves
+    the member without knowing the group (as Kafka's partition leaders do), initialising the
+    share-partition itself; the coordinator does not lead the partition (NOT_LEADER_OR_FOLLOWER)."""
+    two = TwoInstances(kafka, share_proxy, create_topic, names, cross=True)
+    coordinator, leader = two.survivor, two.first
+
+    async def scenario() -> dict[str, object]:
+        member = await WireMember(coordinator.bootstrap, two.group).connect()
+        at_leader = await WireMember(leader.bootstrap, two.group, member_id=member.member_id).connect()
+        seen: dict[str, object] = {}
+        try:
+            assert await member.join(two.topic) == two.topic_id
+            wrong = await member.fetch(two.topic_id, max_wait_ms=100)  # the coordinator's own session
+            seen["at_coordinator"] = ErrorCode(int(only_partition(wrong).error_code))
+            acquired: set[int] = set()
+            with trio.fail_after(30):
+                while len(acquired) < 20:
+                    acquired |= acquired_offsets(await at_leader.fetch(two.topic_id, max_records=20))
+            seen["acquired"] = sorted(acquired)
+            done = await at_leader.acknowledge(two.topic_id, [(0, 19, ACK_ACCEPT)])
+            seen["acknowledged"] = ErrorCode(int(only_partition(done).error_code))
+        finally:
+            await member.aclose()
+            await at_leader.aclose()
+        return seen
+
+    seen = trio.run(scenario)
+    assert seen == {"at_coordinator": ErrorCode.not_leader_or_follower, "acquired": list(range(20)),
+                    "acknowledged": ErrorCode.none}
+    assert durable_state(kafka.bootstrap, two.state_topic, two.group)[0].start_offset == 20

@@ -388,6 +388,11 @@ class ShareService:
     async def _initialize_partitions(self, group_id: str, partitions: Iterable[TopicIdPartition]) -> None:
         done = []
         for tp in partitions:
+            if self.ownership is not None and not self.ownership.leads(*tp):
+                # Scale-out: the instance leading it initialises it durably on its first fetch
+                # (leaders.ensure) before serving it; the coordinator only records it as assignable.
+                done.append(tp)
+                continue
             try:
                 await self.leaders.ensure((group_id, tp[0], tp[1]))
                 done.append(tp)
@@ -638,7 +643,10 @@ class ShareService:
         if not group_id or not member_id:
             return FetchOutcome(ErrorCode.invalid_request, "GroupId and MemberId are required.")
         epoch = int(request.share_session_epoch)
-        if epoch == 0:  # opening a session: only for a member (later epochs need the session)
+        # Scale-out: a leader whose instance does not coordinate the group cannot check membership;
+        # as Kafka's partition leaders, it serves the member (its coordinator checked it).
+        coordinated = self.ownership is None or self.ownership.coordinates(group_id)
+        if epoch == 0 and coordinated:  # opening a session: only for a member (later epochs need the session)
             refused = self.membership_error(group_id, member_id)
             if refused is not None:
                 return FetchOutcome(*refused)
@@ -693,7 +701,7 @@ class ShareService:
             not_led = [] if self.ownership is None else [tp for tp in allowed if not self.ownership.leads(*tp)]
             if not_led:
                 allowed = [tp for tp in allowed if tp not in not_led]
-            if not renew and allowed and self.coordinator.has_member(group_id, member_id):
+            if not renew and allowed and (not coordinated or self.coordinator.has_member(group_id, member_id)):
                 outcome.fetched = await self.reader.fetch_records(
                     allowed, group_id, member_id, _fetch_params(request, max_bytes_cap))
             for tp in not_led:  # scale-out: the client re-reads metadata and goes to the leader
