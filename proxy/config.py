@@ -519,6 +519,9 @@ def _validate(config: ProxyConfig) -> None:
             raise ConfigError(f"instance_id: {exc}") from None
         if config.ownership_session_timeout_ms < 1000:
             raise ConfigError("ownership_session_timeout_ms must be at least 1000")
+        if config.effective_broker_port_base is None:
+            raise ConfigError("instance_id (scale-out) needs fixed broker ports, which the other instances compute: "
+                              "listen on a fixed port or give broker_port_base")
     _validate_share_events(config)
     _validate_security(config)
     _validate_extension_keys(config.mark_in_progress_api_key, config.describe_in_flight_api_key)

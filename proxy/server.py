@@ -25,12 +25,14 @@ import errno
 import ssl
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
 import trio
 
 from codec.headers import API_VERSIONS_KEY, FLEXIBILITY, parse_response_header
+from codec.registry import DEFAULT_REGISTRY
 from proxy import metrics
 from proxy.apiversions import (
     UNSUPPORTED_VERSION,
@@ -136,13 +138,45 @@ class ApiVersionsRoute:
 
 
 class EndpointRewrite:
-    """Response transform: learn the brokers a response names, then rewrite them to the proxy."""
+    """Response transform: learn the brokers a response names, then rewrite them to the proxy.
+
+    With ``routing`` (scale-out, proxy/share/routing.py) the brokers are still learned -- this
+    instance listens for each of them -- but the answer names virtual nodes: every instance's
+    listener per broker, each partition at the instance that leads it, each group's coordinator
+    at the instance that coordinates it."""
 
     def __init__(self, directory: BrokerDirectory) -> None:
         self.directory = directory
+        self.routing = None  # proxy.share.routing.InstanceRouting with --instance-id
+
+    async def _routed(self, request: Request, payload: bytes, asked=None) -> bytes:
+        api_key, api_version = request.header.api_key, request.header.api_version
+        routing = self.routing
+        if api_key == METADATA:
+            endpoints = locate_metadata_brokers(api_version, payload).endpoints()
+            if endpoints:
+                await self.directory.learn(endpoints)
+            routed = routing.metadata(api_version, payload)
+        else:
+            header, entity = decode_response(api_key, api_version, payload)
+            endpoints = upstream_endpoints(api_key, entity)
+            if endpoints:
+                await self.directory.learn(endpoints)
+            if api_key == FIND_COORDINATOR:
+                # The request frame is released once forwarded: its keys were read on the way out
+                # (FindCoordinatorForward) and travel with the request.
+                routed = routing.find_coordinator(api_version, payload, asked)
+            elif api_key == DESCRIBE_CLUSTER:
+                routed = routing.describe_cluster(api_version, payload)
+            else:
+                return encode_response(header, rewrite_endpoints(api_key, entity, self.directory.advertised))
+        metrics.REWRITES.labels(api_key=str(api_key)).inc()
+        return routed
 
     async def __call__(self, request: Request, payload: bytes) -> bytes:
         api_key, api_version = request.header.api_key, request.header.api_version
+        if self.routing is not None:
+            return await self._routed(request, payload)
         if api_key == METADATA:
             # Only its brokers array is read and written (proxy.rewrite): the topics pass as bytes.
             brokers = locate_metadata_brokers(api_version, payload)
@@ -161,6 +195,28 @@ class EndpointRewrite:
         return encode_response(header, rewrite_endpoints(api_key, entity, self.directory.advertised))
 
 
+@dataclass(frozen=True, slots=True)
+class FindCoordinatorForward:
+    """FindCoordinator's route: forwarded and rewritten like the other endpoint answers; with
+    scale-out routing the request is read first, because answers before v4 do not repeat the key
+    that decides which instance coordinates it."""
+
+    rewrite: EndpointRewrite
+
+    async def start(self, request: Request, connection) -> None:
+        if self.rewrite.routing is None:
+            await connection.forward(request, self.rewrite)
+            return
+        header = request.header
+        asked = DEFAULT_REGISTRY.decode_request(header.api_key, header.api_version,
+                                                memoryview(request.frame)[request.body_offset:])
+
+        async def transform(answered: Request, payload: bytes) -> bytes:
+            return await self.rewrite._routed(answered, payload, asked)
+
+        await connection.forward(request, transform)
+
+
 class Proxy:
     def __init__(self, config: ProxyConfig, api_versions: ApiVersionTable | None = None) -> None:
         self.config = config
@@ -173,14 +229,15 @@ class Proxy:
         self.directory = BrokerDirectory(
             config.effective_advertised_host, config.effective_broker_port_base, self._open_broker_listener
         )
-        rewrite = Forward(EndpointRewrite(self.directory))
+        self.endpoint_rewrite = EndpointRewrite(self.directory)
+        rewrite = Forward(self.endpoint_rewrite)
         # The dispatch table. APIs not listed are forwarded byte for byte; later
         # issues add `ServeLocally(...)` entries (ShareFetch & co.) here, together
         # with `api_versions.register_local(...)`.
         self.routes: dict[int, Route] = {
             API_VERSIONS_KEY: ApiVersionsRoute(self.api_versions),
             METADATA: rewrite,
-            FIND_COORDINATOR: rewrite,
+            FIND_COORDINATOR: FindCoordinatorForward(self.endpoint_rewrite),
             DESCRIBE_CLUSTER: rewrite,
         }
         self.bootstrap: HostPort | None = None

@@ -11,7 +11,10 @@ connects each client to the instance that owns its group and partition.
 
 from __future__ import annotations
 
+import collections
+import json
 import signal
+import subprocess
 import time
 import uuid
 
@@ -21,9 +24,11 @@ from confluent_kafka import AcknowledgeType, TopicCollection
 from confluent_kafka.admin import AdminClient
 from kio.schema.errors import ErrorCode
 
+from integration.java.build import driver_command
 from integration.share.conftest import (
     ACK_ACCEPT,
     EXPLICIT,
+    ConsumerThread,
     WireMember,
     acquired_offsets,
     only_partition,
@@ -49,6 +54,12 @@ def topic_id_of(bootstrap: str, topic: str) -> uuid.UUID:
     found = admin.describe_topics(TopicCollection([topic]))[topic].result().topic_id
     return uuid.UUID(int=((found.get_most_significant_bits() & (2**64 - 1)) << 64)
                      | (found.get_least_significant_bits() & (2**64 - 1)))
+
+
+def port_base_flags(kafka) -> tuple[str, str]:
+    """A fixed broker port base (scale-out needs one: peers compute each other's ports) whose port
+    for the broker is free."""
+    return "--broker-port-base", str(free_port() - kafka.broker_id)
 
 
 def owners(bootstrap: str, state_topic: str) -> dict[int, str]:
@@ -85,7 +96,7 @@ class TwoInstances:
         self.common = ("--state-topic-partitions", str(STATE_PARTITIONS), "--ownership-session-timeout-ms", "6000",
                        "--state-transactional-id-prefix", f"t-{uuid.uuid4().hex[:8]}")
         self.proxies = {iid: share_proxy(*self.common, "--instance-id", iid, "--metrics-port", str(port),
-                                         state_topic=self.state_topic)
+                                         *port_base_flags(kafka), state_topic=self.state_topic)
                         for iid, port in self.ports.items()}
         everything = set(range(STATE_PARTITIONS))
         wait_until(lambda: set(self.owners()) == everything and set(self.owners().values()) == set(self.proxies),
@@ -163,7 +174,7 @@ def test_two_instances_split_the_state_and_one_takes_over_when_the_other_stops(k
     # A third instance claiming the survivor's slot is refused at start.
     with pytest.raises(RuntimeError, match="already claimed"):
         share_proxy(*two.common, "--instance-id", f"other-{two.survivor_id.rsplit('-', 1)[1]}",
-                    state_topic=two.state_topic)
+                    *port_base_flags(kafka), state_topic=two.state_topic)
 
 
 def test_an_instance_frozen_past_its_session_loses_its_partitions_and_rejoins(kafka, share_proxy, create_topic,
@@ -227,3 +238,82 @@ def test_a_member_heartbeats_at_the_coordinating_instance_and_fetches_at_the_lea
     assert seen == {"at_coordinator": ErrorCode.not_leader_or_follower, "acquired": list(range(20)),
                     "acknowledged": ErrorCode.none}
     assert durable_state(kafka.bootstrap, two.state_topic, two.group)[0].start_offset == 20
+
+
+RECORDS = 50_000
+TOPIC_PARTITIONS = 8
+
+
+@pytest.mark.java
+def test_three_instances_serve_two_groups_exactly_once_and_share_the_work(kafka, share_proxy, create_topic, names):
+    """Issue 15 must-show 1: librdkafka and Java share consumers bootstrapped with all three
+    instances consume 50,000 records over 8 partitions in 2 groups; each group gets every record
+    exactly once (delivery count 1, none twice), and acquisitions happen on more than one instance."""
+    state_topic = f"__share_proxy_state_scale_{uuid.uuid4().hex[:12]}"
+    ids = ("ksp-0", "ksp-1", "ksp-2")
+    ports = {iid: free_port() for iid in ids}
+    common = ("--state-topic-partitions", str(STATE_PARTITIONS), "--ownership-session-timeout-ms", "6000",
+              "--state-transactional-id-prefix", f"t-{uuid.uuid4().hex[:8]}")
+    proxies = {iid: share_proxy(*common, "--instance-id", iid, "--metrics-port", str(ports[iid]),
+                                *port_base_flags(kafka), state_topic=state_topic) for iid in ids}
+    everything = set(range(STATE_PARTITIONS))
+    wait_until(lambda: set(owners(kafka.bootstrap, state_topic)) == everything
+               and set(owners(kafka.bootstrap, state_topic).values()) == set(ids), 45,
+               "all three instances to own state partitions")
+    described = owners(kafka.bootstrap, state_topic)
+    wait_until(lambda: all(owned_by_metrics(ports[iid]) == {p for p, o in described.items() if o == iid}
+                           for iid in ids), 15, "every instance's gauge to agree with the group")
+    bootstrap = ",".join(proxy.bootstrap for proxy in proxies.values())
+
+    topic = create_topic(names.topic, partitions=TOPIC_PARTITIONS)
+    produced = {v.decode() for v in produce(kafka.bootstrap, topic, RECORDS, partitions=TOPIC_PARTITIONS,
+                                            batch_records=500)}
+    group_a, group_b = names.group, names.another("group")
+    java = subprocess.Popen(
+        driver_command("share-consume", bootstrap=bootstrap, group=group_b, topic=topic, ack_mode="explicit",
+                       commit="sync", max_poll_records=500, idle_stop_ms=8000, timeout_ms=150_000),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    python = [ConsumerThread(bootstrap, group_a, topic, name="a-0"), ConsumerThread(bootstrap, group_a, topic, name="a-1"),
+              ConsumerThread(bootstrap, group_b, topic, name="b-librdkafka")]
+    for consumer in python:
+        consumer.start()
+    try:
+        stdout, stderr = java.communicate(timeout=180)
+        assert java.returncode == 0, stderr[-4000:]
+        java_summary = json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
+        java_values = [d[3] for d in java_summary["deliveries"]]
+
+        def values(threads) -> list[str]:
+            return [d.value.decode() for t in threads for d in list(t.deliveries)]
+
+        wait_until(lambda: set(values(python[:2])) >= produced, 120, lambda: f"group a to get every record "
+                   f"({len(set(values(python[:2])))} of {RECORDS})")
+        wait_until(lambda: set(values(python[2:]) + java_values) >= produced, 120,
+                   lambda: f"group b to get every record ({len(set(values(python[2:]) + java_values))} of {RECORDS})")
+        time.sleep(2.0)  # a late redelivery would show up here
+    finally:
+        if java.poll() is None:
+            java.kill()
+            java.wait()
+        for consumer in python:
+            consumer.finish()
+
+    for group, delivered, counts in (
+            ("a", values(python[:2]), [d.delivery_count for t in python[:2] for d in t.deliveries]),
+            ("b", values(python[2:]) + java_values,
+             [d.delivery_count for d in python[2].deliveries] + [d[2] for d in java_summary["deliveries"]])):
+        seen = collections.Counter(delivered)
+        assert seen.keys() == produced, group
+        assert [v for v, n in seen.items() if n > 1] == [], f"group {group}: delivered twice"
+        assert set(counts) == {1}, f"group {group}: delivery counts {collections.Counter(counts)}"
+    assert java_summary["ack_errors"] == [] and all(t.errors == [] for t in python)
+    split_b = {"java": len(java_values), "librdkafka": len(python[2].deliveries)}
+
+    acquired = {iid: metric(scrape_metrics(ports[iid]), "ksp_share_records_acquired_total") or 0.0 for iid in ids}
+    assert sum(acquired.values()) == 2 * RECORDS, acquired
+    assert sum(1 for n in acquired.values() if n > 0) >= 2, acquired
+    for group in (group_a, group_b):
+        state = durable_state(kafka.bootstrap, state_topic, group)
+        assert {p: s.start_offset for p, s in state.items()} == {
+            p: RECORDS // TOPIC_PARTITIONS for p in range(TOPIC_PARTITIONS)}, group
+    print(f"\nthree instances: acquisitions per instance {acquired}; group b split {split_b}")

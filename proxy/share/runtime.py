@@ -43,7 +43,9 @@ from proxy.share.in_flight import in_flight_routes, in_flight_version_range
 from proxy.share.progress import extension_features, progress_routes, progress_version_range
 from proxy.share.routes import served_version_ranges, share_routes
 from proxy.share.state_delta import DeltaPolicy
+from proxy.share.routing import InstanceRouting
 from proxy.share.state_lanes import TransactionalStateWriter
+from proxy.vnodes import Instance
 from proxy.share.ownership import (
     DEFAULT_GROUP_PREFIX,
     InstanceIdentity,
@@ -235,14 +237,15 @@ class ScaleOut:
     service (fence and replay, or flush and drop)."""
 
     def __init__(self, service: ShareService, writer: TransactionalStateWriter, settings: ShareSettings,
-                 bootstrap: str, client_config: dict[str, str] | None, partitions: int, directory) -> None:
+                 bootstrap: str, client_config: dict[str, str] | None, partitions: int, proxy: Proxy) -> None:
         self.service = service
         self.writer = writer
         self.settings = settings
         self.bootstrap = bootstrap
         self.client_config = client_config
         self.partitions = partitions
-        self.directory = directory
+        self.proxy = proxy
+        self.directory = proxy.directory
         self.slot = slot_of_instance(settings.instance_id, settings.instance_slot)
         self.group_id = f"{DEFAULT_GROUP_PREFIX}.{settings.state_topic}"
         self.member: OwnershipMember | None = None
@@ -261,6 +264,16 @@ class ScaleOut:
             on_gained=self._gained, on_revoked=self._revoked, on_lost=self._lost,
             session_timeout_ms=self.settings.ownership_session_timeout_ms, client_config=self.client_config)
         await nursery.start(self.member.run)
+        member, cluster = self.member, self.service.cluster
+
+        def topic_id_of(name: str):
+            info = cluster.snapshot.topics_by_name.get(name)
+            return None if info is None else info.topic_id
+
+        # From now on Metadata / FindCoordinator / DescribeCluster name the owning instances.
+        self.proxy.endpoint_rewrite.routing = InstanceRouting(
+            self.service.ownership, lambda: member.map,
+            Instance(self.slot, identity.host, identity.port_base), topic_id_of)
         log.info("joined the ownership group", group=self.group_id, instance=identity.instance_id, slot=self.slot)
 
     async def leave(self) -> None:
@@ -408,8 +421,7 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
     service.restore(recovered)
     if scale_out:
         service.ownership = ServiceOwnership(state_partitions)
-        service.scale_out = ScaleOut(service, writer, settings, bootstrap, client_config, state_partitions,
-                                     proxy.directory)
+        service.scale_out = ScaleOut(service, writer, settings, bootstrap, client_config, state_partitions, proxy)
         await service.scale_out.check_slot()
     if settings.share_events_enable:
         # Subscribed before the service runs, so no settled change is missed.

@@ -1,0 +1,44 @@
+"""InstanceRouting: which instance each partition and group is named at (the responses themselves
+are checked byte for byte in tests/proxy/test_route_metadata.py and test_route_cluster.py)."""
+
+from __future__ import annotations
+
+import uuid
+
+from proxy.share.ownership import InstanceIdentity, OwnerMap, ServiceOwnership
+from proxy.share.routing import InstanceRouting
+from proxy.vnodes import Instance
+
+TOPIC = uuid.UUID(int=42)
+A = InstanceIdentity("ksp-0", 0, "a.local", 9092, 19000)
+B = InstanceIdentity("ksp-1", 1, "b.local", 9092, 29000)
+
+
+def routing(owners: dict[int, InstanceIdentity], instances=(A, B)) -> InstanceRouting:
+    homes = ServiceOwnership(4)
+    current = OwnerMap(owners, tuple(instances))
+    return InstanceRouting(homes, lambda: current, Instance(0, "a.local", 19000),
+                           lambda name: TOPIC if name == "orders" else None)
+
+
+def test_a_partition_is_named_at_the_owner_of_its_home_and_at_this_instance_when_unowned():
+    homes = ServiceOwnership(4)
+    home = homes.home_of_partition(TOPIC, 3)
+    assert routing({home: B}).owner_slot("orders", TOPIC, 3) == 1
+    assert routing({home: B}).owner_slot("orders", None, 3) == 1  # Metadata below v10: the name's id
+    assert routing({}).owner_slot("orders", TOPIC, 3) == 0  # mid-hand-over: this instance
+    assert routing({home: B}).owner_slot("unknown", None, 3) == 0  # not a topic the proxy knows
+    # An owner that is not among the live instances (it just left) is not named.
+    assert routing({home: B}, instances=(A,)).owner_slot("orders", TOPIC, 3) == 0
+
+
+def test_a_group_is_coordinated_by_the_owner_of_its_home_and_other_keys_here():
+    homes = ServiceOwnership(4)
+    assert routing({homes.home_of_group("g"): B}).slot_for_key("g", 0) == 1
+    assert routing({}).slot_for_key("g", 0) is None  # FindCoordinator: COORDINATOR_NOT_AVAILABLE
+    assert routing({homes.home_of_group("g"): B}).slot_for_key("g", 1) == 0  # a transactional id
+
+
+def test_every_live_instance_is_listed_with_this_one_always_among_them():
+    assert [i.slot for i in routing({}, instances=(B,)).instances()] == [0, 1]
+    assert routing({}, instances=(A, B)).instances()[1] == Instance(1, "b.local", 29000)
