@@ -25,15 +25,18 @@ from confluent_kafka.admin import AdminClient
 from kio.schema.errors import ErrorCode
 
 from integration.java.build import driver_command
+from integration.share.test_crash_safety import CrashRun, _ranges
 from integration.share.conftest import (
     ACK_ACCEPT,
     EXPLICIT,
+    AcknowledgingConsumer,
     ConsumerThread,
     WireMember,
     acquired_offsets,
     only_partition,
     acknowledge_all,
     durable_state,
+    finished_durably,
     metric,
     poll_until,
     produce,
@@ -317,3 +320,71 @@ def test_three_instances_serve_two_groups_exactly_once_and_share_the_work(kafka,
         assert {p: s.start_offset for p, s in state.items()} == {
             p: RECORDS // TOPIC_PARTITIONS for p in range(TOPIC_PARTITIONS)}, group
     print(f"\nthree instances: acquisitions per instance {acquired}; group b split {split_b}")
+
+
+def test_kill_9_of_an_instance_mid_run_moves_its_partitions_and_loses_no_acknowledgement(kafka, share_proxy,
+                                                                                         create_topic, names):
+    """Issue 15 must-show 2: three instances, three explicitly acknowledging librdkafka consumers
+    bootstrapped with all three; after 20,000 acceptances the instance leading some of the topic's
+    partitions (not the group's coordinator) is killed with SIGKILL. Its share-partitions move to
+    the survivors after the ownership session, consumption completes, every record is accepted at
+    least once, and none whose acceptance was confirmed before the kill is delivered again."""
+    partitions, records = 4, 40_000
+    state_topic = f"__share_proxy_state_scale_{uuid.uuid4().hex[:12]}"
+    ids = ("ksp-0", "ksp-1", "ksp-2")
+    common = ("--state-topic-partitions", str(STATE_PARTITIONS), "--ownership-session-timeout-ms", "6000",
+              "--state-transactional-id-prefix", f"t-{uuid.uuid4().hex[:8]}")
+    proxies = {iid: share_proxy(*common, "--instance-id", iid, *port_base_flags(kafka), state_topic=state_topic)
+               for iid in ids}
+    everything = set(range(STATE_PARTITIONS))
+    wait_until(lambda: set(owners(kafka.bootstrap, state_topic)) == everything
+               and set(owners(kafka.bootstrap, state_topic).values()) == set(ids), 45,
+               "all three instances to own state partitions")
+    described = owners(kafka.bootstrap, state_topic)
+    topic = create_topic(names.topic, partitions=partitions)
+    homes = ServiceOwnership(STATE_PARTITIONS)
+    topic_id = topic_id_of(kafka.bootstrap, topic)
+    leaders = collections.Counter(described[homes.home_of_partition(topic_id, p)] for p in range(partitions))
+    victim = leaders.most_common(1)[0][0]
+    group = group_homed_on(homes, {p for p, o in described.items() if o != victim})
+    values = produce(kafka.bootstrap, topic, records, partitions=partitions, batch_records=250)
+    ends = {p: len(values[p::partitions]) for p in range(partitions)}
+    produced = {(p, o) for p, end in ends.items() for o in range(end)}
+    bootstrap = ",".join(proxy.bootstrap for proxy in proxies.values())
+
+    run = CrashRun()
+    consumers = [AcknowledgingConsumer(bootstrap, group, topic, name=f"consumer-{i}", on_delivery=run.on_delivery,
+                                       on_acknowledged=run.on_acknowledged, processing_s=0.002,
+                                       config={"reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 500})
+                 for i in range(3)]
+    for consumer in consumers:
+        consumer.start()
+    try:
+        wait_until(lambda: len(run.acknowledged()) >= records // 2, 90, "half the records accepted before the kill",
+                   interval=0.005)
+        run.kill_starts()
+        proxies[victim].stop(signal.SIGKILL)
+        killed_at = time.monotonic()
+        wait_until(lambda: produced <= run.acknowledged()
+                   and finished_durably(kafka.bootstrap, state_topic, group, ends), 120,
+                   lambda: f"every record accepted durably: never acknowledged "
+                           f"{_ranges(produced - run.acknowledged())[:10]}", interval=0.5)
+        completed_s = time.monotonic() - killed_at
+        time.sleep(1.0)  # a late redelivery would show up here
+    finally:
+        for consumer in consumers:
+            consumer.finish()
+
+    delivered_after_kill = {(d.partition, d.offset) for d in run.deliveries if d.after_kill}
+    confirmed_then_redelivered = delivered_after_kill & run.accepted_before_kill
+    moved = {p for p in range(partitions) if described[homes.home_of_partition(topic_id, p)] == victim}
+    print(f"\nkill -9 of {victim} (led partitions {sorted(moved)}): completed {completed_s:.1f} s after the kill; "
+          f"{len(run.accepted_before_kill)} confirmed before it, {len(delivered_after_kill)} deliveries after, "
+          f"{len(run.unconfirmed)} unconfirmed acknowledgements")
+    assert moved, "the killed instance led none of the topic's partitions"
+    assert produced <= run.acknowledged(), f"never accepted: {_ranges(produced - run.acknowledged())}"
+    assert confirmed_then_redelivered == set(), (
+        f"{len(confirmed_then_redelivered)} records confirmed before the kill were delivered again: "
+        f"{_ranges(confirmed_then_redelivered)[:10]}")
+    # The survivors served the killed instance's partitions after the kill.
+    assert {p for p, _ in run.accepted - run.accepted_before_kill} & moved

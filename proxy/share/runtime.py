@@ -298,7 +298,7 @@ class ScaleOut:
                 await trio.sleep(delay)
                 delay = min(delay * 2, 10.0)
         recovered = state_store.recover(replayed, topic=topic, clock_offset_ms=wall_clock_ms() - monotonic_ms(),
-                                        partitions=self.partitions, skip_misplaced=True)
+                                        partitions=self.partitions, skip_misplaced=True, groups_complete=False)
         self.service.gain(partitions, recovered)
         for partition in partitions:
             metrics.STATE_PARTITION_OWNED.labels(str(partition)).set(1)

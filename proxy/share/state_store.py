@@ -358,6 +358,7 @@ def _batches(state_batches: Iterable[records.StateBatchView], clock_offset_ms: i
 def recover(
     replayed: Iterable[LoggedRecord] | Iterable[tuple[bytes, bytes | None]], *, topic: str | None = None,
     clock_offset_ms: int | None = None, partitions: int | None = None, skip_misplaced: bool = False,
+    groups_complete: bool = True,
 ) -> RecoveredState:
     """Fold state-topic records, in log order per state partition, into what each partition and
     group needs.
@@ -372,7 +373,9 @@ def recover(
     elsewhere from there (layout 1, or a migration cut short), and ``migration`` lists what brings
     the topic to layout 2. None: every record counts as at home (bare pairs always do).
     ``skip_misplaced``: records off their home partition are skipped and counted (``misplaced``)
-    instead, as an instance must that reads only the partitions it owns.
+    instead, as an instance must that reads only the partitions it owns. ``groups_complete`` False
+    (such an instance again): a group's records may sit on a partition not read, so a
+    share-partition is kept even when its group's metadata record was not seen.
 
     Cost: every record is read and checked in log order (so a damaged one is skipped, logged and
     counted wherever it is), but only what survives -- each share-partition's newest snapshot
@@ -408,8 +411,9 @@ def recover(
             updates=[StateDelta(u.start_offset, _batches(u.state_batches, to_engine)) for u in updates],
         )
     # A share-partition whose group is gone (tombstoned) is not served again.
-    for pkey in [k for k in state.partitions if k[0] not in state.groups or not state.groups[k[0]].exists]:
-        del state.partitions[pkey]
+    for pkey in [k for k in state.partitions if groups_complete or k[0] in state.groups]:
+        if pkey[0] not in state.groups or not state.groups[pkey[0]].exists:
+            del state.partitions[pkey]
     # A group without its metadata record is gone (or was never created: configs may be set before a
     # group's first member arrives, as in Kafka); what is left of it is its configs, if any.
     for group_id, group in list(state.groups.items()):

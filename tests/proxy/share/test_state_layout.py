@@ -257,3 +257,24 @@ def test_any_layout1_topic_in_any_partition_order_restores_the_same_before_and_a
     strict = state_store.recover(topic.replay(order), clock_offset_ms=0, partitions=topic.partitions,
                                  skip_misplaced=True)
     assert same_state(strict, legacy)
+
+
+def test_an_instance_reading_only_its_partitions_keeps_share_partitions_of_groups_homed_elsewhere():
+    """Scale-out: a group's records sit on its own home partition, which the leader of its
+    share-partitions may not own; the share-partition must survive that instance's replay."""
+    topic = FakeStateTopic(5)
+    home = topic.place((b"", None, state_store.share_partition_route(("", TOPIC, 0))))
+    group = next(g for g in (f"group-{i}" for i in range(100))
+                 if topic.place((b"", None, state_store.group_route(g))) != home)
+    group_home = topic.place((b"", None, state_store.group_route(group)))
+    key = (group, TOPIC, 0)
+    topic.logs[home].append(snapshot(key, 7, []))
+    topic.logs[group_home].append(state_store.group_metadata_record(group, 1, 0)[:2])
+    only_home = [r for r in topic.replay() if r.partition == home]
+    assert key not in state_store.recover(only_home, partitions=5, skip_misplaced=True).partitions
+    kept = state_store.recover(only_home, partitions=5, skip_misplaced=True, groups_complete=False)
+    assert kept.partitions[key].snapshot.start_offset == 7
+    # A tombstoned group seen in the same read still takes its share-partitions down.
+    deleted = topic.replay() + [ReplayedRecord(group_home, 99, *state_store.group_tombstones(group)[0][:2])]
+    assert key not in state_store.recover(deleted, partitions=5, skip_misplaced=True,
+                                          groups_complete=False).partitions
