@@ -322,20 +322,24 @@ def test_three_instances_serve_two_groups_exactly_once_and_share_the_work(kafka,
     print(f"\nthree instances: acquisitions per instance {acquired}; group b split {split_b}")
 
 
-def test_kill_9_of_an_instance_mid_run_moves_its_partitions_and_loses_no_acknowledgement(kafka, share_proxy,
-                                                                                         create_topic, names):
-    """Issue 15 must-show 2: three instances, three explicitly acknowledging librdkafka consumers
-    bootstrapped with all three; after 20,000 acceptances the instance leading some of the topic's
-    partitions (not the group's coordinator) is killed with SIGKILL. Its share-partitions move to
-    the survivors after the ownership session, consumption completes, every record is accepted at
-    least once, and none whose acceptance was confirmed before the kill is delivered again."""
+@pytest.mark.parametrize("failure", ["kill-9", "sigstop"])
+def test_an_instance_failing_mid_run_moves_its_partitions_and_loses_no_acknowledgement(kafka, share_proxy,
+                                                                                      create_topic, names, failure):
+    """Issue 15 must-shows 2 and 3: three instances, three explicitly acknowledging librdkafka
+    consumers bootstrapped with all three; after half the records are accepted, the instance leading
+    most of the topic's partitions (not the group's coordinator) is killed with SIGKILL, or frozen
+    with SIGSTOP past its ownership session and then resumed. Its share-partitions move to the
+    survivors, consumption completes, every record is accepted at least once, and none whose
+    acceptance was confirmed before the failure is delivered again. A resumed instance is fenced --
+    the survivor took its lanes over, so whatever it tries to write fails -- and rejoins."""
     partitions, records = 4, 40_000
     state_topic = f"__share_proxy_state_scale_{uuid.uuid4().hex[:12]}"
     ids = ("ksp-0", "ksp-1", "ksp-2")
+    ports = {iid: free_port() for iid in ids}
     common = ("--state-topic-partitions", str(STATE_PARTITIONS), "--ownership-session-timeout-ms", "6000",
               "--state-transactional-id-prefix", f"t-{uuid.uuid4().hex[:8]}")
-    proxies = {iid: share_proxy(*common, "--instance-id", iid, *port_base_flags(kafka), state_topic=state_topic)
-               for iid in ids}
+    proxies = {iid: share_proxy(*common, "--instance-id", iid, "--metrics-port", str(ports[iid]),
+                                *port_base_flags(kafka), state_topic=state_topic) for iid in ids}
     everything = set(range(STATE_PARTITIONS))
     wait_until(lambda: set(owners(kafka.bootstrap, state_topic)) == everything
                and set(owners(kafka.bootstrap, state_topic).values()) == set(ids), 45,
@@ -359,32 +363,53 @@ def test_kill_9_of_an_instance_mid_run_moves_its_partitions_and_loses_no_acknowl
                  for i in range(3)]
     for consumer in consumers:
         consumer.start()
+    survivors = [iid for iid in ids if iid != victim]
     try:
-        wait_until(lambda: len(run.acknowledged()) >= records // 2, 90, "half the records accepted before the kill",
+        wait_until(lambda: len(run.acknowledged()) >= records // 2, 90, "half the records accepted before the failure",
                    interval=0.005)
         run.kill_starts()
-        proxies[victim].stop(signal.SIGKILL)
-        killed_at = time.monotonic()
+        failed_at = time.monotonic()
+        if failure == "kill-9":
+            proxies[victim].stop(signal.SIGKILL)
+        else:
+            assert proxies[victim].process is not None
+            proxies[victim].process.send_signal(signal.SIGSTOP)
+            try:
+                wait_until(lambda: set(owners(kafka.bootstrap, state_topic).values()) == set(survivors)
+                           and set(owners(kafka.bootstrap, state_topic)) == everything, 30,
+                           "the survivors to own every state partition")
+                wait_until(lambda: owned_by_metrics(ports[survivors[0]]) | owned_by_metrics(ports[survivors[1]])
+                           == everything, 15, "the survivors to have fenced and replayed them")
+                time.sleep(1.0)  # the consumers' requests to the frozen instance pile up meanwhile
+            finally:
+                proxies[victim].process.send_signal(signal.SIGCONT)
         wait_until(lambda: produced <= run.acknowledged()
                    and finished_durably(kafka.bootstrap, state_topic, group, ends), 120,
                    lambda: f"every record accepted durably: never acknowledged "
                            f"{_ranges(produced - run.acknowledged())[:10]}", interval=0.5)
-        completed_s = time.monotonic() - killed_at
+        completed_s = time.monotonic() - failed_at
         time.sleep(1.0)  # a late redelivery would show up here
     finally:
         for consumer in consumers:
             consumer.finish()
 
-    delivered_after_kill = {(d.partition, d.offset) for d in run.deliveries if d.after_kill}
-    confirmed_then_redelivered = delivered_after_kill & run.accepted_before_kill
+    delivered_after = {(d.partition, d.offset) for d in run.deliveries if d.after_kill}
+    confirmed_then_redelivered = delivered_after & run.accepted_before_kill
     moved = {p for p in range(partitions) if described[homes.home_of_partition(topic_id, p)] == victim}
-    print(f"\nkill -9 of {victim} (led partitions {sorted(moved)}): completed {completed_s:.1f} s after the kill; "
-          f"{len(run.accepted_before_kill)} confirmed before it, {len(delivered_after_kill)} deliveries after, "
-          f"{len(run.unconfirmed)} unconfirmed acknowledgements")
-    assert moved, "the killed instance led none of the topic's partitions"
+    fenced = (metric(scrape_metrics(ports[victim]), "ksp_share_state_lanes_fenced_total") or 0.0
+              if failure == "sigstop" else None)
+    print(f"\n{failure} of {victim} (led partitions {sorted(moved)}): completed {completed_s:.1f} s after it; "
+          f"{len(run.accepted_before_kill)} confirmed before it, {len(delivered_after)} deliveries after, "
+          f"{len(run.unconfirmed)} unconfirmed acknowledgements; lanes the resumed instance found fenced: {fenced}")
+    assert moved, "the failed instance led none of the topic's partitions"
     assert produced <= run.acknowledged(), f"never accepted: {_ranges(produced - run.acknowledged())}"
     assert confirmed_then_redelivered == set(), (
-        f"{len(confirmed_then_redelivered)} records confirmed before the kill were delivered again: "
+        f"{len(confirmed_then_redelivered)} records confirmed before the failure were delivered again: "
         f"{_ranges(confirmed_then_redelivered)[:10]}")
-    # The survivors served the killed instance's partitions after the kill.
+    # The survivors served the failed instance's partitions afterwards.
     assert {p for p, _ in run.accepted - run.accepted_before_kill} & moved
+    if failure == "sigstop":
+        # Resumed, it learned it was declared dead (lost: nothing written), and rejoined.
+        wait_until(lambda: "change=lost" in proxies[victim].log_tail(lines=2000), 15, "the resumed instance's loss")
+        wait_until(lambda: set(owners(kafka.bootstrap, state_topic).values()) == set(ids), 30,
+                   "the resumed instance to own partitions again")

@@ -212,8 +212,10 @@ class CommitPipeline:
             await self._group_written.wait()
 
     def forget(self, leader: Leader) -> None:
-        """Drop a removed share-partition from the next write (its tombstone must stay the last word)."""
+        """Drop a removed share-partition from the next write (its tombstone must stay the last word,
+        or another instance owns it now); whoever waits for its changes gets PersistError."""
         self._dirty.discard(leader)
+        _abandon(leader)
 
     def forget_group_records(self, gone: Callable[[bytes | int], bool]) -> None:
         """Drop queued group records whose route ``gone`` says another instance now writes
@@ -253,6 +255,9 @@ class CommitPipeline:
 
     async def write_once(self) -> bool:
         leaders, self._dirty = self._dirty, set()
+        for leader in [leader for leader in leaders if leader.removed]:
+            leaders.discard(leader)  # removed while dirty (e.g. handed over): never written again
+            _abandon(leader)
         groups, self._group_records = self._group_records, {}
         group_ticket = self._group_ticket  # every group record queued so far is in this batch
         if not leaders and not groups:
@@ -349,8 +354,10 @@ class CommitPipeline:
             if rolled:
                 self._on_settled(leader)
             # Written again (with backoff): unstaged changes in it must become durable, and the
-            # failed write may have landed, so the rolled-back truth is re-asserted.
-            self._dirty.add(leader)
+            # failed write may have landed, so the rolled-back truth is re-asserted -- unless the
+            # share-partition was removed meanwhile (deleted, or handed to another instance).
+            if not leader.removed:
+                self._dirty.add(leader)
             _settle(leader)
         for key, record in groups.items():
             self._group_records.setdefault(key, record)  # a newer queued write of the key wins
@@ -375,6 +382,13 @@ class CommitPipeline:
 def _settle(leader: Leader) -> None:
     leader.settled.set()
     leader.settled = trio.Event()
+
+
+def _abandon(leader: Leader) -> None:
+    """Its pending changes will never be written: fail whoever waits for them."""
+    if leader.failed < leader.version:
+        leader.failed = leader.version
+        _settle(leader)
 
 
 __all__ = ["Cause", "Change", "ChangeHook", "CommitPipeline"]

@@ -85,6 +85,9 @@ class Leader:
     # The partition's end offset from the last upstream read (-1: none yet); metrics compute lag
     # from it without asking the cluster (proxy.share.observe).
     high_watermark: int = -1
+    # Dropped from the registry (deleted, or handed to another instance): never written again --
+    # a write of this engine after its share-partition was rebuilt elsewhere would regress it.
+    removed: bool = False
 
     @property
     def group_id(self) -> str:
@@ -220,6 +223,7 @@ class PartitionRegistry:
         leader = self._leaders.pop(key, None)
         parked = self._parked.pop(key, None)
         if leader is not None:
+            leader.removed = True
             group = self._by_group.get(key[0])
             if group is not None:
                 group.pop(key, None)

@@ -504,9 +504,10 @@ class ShareService:
                 await self.commits.flush(dirty)
         for key in leaving:
             leader = self.leaders.active(key)
+            self.leaders.remove(key)  # marks it removed: a write in flight is never retried
             if leader is not None:
                 self.commits.forget(leader)
-            self.leaders.remove(key)
+                self.reader.cache_budget.drop(leader)
         groups = [g for g in self.coordinator.group_ids() if ownership.home_of_group(g) in partitions]
         for group_id in groups:
             self.coordinator.forget_group(group_id)

@@ -65,6 +65,39 @@ async def test_a_failed_write_rolls_the_staged_ack_back_and_the_retry_commits(au
     assert pipeline.writable and leader.engine.start_offset == 10
 
 
+async def test_a_share_partition_removed_while_its_write_fails_is_never_written_again(autojump_clock):
+    """Handed to another instance (or deleted) while a write of it was in flight: the failed write is
+    not retried -- a later write of this engine could overwrite the state rebuilt elsewhere -- and
+    whoever waits for its changes is answered with an error."""
+    leader = acquired_leader()
+
+    class RemovedMeanwhile(Writer):
+        async def write(self, topic, records) -> None:
+            leader.removed = True  # what PartitionRegistry.remove does, while the write is in flight
+            await super().write(topic, records)
+
+    writer = RemovedMeanwhile()
+    pipeline = CommitPipeline(writer, "state", wall_clock=lambda: 0)
+    writer.fail = True
+    staged = leader.engine.stage_acknowledge("m", [AckRange(0, 9, (ACCEPT,))], now=1)
+    version = pipeline.record(leader, staged.delta, Cause.ACKNOWLEDGED, staged)
+    assert not await pipeline.write_once()
+    writer.fail = False
+    assert not pipeline.busy and await pipeline.write_once()
+    assert writer.batches == []
+    with pytest.raises(PersistError):
+        await pipeline.durable(leader, version)
+
+    # Removed while dirty, before any write: dropped from the next write, its waiters failed.
+    other = acquired_leader()
+    pipeline = CommitPipeline(writer := Writer(), "state", wall_clock=lambda: 0)
+    waiting = pipeline.record(other, None, Cause.INITIALISED)
+    other.removed = True
+    assert await pipeline.write_once() and writer.batches == []
+    with pytest.raises(PersistError):
+        await pipeline.durable(other, waiting)
+
+
 async def test_the_writable_gauge_is_1_before_any_write_and_follows_failures(autojump_clock):
     def gauge() -> float | None:
         return REGISTRY.get_sample_value("ksp_share_state_writable")
