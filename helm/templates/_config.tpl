@@ -41,8 +41,12 @@ Passwords never appear here: only the paths of the mounted Secret files.
 {{- if not $v.upstream.bootstrapServers }}
 {{- fail "kafka-share-proxy: upstream.bootstrapServers is required (the Kafka cluster's bootstrap host:port list)" }}
 {{- end }}
-{{- if gt (int $v.replicaCount) 1 }}
-{{- fail "kafka-share-proxy: replicaCount must be 0 or 1: two proxies over one state topic would both own the share state (scale-out is issue 15)" }}
+{{- $scaleOut := and (hasKey $v "scaleOut") $v.scaleOut.enabled }}
+{{- if and (gt (int $v.replicaCount) 1) (not $scaleOut) }}
+{{- fail "kafka-share-proxy: replicaCount above 1 needs scaleOut.enabled: two independent proxies over one state topic would both own the share state" }}
+{{- end }}
+{{- if and $scaleOut (include "kafka-share-proxy.sidecar" .) }}
+{{- fail "kafka-share-proxy: scaleOut.enabled runs the proxies as a StatefulSet of their own; it cannot be combined with sidecar mode" }}
 {{- end }}
 {{- $protocol := $v.upstream.securityProtocol }}
 {{- $upstreamTls := or (eq $protocol "SSL") (eq $protocol "SASL_SSL") }}

@@ -4,8 +4,14 @@
 {{- $advertised := include "kafka-share-proxy.advertisedHost" . -}}
 kafka-share-proxy {{ .Chart.AppVersion }} ({{ .Values.mode }} mode) in front of {{ join "," .Values.upstream.bootstrapServers }}.
 
+{{- if .Values.scaleOut.enabled }}
+SCALE-OUT: {{ int .Values.replicaCount }} proxy pods (StatefulSet {{ $fullname }}) share this cluster's share groups; each
+is advertised as <pod>.{{ $fullname }}-pods.{{ .Release.Namespace }}.svc. Share-group administration across pods is
+not built yet (docs/scale-out.md). Do not install this chart twice against one cluster.
+{{- else }}
 ONE proxy per Kafka cluster: two proxies over the same state topic would both own the share
-state (scale-out is issue 15). Do not install this chart twice against one cluster.
+state (several need scaleOut.enabled). Do not install this chart twice against one cluster.
+{{- end }}
 {{- if include "kafka-share-proxy.sidecar" . }}
 
 Sidecar mode: no Deployment was rendered. Add the proxy to your pod (helm/README.md, "Sidecar mode"):
@@ -27,7 +33,7 @@ Service {{ $fullname }} selects the pods by sidecar.podSelector and carries the 
 Clients connect to {{ $advertised }}:{{ int .Values.proxy.port }} (bootstrap); broker N is advertised as
 {{ $advertised }}:{{ include "kafka-share-proxy.brokerPortBase" . }}+N (node ids {{ join ", " .Values.proxy.brokerNodeIds }} have Service ports).
 
-  kubectl -n {{ .Release.Namespace }} rollout status deployment/{{ $fullname }}
+  kubectl -n {{ .Release.Namespace }} rollout status {{ if .Values.scaleOut.enabled }}statefulset{{ else }}deployment{{ end }}/{{ $fullname }}
   kubectl -n {{ .Release.Namespace }} port-forward deployment/{{ $fullname }} {{ int .Values.proxy.metricsPort }}
   curl -s localhost:{{ int .Values.proxy.metricsPort }}/readyz    # 200 once the share state is replayed
 {{- end }}

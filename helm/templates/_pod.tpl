@@ -41,9 +41,25 @@ successThreshold: {{ int $probe.successThreshold }}
   args:
     {{- toYaml . | nindent 4 }}
   {{- end }}
-  {{- with $v.extraEnv }}
+  {{- $scaleOut := and (hasKey $v "scaleOut") $v.scaleOut.enabled }}
+  {{- if or $v.extraEnv $scaleOut }}
   env:
+    {{- if $scaleOut }}
+    # Scale-out: the pod's name is its instance id (its StatefulSet ordinal the slot), and its name in
+    # the headless Service is where clients and the other instances reach it. The environment
+    # overrides proxy.toml's shared advertised-host.
+    - name: KSP_INSTANCE_ID
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.name
+    - name: KSP_ADVERTISED_HOST
+      value: "$(KSP_INSTANCE_ID).{{ include "kafka-share-proxy.fullname" . }}-pods.{{ .Release.Namespace }}.svc"
+    - name: KSP_OWNERSHIP_SESSION_TIMEOUT_MS
+      value: {{ int $v.scaleOut.ownershipSessionTimeoutMs | quote }}
+    {{- end }}
+    {{- with $v.extraEnv }}
     {{- toYaml . | nindent 4 }}
+    {{- end }}
   {{- end }}
   {{- with $v.extraEnvFrom }}
   envFrom:

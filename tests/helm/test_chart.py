@@ -85,7 +85,8 @@ def rendered_pdb_api(kube_version: str) -> str:
 
 
 @pytest.mark.parametrize(("text", "complaint"), [
-    ("replicaCount: 2\n", "/replicaCount"),
+    ("replicaCount: -1\n", "/replicaCount"),
+    ("scaleOut:\n  enabled: 'yes'\n", "/scaleOut/enabled"),
     ("mode: bogus\n", "/mode"),
     ("proxy:\n  port: '9092'\n", "/proxy/port"),
     ("proxy:\n  prot: 9092\n", "prot"),  # a misspelt key (additionalProperties false)
@@ -93,7 +94,7 @@ def rendered_pdb_api(kube_version: str) -> str:
     ("listener:\n  tls:\n    clientAuth: optional\n", "/listener/tls/clientAuth"),
     ("pdb:\n  maxUnavailable: 2\n", "/pdb/maxUnavailable"),
     ("config:\n  State.Topic: x\n", "State.Topic"),
-], ids=["replicas-2", "mode-bogus", "string-port", "unknown-key", "protocol", "client-auth", "pdb", "config-key"])
+], ids=["replicas-negative", "scale-out-string", "mode-bogus", "string-port", "unknown-key", "protocol", "client-auth", "pdb", "config-key"])
 def test_a_values_file_that_violates_the_schema_is_refused(tmp_path: Path, text: str, complaint: str) -> None:
     bad = write_values(tmp_path, "bad-values.yaml", text)
     for command in (["template", "x", str(CHART)], ["lint", str(CHART)]):
@@ -121,6 +122,9 @@ def test_a_values_file_that_violates_the_schema_is_refused(tmp_path: Path, text:
       "readinessProbe.enabled": "false"}, "cannot be reached through the Service's metrics port"),
     ({"config.metrics_host": "0.0.0.0"}, "config.metrics_host is set by the chart"),
     ({"metrics.serviceMonitor.enabled": "true", "service.exposeMetrics": "false"}, "needs a Service with the metrics port"),
+    ({"replicaCount": "2"}, "replicaCount above 1 needs scaleOut.enabled"),
+    ({"mode": "sidecar", "sidecar.podSelector.app": "orders", "scaleOut.enabled": "true"},
+     "cannot be combined with sidecar mode"),
 ], ids=lambda v: v if isinstance(v, str) else ",".join(v))
 def test_values_the_proxy_could_not_run_with_are_refused(values: dict[str, str], complaint: str) -> None:
     with pytest.raises(RenderError) as refused:
@@ -274,6 +278,40 @@ def test_the_deployment_never_runs_two_proxies(rendered: dict[str, Manifests]) -
     (spread,) = deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
     assert spread["labelSelector"] == deployment["spec"]["selector"]
     assert spread["topologyKey"] == "topology.kubernetes.io/zone"
+
+
+def test_scale_out_runs_a_stateful_set_of_instances_each_advertised_at_its_own_dns_name() -> None:
+    manifests = render([CI["default"]], {"scaleOut.enabled": "true", "replicaCount": "3",
+                                         "scaleOut.ownershipSessionTimeoutMs": "15000"})
+    assert "Deployment" not in manifests.kinds()
+    stateful = manifests.one("StatefulSet")
+    fullname = manifests.fullname
+    assert stateful["spec"]["replicas"] == 3
+    assert stateful["spec"]["serviceName"] == f"{fullname}-pods"
+    assert stateful["spec"]["podManagementPolicy"] == "Parallel"
+    assert stateful["spec"]["updateStrategy"] == {"type": "RollingUpdate"}
+    (container,) = stateful["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["KSP_INSTANCE_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["KSP_ADVERTISED_HOST"]["value"] == f"$(KSP_INSTANCE_ID).{fullname}-pods.{NAMESPACE}.svc"
+    assert env["KSP_OWNERSHIP_SESSION_TIMEOUT_MS"]["value"] == "15000"
+    # The variable it expands is defined before it (Kubernetes expands only earlier ones).
+    names = [e["name"] for e in container["env"]]
+    assert names.index("KSP_INSTANCE_ID") < names.index("KSP_ADVERTISED_HOST")
+    headless = manifests.one("Service", f"{fullname}-pods")
+    assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"] is True
+    assert headless["spec"]["selector"] == stateful["spec"]["selector"]["matchLabels"]
+    ordinary = manifests.one("Service", fullname)  # clients still bootstrap through it
+    assert {p["port"] for p in headless["spec"]["ports"]} <= {p["port"] for p in ordinary["spec"]["ports"]}
+    # A fixed broker port base is in proxy.toml: every instance computes the others' ports from it.
+    assert "broker-port-base" in manifests.proxy_toml()
+    assert manifests.one("PodDisruptionBudget")["spec"]["selector"] == stateful["spec"]["selector"]
+
+
+def test_without_scale_out_no_stateful_set_or_headless_service_is_rendered(rendered: dict[str, Manifests]) -> None:
+    for manifests in rendered.values():
+        assert "StatefulSet" not in manifests.kinds()
+        assert not [s for s in manifests.of_kind("Service") if s["metadata"]["name"].endswith("-pods")]
 
 
 def test_tmp_without_a_size_limit_is_still_an_empty_dir() -> None:
