@@ -322,7 +322,7 @@ def test_three_instances_serve_two_groups_exactly_once_and_share_the_work(kafka,
     print(f"\nthree instances: acquisitions per instance {acquired}; group b split {split_b}")
 
 
-@pytest.mark.parametrize("failure", ["kill-9", "sigstop"])
+@pytest.mark.parametrize("failure", ["kill-9", "sigstop", "scale-in"])
 def test_an_instance_failing_mid_run_moves_its_partitions_and_loses_no_acknowledgement(kafka, share_proxy,
                                                                                       create_topic, names, failure):
     """Issue 15 must-shows 2 and 3: three instances, three explicitly acknowledging librdkafka
@@ -331,7 +331,9 @@ def test_an_instance_failing_mid_run_moves_its_partitions_and_loses_no_acknowled
     with SIGSTOP past its ownership session and then resumed. Its share-partitions move to the
     survivors, consumption completes, every record is accepted at least once, and none whose
     acceptance was confirmed before the failure is delivered again. A resumed instance is fenced --
-    the survivor took its lanes over, so whatever it tries to write fails -- and rejoins."""
+    the survivor took its lanes over, so whatever it tries to write fails -- and rejoins.
+    "scale-in" (must-show 4's 3 -> 1): two instances, the group's coordinator among them, are
+    stopped with SIGTERM one after the other; the last one serves everything and nothing is lost."""
     partitions, records = 4, 40_000
     state_topic = f"__share_proxy_state_scale_{uuid.uuid4().hex[:12]}"
     ids = ("ksp-0", "ksp-1", "ksp-2")
@@ -371,6 +373,12 @@ def test_an_instance_failing_mid_run_moves_its_partitions_and_loses_no_acknowled
         failed_at = time.monotonic()
         if failure == "kill-9":
             proxies[victim].stop(signal.SIGKILL)
+        elif failure == "scale-in":
+            coordinator = described[homes.home_of_group(group)]
+            last = next(iid for iid in ids if iid not in (victim, coordinator))
+            proxies[victim].stop()
+            proxies[coordinator].stop()
+            survivors = [last]
         else:
             assert proxies[victim].process is not None
             proxies[victim].process.send_signal(signal.SIGSTOP)
@@ -401,6 +409,8 @@ def test_an_instance_failing_mid_run_moves_its_partitions_and_loses_no_acknowled
     print(f"\n{failure} of {victim} (led partitions {sorted(moved)}): completed {completed_s:.1f} s after it; "
           f"{len(run.accepted_before_kill)} confirmed before it, {len(delivered_after)} deliveries after, "
           f"{len(run.unconfirmed)} unconfirmed acknowledgements; lanes the resumed instance found fenced: {fenced}")
+    if failure == "scale-in":
+        assert owners(kafka.bootstrap, state_topic) == {p: survivors[0] for p in everything}
     assert moved, "the failed instance led none of the topic's partitions"
     assert produced <= run.acknowledged(), f"never accepted: {_ranges(produced - run.acknowledged())}"
     assert confirmed_then_redelivered == set(), (
