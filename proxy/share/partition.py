@@ -2306,7 +2306,15 @@ class SharePartition:
         if not self._batches:
             return
         batches = self._batches
-        for key in batches.islice(max(batches.bisect_right(first) - 1, 0)):
+        index = max(batches.bisect_right(first) - 1, 0)
+        if last is not None:
+            # Most lookups (an acknowledgement range, a change) fall inside one batch: answered
+            # without an islice iterator, which costs more than the rest of such a lookup.
+            batch = batches.peekitem(index)[1]
+            if batch.first_offset <= first and last <= batch.last_offset:
+                yield batch
+                return
+        for key in batches.islice(index):
             batch = batches[key]
             if last is not None and batch.first_offset > last:
                 return
