@@ -10,10 +10,11 @@ only the newest record per key, and recovery is exactly the newest snapshot plus
 with its ``snapshot_epoch`` (``state_store.recover`` applies every update of that epoch in log
 order; applying them all gives the same result, see below).
 
-The update is computed by **diff, not by tracking changes**: :func:`cumulative_delta` compares two
+The update is computed by **diff**: :func:`cumulative_delta` compares two
 :class:`~proxy.share.partition.PartitionSnapshot` values (the base snapshot and the engine's
-snapshot now), so it is exact whatever happened in between -- rollbacks included -- and needs no
-engine hooks. Where the base has a batch and the current view has none (the records are back to
+snapshot now), so it is exact whatever happened in between -- rollbacks included. What the engine
+tracks (see "Changed ranges") only narrows where the diff looks: a superset of the offsets that
+moved, never the content written. Where the base has a batch and the current view has none (the records are back to
 Available with delivery count 0, e.g. a staged acceptance rolled back) the update carries an
 explicit AVAILABLE / count 0 batch, which replay treats exactly as a gap.
 
