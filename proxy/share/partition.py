@@ -1611,7 +1611,7 @@ class SharePartition:
         # Pass 2: apply.
         changes = _Changes()
         renewals = _Renewals(self, member_id, now)
-        for ack in ranges:
+        for ack in _joined(ranges):
             first = max(ack.first_offset, self._start)
             last = ack.last_offset
             if first > last:
@@ -1619,10 +1619,16 @@ class SharePartition:
             types = ack.acknowledge_types
             single = _ACK_ROWS[types[0]] if len(types) == 1 else None
             for batch in list(self._batches_from(first, last)):
-                if single is not None and batch.offsets is None and batch.first_offset >= first \
-                        and batch.last_offset <= last:
-                    self._apply_batch(batch, single, member_id, renewals.lock_for(batch, single), changes)
-                    continue
+                if batch.offsets is None and batch.first_offset >= first and batch.last_offset <= last:
+                    # A uniform batch taking one type moves whole (also inside a range with a type
+                    # per offset, e.g. adjacent ranges joined): no per-offset split and merge back.
+                    row = single
+                    if row is None:
+                        span = types[batch.first_offset - ack.first_offset:batch.last_offset - ack.first_offset + 1]
+                        row = _ACK_ROWS[span[0]] if span.count(span[0]) == len(span) else None
+                    if row is not None:
+                        self._apply_batch(batch, row, member_id, renewals.lock_for(batch, row), changes)
+                        continue
                 offsets = self._split(batch)
                 base = batch.first_offset
                 offset, stop = max(first, base), min(last, batch.last_offset)
@@ -2391,6 +2397,35 @@ class SharePartition:
             return None
         # A delta may carry events only (e.g. renewals of Acquired records): nothing to write.
         return StateDelta(self._start if moved else -1, batches, changed, events)
+
+
+def _joined(ranges: Sequence[AckRange]) -> list[AckRange]:
+    """Adjacent acknowledgement ranges as one range with a type per offset (clients send one range
+    per run of equal types): the same moves in the same order, with the batch lookups and the
+    per-range set-up paid once per run of adjacent offsets instead of once per type change."""
+    out: list[AckRange] = []
+    pending: list | None = None  # [first, last, types] of adjacent ranges being joined
+    for ack in ranges:
+        if pending is not None and pending[1] + 1 == ack.first_offset:
+            types = ack.acknowledge_types
+            size = ack.last_offset - ack.first_offset + 1
+            pending[2].extend(types if len(types) == size else types * size)
+            pending[1] = ack.last_offset
+            continue
+        if pending is not None:
+            out.append(_as_range(pending))
+        types = ack.acknowledge_types
+        size = ack.last_offset - ack.first_offset + 1
+        pending = [ack.first_offset, ack.last_offset, list(types if len(types) == size else types * size)]
+    if pending is not None:
+        out.append(_as_range(pending))
+    return out
+
+
+def _as_range(pending: list) -> AckRange:
+    first, last, types = pending
+    # One type for all: kept as one, so whole uniform batches still move in one step.
+    return AckRange(first, last, (types[0],) if types.count(types[0]) == len(types) else tuple(types))
 
 
 def _pieces_of(

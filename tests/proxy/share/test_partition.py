@@ -764,6 +764,22 @@ def test_the_persisted_view_of_some_ranges_is_the_snapshot_cut_to_them():
         pb(29, 29, AVAILABLE, 1))
 
 
+def test_adjacent_ranges_of_different_types_move_the_records_as_one_range_with_a_type_per_offset_does():
+    """Clients send one range per run of equal types; the engine joins adjacent ones (one lookup per
+    run of offsets): the moves, the delta and its events are those of the one range."""
+    types = (ACCEPT,) * 5 + (RELEASE,) + (ACCEPT,) * 14
+    deltas, views = [], []
+    for ranges in ([AckRange(0, 4, (ACCEPT,)), AckRange(5, 5, (RELEASE,)), AckRange(6, 19, (ACCEPT,))],
+                   [AckRange(0, 19, types)]):
+        p = SharePartition(PartitionConfig(), 0)
+        fetch(p, Log.uniform(0, 20, 10), "m", max_records=20)
+        delta = p.acknowledge("m", ranges, now=0)
+        deltas.append((delta, delta.events))
+        views.append((p.snapshot(), runs(p), p.start_offset))
+    assert deltas[0] == deltas[1] and views[0] == views[1]
+    assert views[0][2] == 5  # 0-4 accepted and passed; 5 released; 6-19 accepted (10-19 moved whole)
+
+
 def test_later_updates_overwrite_earlier_state():
     snapshot = PartitionSnapshot(0, (pb(0, 9, AVAILABLE, 2),))
     updates = [StateDelta(-1, (pb(3, 4, ACKNOWLEDGED, 2),)), StateDelta(-1, (pb(0, 2, ARCHIVED, 2),))]
