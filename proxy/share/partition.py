@@ -1049,7 +1049,16 @@ class SharePartition:
         """Add how ``pieces`` (in offset order) are persisted to ``runs`` ([first, last, content]
         with PersistedBatch.content, adjacent equal contents joined): per-offset states, e.g. a
         staged acknowledgement's, join into one run before any batch value is made."""
+        last_holder = None  # the holder of runs[-1], whose content the next piece may share
         for first, last, holder in pieces:
+            if last_holder is not None and runs[-1][1] + 1 == first and holder.state is last_holder.state \
+                    and holder.delivery_count == last_holder.delivery_count \
+                    and holder.lock_id == last_holder.lock_id and holder.member_id == last_holder.member_id \
+                    and holder.reason is last_holder.reason:
+                # What the content is made of is equal: the same content (a staged acknowledgement
+                # leaves each offset a state of its own, so this is the common case per offset).
+                runs[-1][1] = last
+                continue
             state, count = holder.state, holder.delivery_count
             written_as = _PERSISTED_AS[state]
             if written_as is not None:
@@ -1059,6 +1068,7 @@ class SharePartition:
             if state is _AVAILABLE and count == 0:
                 continue
             content = (state, count, *self._progress_of(holder), holder.reason if state is _ARCHIVING else _NO_REASON)
+            last_holder = holder
             if runs:
                 prev = runs[-1]
                 if prev[1] + 1 == first and prev[2] == content:
