@@ -16,7 +16,8 @@ Workloads, one share-partition, one member, acknowledgements staged as the share
   ``partition_bench``'s fragmented window);
 * ``polls`` -- state_bench's fragmented workload on one share-partition: polls of ``--poll`` records,
   10% of the records released on their first delivery (redelivered by a later poll), everything a
-  poll delivered acknowledged at once; a write per poll.
+  poll delivered acknowledged at once, one AckRange per run of adjacent offsets of one type (the
+  shape confluent_kafka's ShareConsumer sends, as logged in the proxy); a write per poll.
 
 It uses only what both sides of a change have (``CommitPipeline``, ``Leader``, the engine's public
 calls), so it runs against an older checkout too: ``PYTHONPATH=/path/to/other/checkout python
@@ -103,7 +104,13 @@ async def _run(workload: str, writes: int, window: int, poll: int, seed: int) ->
                 first_delivery = o not in delivered_once
                 delivered_once.add(o)
                 types.append(RELEASE if first_delivery and rng.random() < 0.1 else ACCEPT)
-            await write([AckRange(o, o, (t,)) for o, t in zip(offsets, types)])
+            runs: list[list[int]] = []  # [first, last, type]
+            for o, t in zip(offsets, types):
+                if runs and runs[-1][1] + 1 == o and runs[-1][2] == t:
+                    runs[-1][1] = o
+                else:
+                    runs.append([o, o, t])
+            await write([AckRange(first, last, (t,)) for first, last, t in runs])
     return writer
 
 
