@@ -8,7 +8,8 @@ which
 1. bumps the leader's *version* and marks it dirty (group commit: one writer task writes one
    record per dirty share-partition, many partitions per producer batch: a ShareSnapshot, or with
    ``--state-deltas on`` a cumulative ShareUpdate over the last durable snapshot when
-   :func:`proxy.share.state_delta.plan` says it is clearly smaller);
+   :func:`proxy.share.state_delta.plan` says it is clearly smaller, computed from the offsets the
+   engine changed since the previous write rather than from the whole window);
 2. remembers the engine's *staged* change id, if the change was staged (client acknowledgements:
    Kafka's two-phase ``startStateTransition`` / ``completeStateTransition``);
 3. tells every subscriber of the change hook (metrics, the event log, the dead-letter writer)
@@ -54,7 +55,7 @@ from proxy.share import metrics, state_store
 from proxy.share.leaders import Leader, SharePartitionKey
 from proxy.share.partition import PartitionSnapshot, RecordEvent, StagedChange, StateDelta
 from proxy.share.persister import PersistError
-from proxy.share.state_delta import DeltaBase, DeltaPolicy, plan
+from proxy.share.state_delta import DeltaBase, DeltaPolicy, Interval, plan, splice
 
 log = structlog.get_logger(__name__)
 
@@ -268,8 +269,8 @@ class CommitPipeline:
         covered: list[tuple[Leader, int]] = []
         snapshots: list[tuple[Leader, int, PartitionSnapshot]] = []  # bases, once durable
         for leader in leaders:
-            current = leader.engine.snapshot()
-            delta = self._update_for(leader, current)
+            current, within = self._current(leader)
+            delta = self._update_for(leader, current, within)
             route = state_store.share_partition_route(leader.key)
             if delta is None:
                 leader.snapshot_epoch += 1
@@ -283,7 +284,7 @@ class CommitPipeline:
                 assert base is not None
                 key, value = state_store.update_record(leader.key, delta, snapshot_epoch=base.epoch,
                                                        clock_offset_ms=offset)
-                leader.delta_base = base.after(delta)
+                leader.delta_base = base.after(delta, current)
             batch.append((key, value, route))
             covered.append((leader, leader.version))
         started = trio.current_time()
@@ -328,14 +329,41 @@ class CommitPipeline:
             _settle(leader)
         return True
 
-    def _update_for(self, leader: Leader, current: PartitionSnapshot) -> StateDelta | None:
-        """The cumulative update to write for `leader` now, or None for a snapshot."""
+    def _current(self, leader: Leader) -> tuple[PartitionSnapshot, list[Interval] | None]:
+        """`leader`'s snapshot now and, when it was spliced (see below), the offset ranges it
+        changed since the previous write, which `plan` then diffs alone.
+
+        With a usable delta base that knows the snapshot of the previous write (`DeltaBase.latest`),
+        the snapshot is that one with the engine's view of what changed since spliced in
+        (state_delta's "Changed ranges"): a fragmented window is not walked whole on every write.
+        The engine's changed ranges are drained on every write, whatever is written, so that they
+        always start at the previous write."""
+        engine = leader.engine
+        changed = engine.drain_changed()
+        base = self._usable_base(leader)
+        latest = None if base is None else base.latest
+        start = engine.start_offset
+        if changed is None or latest is None or start < latest.start_offset:
+            return engine.snapshot(), None
+        changed = [(max(first, start), last) for first, last in changed if last >= start]
+        return splice(latest, start, changed, engine.persisted_view(changed)), changed
+
+    def _usable_base(self, leader: Leader) -> DeltaBase | None:
+        """The base an update may be written over now, or None: a snapshot is due."""
         base = leader.delta_base
         if self.deltas is None or base is None:
             return None
         if base.state_epoch != leader.state_epoch or base.create_timestamp != leader.create_timestamp:
             return None  # e.g. a reset: an update cannot carry the new state epoch
-        return plan(base, current, self.deltas)
+        return base
+
+    def _update_for(self, leader: Leader, current: PartitionSnapshot,
+                    within: list[Interval] | None) -> StateDelta | None:
+        """The cumulative update to write for `leader` now, or None for a snapshot."""
+        base = self._usable_base(leader)
+        if base is None:
+            return None
+        return plan(base, current, self.deltas, within)
 
     def _failed(self, exc: PersistError, covered: list[tuple[Leader, int]], groups: dict) -> None:
         self._failures += 1

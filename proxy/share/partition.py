@@ -40,12 +40,22 @@ with their owner and times). Acquired records are never persisted (KIP-932 "Mana
 (:meth:`SharePartition.from_persisted`) a record that was Acquired for the k-th time comes back as
 it was last written: Available with delivery count k-1 (nothing at all if k was 1).
 
+*Changed ranges.* Every move of a record's state (and every batch added to the window) also
+notes its offsets in a list that :meth:`SharePartition.drain_changed` hands over and clears. The
+commit pipeline drains it at every state write, so it names, as a superset, the offsets whose
+persisted view may differ from what the previous write saw; with :meth:`persisted_view` of just
+those offsets it rebuilds the snapshot and the cumulative update without walking the whole window
+(``proxy.share.state_delta.splice``). The list is "unknown" (None) for a new engine, after
+:meth:`reset` and once it grows past ``_CHANGED_RANGES_LIMIT``: the caller then snapshots the whole
+window, as it would without the list.
+
 Errors a client can cause raise :class:`ShareStateError` carrying a Kafka error code; the whole
 acknowledgement of a partition is validated before any of it is applied (all or nothing).
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import enum
 import heapq
@@ -104,6 +114,10 @@ _NO_REASON = ArchiveReason.NONE
 _DELIVERY_LIMIT = ArchiveReason.DELIVERY_LIMIT
 
 _NO_OFFSET = 2**63
+# Changed ranges kept between two drains at most (see drain_changed): past it the engine stops
+# counting and the next write compares the whole window, so a partition whose writes stall (an
+# outage) does not grow the list without bound.
+_CHANGED_RANGES_LIMIT = 4096
 _STATE_IDS = range(8)  # room for ARCHIVING (3), IN_PROGRESS (5) and beyond
 
 
@@ -773,6 +787,9 @@ class SharePartition:
         # Per-offset batches changed by the running operation, with the spans of positions changed
         # (list indexes lo1, hi1, lo2, hi2, ...): merged again when it finishes.
         self._touched: dict[_InFlightBatch, list[int]] = _NOTHING_TOUCHED
+        # Offset ranges ([first, last], in the order changed) whose persisted view may have changed
+        # since the last drain_changed(); None: unknown (nothing drained yet, a reset, too many).
+        self._changed: list[list[int]] | None = None
 
     def reconfigure(self, config: PartitionConfig) -> None:
         """Take the group's current settings: later acquisitions lock for the new duration, and
@@ -1001,8 +1018,47 @@ class SharePartition:
 
     def snapshot(self) -> PartitionSnapshot:
         """ShareSnapshot content: durable state as a restart would see it (Acquired not persisted)."""
-        batches: list[PersistedBatch] = []
-        for first, last, holder in self._pieces():
+        runs: list[list] = []
+        self._persist_pieces(self._pieces(), runs)
+        return PartitionSnapshot(self._start,
+                                 tuple(PersistedBatch(first, last, *content) for first, last, content in runs))
+
+    def persisted_view(self, ranges: Sequence[tuple[int, int]]) -> tuple[PersistedBatch, ...]:
+        """The batches of :meth:`snapshot` over the offset ranges ``ranges`` ((first, last) pairs,
+        sorted, disjoint, not adjacent) and nowhere else, cut at their ends; costs what the ranges
+        cover (plus a bisect each), not the window."""
+        if not ranges or not self._batches:
+            return ()
+        runs: list[list] = []
+        # One list of the window's batches for every range (the SortedDict's own lookups cost more
+        # per range than this costs once: a window holds tens of batches, a write hundreds of ranges).
+        batches = list(self._batches.values())
+        firsts = list(self._batches.keys())
+        for first, last in ranges:
+            first = max(first, self._start)
+            index = max(bisect.bisect_right(firsts, first) - 1, 0)
+            while index < len(batches) and batches[index].first_offset <= last:
+                batch = batches[index]
+                index += 1
+                if batch.last_offset >= first:
+                    self._persist_pieces(_pieces_of(batch, first, last), runs)
+        return tuple(PersistedBatch(first, last, *content) for first, last, content in runs)
+
+    def _persist_pieces(self, pieces: Iterable[tuple[int, int, _InFlightBatch | _OffsetState]],
+                        runs: list[list]) -> None:
+        """Add how ``pieces`` (in offset order) are persisted to ``runs`` ([first, last, content]
+        with PersistedBatch.content, adjacent equal contents joined): per-offset states, e.g. a
+        staged acknowledgement's, join into one run before any batch value is made."""
+        last_holder = None  # the holder of runs[-1], whose content the next piece may share
+        for first, last, holder in pieces:
+            if last_holder is not None and runs[-1][1] + 1 == first and holder.state is last_holder.state \
+                    and holder.delivery_count == last_holder.delivery_count \
+                    and holder.lock_id == last_holder.lock_id and holder.member_id == last_holder.member_id \
+                    and holder.reason is last_holder.reason:
+                # What the content is made of is equal: the same content (a staged acknowledgement
+                # leaves each offset a state of its own, so this is the common case per offset).
+                runs[-1][1] = last
+                continue
             state, count = holder.state, holder.delivery_count
             written_as = _PERSISTED_AS[state]
             if written_as is not None:
@@ -1011,9 +1067,51 @@ class SharePartition:
                 state, count = written_as[0], count + written_as[1]
             if state is _AVAILABLE and count == 0:
                 continue
-            batches.append(PersistedBatch(first, last, state, count, *self._progress_of(holder),
-                                          holder.reason if state is _ARCHIVING else _NO_REASON))
-        return PartitionSnapshot(self._start, tuple(_coalesce(batches)))
+            content = (state, count, *self._progress_of(holder), holder.reason if state is _ARCHIVING else _NO_REASON)
+            last_holder = holder
+            if runs:
+                prev = runs[-1]
+                if prev[1] + 1 == first and prev[2] == content:
+                    prev[1] = last
+                    continue
+            runs.append([first, last, content])
+
+    def drain_changed(self) -> list[tuple[int, int]] | None:
+        """The offset ranges (sorted, merged) whose persisted view may have changed since the last
+        call -- a superset: acquisitions, renewals and rolled-back moves are in it too -- and start
+        afresh. None when unknown (the first call, after :meth:`reset`, or more than
+        ``_CHANGED_RANGES_LIMIT`` ranges): compare the whole :meth:`snapshot` then."""
+        changed, self._changed = self._changed, []
+        if changed is None:
+            return None
+        changed.sort()
+        merged: list[tuple[int, int]] = []
+        for first, last in changed:
+            if merged and first <= merged[-1][1] + 1:
+                if last > merged[-1][1]:
+                    merged[-1] = (merged[-1][0], last)
+            else:
+                merged.append((first, last))
+        return merged
+
+    def _note_changed(self, first: int, last: int) -> None:
+        """Offsets [first, last] may persist differently now (see drain_changed)."""
+        changed = self._changed
+        if changed is None:
+            return
+        if changed:
+            prev = changed[-1]
+            # A sweep through the window (offset by offset, or batch by batch) extends one range.
+            if first <= prev[1] + 1 and prev[0] <= last + 1:
+                if first < prev[0]:
+                    prev[0] = first
+                if last > prev[1]:
+                    prev[1] = last
+                return
+            if len(changed) >= _CHANGED_RANGES_LIMIT:
+                self._changed = None
+                return
+        changed.append([first, last])
 
     # ----- rebuild -------------------------------------------------------------------------
 
@@ -1344,6 +1442,7 @@ class SharePartition:
     def _append(self, batch: _InFlightBatch) -> None:
         """Add a batch at the end of the window (it must start at, or extend, SPEO)."""
         self._batches[batch.first_offset] = batch
+        self._note_changed(batch.first_offset, batch.last_offset)  # (e.g. archived control records)
         if batch.last_offset + 1 > self._end:
             self._end = batch.last_offset + 1
 
@@ -1437,6 +1536,7 @@ class SharePartition:
     def _restore(self, holder: _InFlightBatch | _OffsetState, first: int, last: int) -> None:
         saved = holder.rollback
         assert saved is not None
+        self._note_changed(first, last)
         n = last - first + 1
         holder.rollback = None
         self._detach(holder, n)  # a staged mark left the records under a new progress hold
@@ -1521,7 +1621,7 @@ class SharePartition:
         # Pass 2: apply.
         changes = _Changes()
         renewals = _Renewals(self, member_id, now)
-        for ack in ranges:
+        for ack in _joined(ranges):
             first = max(ack.first_offset, self._start)
             last = ack.last_offset
             if first > last:
@@ -1529,10 +1629,16 @@ class SharePartition:
             types = ack.acknowledge_types
             single = _ACK_ROWS[types[0]] if len(types) == 1 else None
             for batch in list(self._batches_from(first, last)):
-                if single is not None and batch.offsets is None and batch.first_offset >= first \
-                        and batch.last_offset <= last:
-                    self._apply_batch(batch, single, member_id, renewals.lock_for(batch, single), changes)
-                    continue
+                if batch.offsets is None and batch.first_offset >= first and batch.last_offset <= last:
+                    # A uniform batch taking one type moves whole (also inside a range with a type
+                    # per offset, e.g. adjacent ranges joined): no per-offset split and merge back.
+                    row = single
+                    if row is None:
+                        span = types[batch.first_offset - ack.first_offset:batch.last_offset - ack.first_offset + 1]
+                        row = _ACK_ROWS[span[0]] if span.count(span[0]) == len(span) else None
+                    if row is not None:
+                        self._apply_batch(batch, row, member_id, renewals.lock_for(batch, row), changes)
+                        continue
                 offsets = self._split(batch)
                 base = batch.first_offset
                 offset, stop = max(first, base), min(last, batch.last_offset)
@@ -1897,6 +2003,7 @@ class SharePartition:
         self._log_start = start_offset
         self._next_sweep = None
         self._start = self._end = self._available_hint = start_offset
+        self._changed = None  # the whole window changed
         return self.snapshot()
 
     # ----- internals ------------------------------------------------------------------------
@@ -2137,6 +2244,8 @@ class SharePartition:
         move = row[holder.state]
         if move is None:  # callers validate first: an illegal move here is an engine bug
             raise AssertionError(f"no transition from {holder.state.name} for records {first}-{last}")
+        if self._changed is not None:
+            self._note_changed(first, last)
         count = holder.delivery_count + move.delivery_delta
         new_state = move.new_state
         n = last - first + 1
@@ -2213,7 +2322,15 @@ class SharePartition:
         if not self._batches:
             return
         batches = self._batches
-        for key in batches.islice(max(batches.bisect_right(first) - 1, 0)):
+        index = max(batches.bisect_right(first) - 1, 0)
+        if last is not None:
+            # Most lookups (an acknowledgement range, a change) fall inside one batch: answered
+            # without an islice iterator, which costs more than the rest of such a lookup.
+            batch = batches.peekitem(index)[1]
+            if batch.first_offset <= first and last <= batch.last_offset:
+                yield batch
+                return
+        for key in batches.islice(index):
             batch = batches[key]
             if last is not None and batch.first_offset > last:
                 return
@@ -2290,6 +2407,57 @@ class SharePartition:
             return None
         # A delta may carry events only (e.g. renewals of Acquired records): nothing to write.
         return StateDelta(self._start if moved else -1, batches, changed, events)
+
+
+def _joined(ranges: Sequence[AckRange]) -> list[AckRange]:
+    """Adjacent acknowledgement ranges as one range with a type per offset (clients send one range
+    per run of equal types): the same moves in the same order, with the batch lookups and the
+    per-range set-up paid once per run of adjacent offsets instead of once per type change."""
+    out: list[AckRange] = []
+    pending: list | None = None  # [first, last, types] of adjacent ranges being joined
+    for ack in ranges:
+        if pending is not None and pending[1] + 1 == ack.first_offset:
+            types = ack.acknowledge_types
+            size = ack.last_offset - ack.first_offset + 1
+            pending[2].extend(types if len(types) == size else types * size)
+            pending[1] = ack.last_offset
+            continue
+        if pending is not None:
+            out.append(_as_range(pending))
+        types = ack.acknowledge_types
+        size = ack.last_offset - ack.first_offset + 1
+        pending = [ack.first_offset, ack.last_offset, list(types if len(types) == size else types * size)]
+    if pending is not None:
+        out.append(_as_range(pending))
+    return out
+
+
+def _as_range(pending: list) -> AckRange:
+    first, last, types = pending
+    # One type for all: kept as one, so whole uniform batches still move in one step.
+    return AckRange(first, last, (types[0],) if types.count(types[0]) == len(types) else tuple(types))
+
+
+def _pieces_of(
+    batch: _InFlightBatch, first: int, last: int
+) -> Iterator[tuple[int, int, _InFlightBatch | _OffsetState]]:
+    """(first, last, holder) over the offsets of ``batch`` within [first, last], as
+    :meth:`SharePartition._pieces` gives them (cut to the range)."""
+    lo, hi = max(first, batch.first_offset), min(last, batch.last_offset)
+    if lo > hi:
+        return
+    offsets = batch.offsets
+    if offsets is None:
+        yield lo, hi, batch
+        return
+    base = batch.first_offset
+    run_start, run = lo, offsets[lo - base]
+    for i in range(lo - base + 1, hi - base + 1):
+        holder = offsets[i]
+        if holder is not run:
+            yield run_start, base + i - 1, run
+            run_start, run = base + i, holder
+    yield run_start, hi, run
 
 
 def _unsplit(batch: _InFlightBatch, state: _OffsetState) -> None:

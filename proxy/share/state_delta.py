@@ -10,12 +10,24 @@ only the newest record per key, and recovery is exactly the newest snapshot plus
 with its ``snapshot_epoch`` (``state_store.recover`` applies every update of that epoch in log
 order; applying them all gives the same result, see below).
 
-The update is computed by **diff, not by tracking changes**: :func:`cumulative_delta` compares two
+The update is computed by **diff**: :func:`cumulative_delta` compares two
 :class:`~proxy.share.partition.PartitionSnapshot` values (the base snapshot and the engine's
-snapshot now), so it is exact whatever happened in between -- rollbacks included -- and needs no
-engine hooks. Where the base has a batch and the current view has none (the records are back to
+snapshot now), so it is exact whatever happened in between -- rollbacks included. What the engine
+tracks (see "Changed ranges") only narrows where the diff looks: a superset of the offsets that
+moved, never the content written. Where the base has a batch and the current view has none (the records are back to
 Available with delivery count 0, e.g. a staged acceptance rolled back) the update carries an
 explicit AVAILABLE / count 0 batch, which replay treats exactly as a gap.
+
+*Changed ranges.* Snapshotting and diffing the whole window costs what the window holds (a
+fragmented window of 2,000 records: hundreds of batches, milliseconds per write), so the commit
+pipeline works from what changed instead. The engine names the offsets it changed since the
+previous write (``SharePartition.drain_changed``, a superset), and :class:`DeltaBase` keeps the
+snapshot as of that write (``view``). Outside the changed offsets the snapshot is still ``view``:
+:func:`splice` rebuilds the current snapshot from ``view`` and the engine's view of the changed
+offsets (``SharePartition.persisted_view``), batch for batch what ``snapshot()`` gives. And
+outside them the current state differs from the base at most where the newest update differed,
+which it carried: so :func:`plan` with ``within`` (the changed offsets) diffs only there and adds
+the carried ranges as always -- the same update the whole-window diff gives.
 
 *Carried ranges.* An update also carries (with their current view) every range an earlier update
 of the same epoch carried. So the newest update covers every offset any earlier one touched, and
@@ -48,7 +60,7 @@ from proxy.share.states import RecordState
 
 Interval = tuple[int, int]  # (first, last), inclusive
 
-__all__ = ["DeltaBase", "DeltaPolicy", "Interval", "cumulative_delta", "plan"]
+__all__ = ["DeltaBase", "DeltaPolicy", "Interval", "cumulative_delta", "plan", "splice"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +85,9 @@ class DeltaBase:
 
     ``state_epoch`` / ``create_timestamp``: the snapshot's, which an update does not carry (a reset
     that changes them needs a snapshot). ``updates``: updates issued since; ``carried``: the offset
-    ranges the newest of them carried (each later update carries them again)."""
+    ranges the newest of them carried (each later update carries them again); ``view``: the
+    share-partition's snapshot when the newest of them was computed (None: ``snapshot``, no update
+    yet) -- what the next write splices the changed offsets into (see "Changed ranges")."""
 
     snapshot: PartitionSnapshot
     epoch: int
@@ -81,20 +95,35 @@ class DeltaBase:
     create_timestamp: int
     updates: int = 0
     carried: tuple[Interval, ...] = ()
+    view: PartitionSnapshot | None = None
 
-    def after(self, delta: StateDelta) -> DeltaBase:
-        """This base once ``delta`` (an update computed against it) has been issued."""
-        return dataclasses.replace(self, updates=self.updates + 1,
+    @property
+    def latest(self) -> PartitionSnapshot | None:
+        """The snapshot as of the newest record written over this base (the base's own at first);
+        None when unknown (an update issued without its view, see :meth:`after`)."""
+        if self.view is not None:
+            return self.view
+        return self.snapshot if self.updates == 0 else None
+
+    def after(self, delta: StateDelta, view: PartitionSnapshot | None = None) -> DeltaBase:
+        """This base once ``delta`` (an update computed against it, from the snapshot ``view``) has
+        been issued. Without ``view``, :attr:`latest` is unknown: the next write is not spliced."""
+        return dataclasses.replace(self, updates=self.updates + 1, view=view,
                                    carried=tuple((b.first_offset, b.last_offset) for b in delta.state_batches))
 
 
-def plan(base: DeltaBase | None, current: PartitionSnapshot, policy: DeltaPolicy) -> StateDelta | None:
-    """The cumulative update to write for ``current``, or None when a snapshot must be written."""
+def plan(base: DeltaBase | None, current: PartitionSnapshot, policy: DeltaPolicy,
+         within: Sequence[Interval] | None = None) -> StateDelta | None:
+    """The cumulative update to write for ``current``, or None when a snapshot must be written.
+
+    ``within``: offset ranges (sorted, disjoint) outside which ``current`` is known to differ from
+    the base at most on ``base.carried`` (the offsets changed since the newest write over the
+    base); only they are compared. None: compare everything."""
     if base is None or base.updates >= policy.snapshot_every:
         return None
     if len(current.state_batches) < policy.min_snapshot_batches:
         return None
-    delta = cumulative_delta(base.snapshot, current, base.carried)
+    delta = cumulative_delta(base.snapshot, current, base.carried, within)
     batches = len(current.state_batches)
     if batches >= policy.halves_from_batches and 2 * len(delta.state_batches) > batches:
         return None
@@ -102,15 +131,20 @@ def plan(base: DeltaBase | None, current: PartitionSnapshot, policy: DeltaPolicy
 
 
 def cumulative_delta(base: PartitionSnapshot, current: PartitionSnapshot,
-                     carried: Iterable[Interval] = ()) -> StateDelta:
+                     carried: Iterable[Interval] = (), within: Sequence[Interval] | None = None) -> StateDelta:
     """The ShareUpdate that, replayed over ``base``, gives ``current``: its SPSO and, at or above it,
     the current view of every offset whose view differs from the base's or that ``carried`` names.
     Offsets with no current batch (Available, count 0) are carried as an explicit AVAILABLE / 0 batch.
+    With ``within`` (sorted, disjoint ranges), offsets outside them and ``carried`` are taken as
+    equal, unexamined.
 
     Cost: batches equal in both (same offsets and content: most of a window between two writes) are
     matched by hashing; only the others are compared offset range by offset range (bisect)."""
     start = current.start_offset
-    changed = _differing(base.state_batches, current.state_batches, start)
+    if within is None:
+        changed = _differing(base.state_batches, current.state_batches, start)
+    else:
+        changed = _differing(_cut(base.state_batches, within), _cut(current.state_batches, within), start)
     changed.extend((max(first, start), last) for first, last in carried if last >= start)
     return StateDelta(start, tuple(_views(_normalise(changed), current.state_batches)))
 
@@ -203,4 +237,75 @@ def _views(intervals: Sequence[Interval], current: Sequence[PersistedBatch]) -> 
             cursor = piece_last + 1
         if cursor <= last:
             out.append(PersistedBatch(cursor, last, RecordState.AVAILABLE, 0))
+    return out
+
+
+
+def splice(latest: PartitionSnapshot, start: int, ranges: Sequence[Interval],
+           view: Sequence[PersistedBatch]) -> PartitionSnapshot:
+    """The snapshot with SPSO ``start`` whose batches are ``view`` over ``ranges`` (sorted, disjoint,
+    not adjacent, at or above ``start``; what ``SharePartition.persisted_view(ranges)`` gives) and
+    ``latest``'s everywhere else, joined where equal neighbours meet: batch for batch the engine's
+    ``snapshot()`` when only the offsets in ``ranges`` changed since ``latest`` was taken.
+
+    Cost: a bisect and a slice per range, plus copying the untouched batches' references."""
+    batches = latest.state_batches
+    firsts = [b.first_offset for b in batches]
+    out: list[PersistedBatch] = []
+    cursor, k = start, 0  # next offset to fill; next batch of `view`
+    for first, last in ranges:
+        _join(out, _cut_one(batches, firsts, cursor, first - 1))
+        j = k
+        while j < len(view) and view[j].first_offset <= last:
+            j += 1
+        _join(out, view[k:j])
+        k, cursor = j, last + 1
+    _join(out, _cut_one(batches, firsts, cursor, None))
+    return PartitionSnapshot(start, tuple(out))
+
+
+def _span(b: PersistedBatch, first: int, last: int) -> PersistedBatch:
+    """``b`` over [first, last] (cheaper than dataclasses.replace, which this runs per changed range)."""
+    return PersistedBatch(first, last, b.delivery_state, b.delivery_count, b.in_progress_start, b.last_progress,
+                          b.member_id, b.archive_reason)
+
+
+def _join(out: list[PersistedBatch], pieces: Sequence[PersistedBatch]) -> None:
+    """Append ``pieces`` (each list coalesced already), merging where the two lists meet."""
+    if not pieces:
+        return
+    head = pieces[0]
+    if out and out[-1].last_offset + 1 == head.first_offset and out[-1].content == head.content:
+        out[-1] = _span(out[-1], out[-1].first_offset, head.last_offset)
+        out.extend(pieces[1:])
+    else:
+        out.extend(pieces)
+
+
+def _cut_one(batches: Sequence[PersistedBatch], firsts: Sequence[int], first: int,
+             last: int | None) -> Sequence[PersistedBatch]:
+    """``batches`` (sorted, disjoint; ``firsts`` their first offsets) cut to [first, last]
+    (last None: no end)."""
+    if last is not None and last < first:
+        return ()
+    lo = max(bisect_right(firsts, first) - 1, 0)
+    hi = len(batches) if last is None else bisect_right(firsts, last)
+    if lo < hi and batches[lo].last_offset < first:
+        lo += 1
+    if lo >= hi:
+        return ()
+    out = list(batches[lo:hi])
+    if out[0].first_offset < first:
+        out[0] = _span(out[0], first, out[0].last_offset)
+    if last is not None and out[-1].last_offset > last:
+        out[-1] = _span(out[-1], out[-1].first_offset, last)
+    return out
+
+
+def _cut(batches: Sequence[PersistedBatch], ranges: Sequence[Interval]) -> list[PersistedBatch]:
+    """``batches`` (sorted, disjoint) cut to ``ranges`` (sorted, disjoint)."""
+    firsts = [b.first_offset for b in batches]
+    out: list[PersistedBatch] = []
+    for first, last in ranges:
+        out.extend(_cut_one(batches, firsts, first, last))
     return out

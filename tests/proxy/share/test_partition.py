@@ -727,6 +727,59 @@ def test_snapshot_writes_acquired_records_as_available_with_the_previous_count()
     assert restarted.snapshot() == p.snapshot()
 
 
+def test_changed_ranges_are_unknown_at_first_then_name_what_moved_since_the_last_drain():
+    p = SharePartition(PartitionConfig(), 0)
+    log = Log.uniform(0, 20, 10)
+    assert p.drain_changed() is None  # a new engine: the caller compares the whole window once
+    fetch(p, log, "m", max_records=20)
+    assert p.drain_changed() == [(0, 19)]  # (acquired: a superset, the persisted view did not move)
+    ack(p, "m", 3, 3, RELEASE)
+    ack(p, "m", 7, 8, ACCEPT)
+    ack(p, "m", 4, 4, ACCEPT)
+    assert p.drain_changed() == [(3, 4), (7, 8)]
+    assert p.drain_changed() == []
+    p.reset(30)
+    assert p.drain_changed() is None
+
+
+def test_a_rolled_back_acknowledgement_is_a_change():
+    p = SharePartition(PartitionConfig(), 0)
+    fetch(p, Log.uniform(0, 10, 10), "m", max_records=10)
+    staged = p.stage_acknowledge("m", [AckRange(5, 6, (ACCEPT,))], now=0)
+    p.drain_changed()
+    p.rollback(staged.change_id)
+    assert p.drain_changed() == [(5, 6)]
+
+
+def test_the_persisted_view_of_some_ranges_is_the_snapshot_cut_to_them():
+    p = SharePartition(PartitionConfig(), 0)
+    log = Log.uniform(0, 30, 10)
+    fetch(p, log, "m", max_records=30)
+    ack(p, "m", 0, 29, *([ACCEPT, ACCEPT, RELEASE] * 10))
+    fetch(p, log, "m", max_records=1)  # 2 acquired again: persisted as it was, Available / 1
+    assert p.snapshot().state_batches[:2] == (pb(2, 2, AVAILABLE, 1), pb(3, 4, ACKNOWLEDGED, 1))
+    assert p.persisted_view([(1, 4), (20, 40)]) == (
+        pb(2, 2, AVAILABLE, 1), pb(3, 4, ACKNOWLEDGED, 1), pb(20, 20, AVAILABLE, 1), pb(21, 22, ACKNOWLEDGED, 1),
+        pb(23, 23, AVAILABLE, 1), pb(24, 25, ACKNOWLEDGED, 1), pb(26, 26, AVAILABLE, 1), pb(27, 28, ACKNOWLEDGED, 1),
+        pb(29, 29, AVAILABLE, 1))
+
+
+def test_adjacent_ranges_of_different_types_move_the_records_as_one_range_with_a_type_per_offset_does():
+    """Clients send one range per run of equal types; the engine joins adjacent ones (one lookup per
+    run of offsets): the moves, the delta and its events are those of the one range."""
+    types = (ACCEPT,) * 5 + (RELEASE,) + (ACCEPT,) * 14
+    deltas, views = [], []
+    for ranges in ([AckRange(0, 4, (ACCEPT,)), AckRange(5, 5, (RELEASE,)), AckRange(6, 19, (ACCEPT,))],
+                   [AckRange(0, 19, types)]):
+        p = SharePartition(PartitionConfig(), 0)
+        fetch(p, Log.uniform(0, 20, 10), "m", max_records=20)
+        delta = p.acknowledge("m", ranges, now=0)
+        deltas.append((delta, delta.events))
+        views.append((p.snapshot(), runs(p), p.start_offset))
+    assert deltas[0] == deltas[1] and views[0] == views[1]
+    assert views[0][2] == 5  # 0-4 accepted and passed; 5 released; 6-19 accepted (10-19 moved whole)
+
+
 def test_later_updates_overwrite_earlier_state():
     snapshot = PartitionSnapshot(0, (pb(0, 9, AVAILABLE, 2),))
     updates = [StateDelta(-1, (pb(3, 4, ACKNOWLEDGED, 2),)), StateDelta(-1, (pb(0, 2, ARCHIVED, 2),))]

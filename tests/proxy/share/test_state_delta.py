@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from codec.share_events import ArchiveReason
 from proxy.share.partition import PartitionConfig, PartitionSnapshot, PersistedBatch, SharePartition, StateDelta
-from proxy.share.state_delta import DeltaBase, DeltaPolicy, cumulative_delta, plan
+from proxy.share.state_delta import DeltaBase, DeltaPolicy, cumulative_delta, plan, splice
 from proxy.share.states import RecordState
 
 A, Q, K, D, X, P = (RecordState.AVAILABLE, RecordState.ACQUIRED, RecordState.ACKNOWLEDGED, RecordState.ARCHIVING,
@@ -242,3 +242,73 @@ def test_the_delta_carries_exactly_the_changed_and_carried_offsets_and_replays_t
     assert all(view == new.get(o, nothing) for o, view in carried_offsets.items())
     assert delta.start_offset == current.start_offset
     assert replayed(base, delta) == rebuilt(current)
+
+
+def covering(offsets: set[int]) -> list[tuple[int, int]]:
+    """Sorted, merged ranges of exactly these offsets."""
+    ranges: list[tuple[int, int]] = []
+    for o in sorted(offsets):
+        if ranges and ranges[-1][1] + 1 == o:
+            ranges[-1] = (ranges[-1][0], o)
+        else:
+            ranges.append((o, o))
+    return ranges
+
+
+def cut(snapshot: PartitionSnapshot, ranges: list[tuple[int, int]]) -> tuple[PersistedBatch, ...]:
+    """What SharePartition.persisted_view gives over `ranges` for the state `snapshot`: its batches cut to them."""
+    return tuple(PersistedBatch(max(x.first_offset, first), min(x.last_offset, last), *x.content)
+                 for first, last in ranges for x in snapshot.state_batches
+                 if x.first_offset <= last and x.last_offset >= first)
+
+
+def from_spso(snapshot: PartitionSnapshot, start: int) -> PartitionSnapshot:
+    """The same state with its SPSO raised to ``start`` (batches below it dropped)."""
+    if snapshot.start_offset >= start:
+        return snapshot
+    return PartitionSnapshot(start, tuple(x for x in snapshot.state_batches if x.first_offset >= start))
+
+
+@settings(max_examples=300, deadline=None)
+@given(snapshots(), snapshots(), st.sets(st.integers(0, 64), max_size=12))
+def test_the_snapshot_spliced_from_the_changed_offsets_is_the_current_one(latest, current, extra):
+    """What the commit pipeline rebuilds from the previous write's snapshot and the engine's view
+    of the offsets changed since (every offset whose view changed, and any others) is the current
+    snapshot, batch for batch."""
+    current = from_spso(current, latest.start_offset)
+    old, new = per_offset(latest), per_offset(current)
+    changed = [(max(first, current.start_offset), last)
+               for first, last in covering({o for o in set(old) | set(new) if old.get(o) != new.get(o)} | extra)
+               if last >= current.start_offset]
+    assert splice(latest, current.start_offset, changed, cut(current, changed)) == current
+
+
+@settings(max_examples=300, deadline=None)
+@given(snapshots(), snapshots(), st.sets(st.integers(0, 64), max_size=12),
+       st.lists(st.tuples(st.integers(0, 60), st.integers(0, 8)), max_size=3))
+def test_diffing_within_the_changed_offsets_gives_the_whole_windows_update(base, current, extra, carried):
+    """Offsets outside ``within`` that differ from the base are all carried (the newest update
+    carried them): comparing only ``within`` gives the update (and the plan) the whole diff gives."""
+    carried = tuple((first, first + size) for first, size in carried)
+    carried_offsets = {o for first, last in carried for o in range(first, last + 1)}
+    old, new = per_offset(base), per_offset(current)
+    uncarried = {o for o in set(old) | set(new) if old.get(o) != new.get(o)} - carried_offsets
+    within = covering(uncarried | extra)
+    assert cumulative_delta(base, current, carried, within) == cumulative_delta(base, current, carried)
+    delta_base = DeltaBase(base, 1, 0, 0, carried=carried)
+    policy = DeltaPolicy(halves_from_batches=2)
+    assert plan(delta_base, current, policy, within) == plan(delta_base, current, policy)
+
+
+def test_the_latest_snapshot_is_the_base_then_the_view_of_the_newest_update():
+    base = DeltaBase(PartitionSnapshot(0, (b(0, 1, K, 1),)), 1, 0, 0)
+    assert base.latest == base.snapshot
+    view = PartitionSnapshot(2, ())
+    assert base.after(StateDelta(2, ()), view).latest == view
+    assert base.after(StateDelta(2, ())).latest is None  # unknown: the next write is not spliced
+
+
+def test_splice_joins_equal_neighbours_where_the_view_meets_the_base():
+    base = PartitionSnapshot(0, (b(0, 4, K, 1), b(5, 5, A, 1), b(6, 9, K, 1)))
+    spliced = splice(base, 0, [(5, 5)], (b(5, 5, K, 1),))
+    assert spliced == PartitionSnapshot(0, (b(0, 9, K, 1),))

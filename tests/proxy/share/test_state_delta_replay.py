@@ -3,6 +3,10 @@ ShareUpdates, through state_store's encoding) replays to exactly what a full sna
 replays to -- every record replayed in log order, or only the newest record per key (compaction),
 including histories where writes fail (landed or not) and the next base is unknown.
 
+On every write it also checks that what the pipeline builds from the engine's changed ranges (the
+snapshot spliced from the base, the update compared only there) is exactly what the whole-window
+snapshot and diff give.
+
 Random engine histories: members fetch from a log of random batches, acknowledge random subsets of
 what they hold with random types (staged, so a failed write rolls them back), mark records
 IN_PROGRESS, leave, let locks expire, the IN_PROGRESS sweep runs, and the dead-letter writer
@@ -30,7 +34,7 @@ from proxy.share.partition import (
     ShareStateError,
 )
 from proxy.share.persister import PersistError
-from proxy.share.state_delta import DeltaPolicy
+from proxy.share.state_delta import DeltaPolicy, plan
 from proxy.share.states import AcknowledgeType, RecordState
 
 KEY = ("g", uuid.UUID(int=7), 3)
@@ -58,6 +62,22 @@ class Writer:
             self.routes.add(route)
         if self.mode == "landed":
             raise PersistError("injected after landing")
+
+
+class CheckedPipeline(CommitPipeline):
+    """The pipeline, checking on every write that the snapshot and the update it builds from the
+    engine's changed ranges are the whole-window ones, and counting the writes built so."""
+
+    narrowed = 0
+
+    def _current(self, leader):
+        current, within = super()._current(leader)
+        full = leader.engine.snapshot()
+        assert current == full
+        if within is not None:
+            assert plan(leader.delta_base, current, self.deltas, within) == plan(leader.delta_base, full, self.deltas)
+            self.narrowed += 1
+        return current, within
 
 
 def rebuild(records: list[tuple[bytes, bytes | None]], config: PartitionConfig) -> SharePartition:
@@ -106,7 +126,7 @@ def test_deltas_replay_to_what_a_full_snapshot_replays_to(log, ops, snapshot_eve
 async def _history(log, ops, policy: DeltaPolicy, config: PartitionConfig) -> None:
     now = 0
     writer = Writer()
-    pipeline = CommitPipeline(writer, "state", wall_clock=lambda: WALL + now, clock=lambda: now, deltas=policy)
+    pipeline = CheckedPipeline(writer, "state", wall_clock=lambda: WALL + now, clock=lambda: now, deltas=policy)
     leader = Leader(KEY, SharePartition(config, 0), create_timestamp=0)
     engine = leader.engine
     pipeline.touch(leader)
@@ -155,6 +175,7 @@ async def _history(log, ops, policy: DeltaPolicy, config: PartitionConfig) -> No
                 checked += 1
     event(f"updates written: {min(sum(share_state.decode_key(k)[0] is share_state.RecordType.SHARE_UPDATE for k, _ in writer.log), 5)}+")
     event(f"checks: {min(checked, 5)}+")
+    event(f"writes built from changed ranges: {min(pipeline.narrowed, 5)}+")
     # Finally make everything durable and check once more.
     pipeline.touch(leader)
     assert await pipeline.write_once()
@@ -170,7 +191,7 @@ def test_histories_do_write_updates():
 
     async def history() -> Writer:
         writer = Writer()
-        pipeline = CommitPipeline(writer, "state", wall_clock=lambda: WALL, clock=lambda: 0, deltas=DeltaPolicy())
+        pipeline = CheckedPipeline(writer, "state", wall_clock=lambda: WALL, clock=lambda: 0, deltas=DeltaPolicy())
         leader = Leader(KEY, SharePartition(config, 0), create_timestamp=0)
         leader.engine.acquire("m", [BatchHeader(0, 199)], now=0, max_records=200)
         for offset in range(1, 200, 7):
@@ -180,6 +201,8 @@ def test_histories_do_write_updates():
         full = SharePartition.from_persisted(config, leader.engine.snapshot())
         assert view(rebuild(writer.log, config)) == view(full)
         assert view(rebuild(compacted(writer.log), config)) == view(full)
+        # Built from the engine's changed ranges, not the whole window, after the first snapshot.
+        assert pipeline.narrowed >= len(range(1, 200, 7)) - 2
         return writer
 
     writer = trio.run(history)
