@@ -87,29 +87,49 @@ def group_homed_on(homes: ServiceOwnership, partitions: set[int]) -> str:
     raise AssertionError("no group id homed there")
 
 
+class Instances:
+    """``count`` proxies with --instance-id on one fresh state topic, settled: every state partition
+    owned, and each instance's owned-partition gauge agreeing with the ownership group."""
+
+    def __init__(self, kafka, share_proxy, count: int) -> None:
+        self.kafka = kafka
+        self.state_topic = f"__share_proxy_state_scale_{uuid.uuid4().hex[:12]}"
+        self.ids = tuple(f"ksp-{i}" for i in range(count))
+        self.ports = {iid: free_port() for iid in self.ids}
+        self.common = ("--state-topic-partitions", str(STATE_PARTITIONS), "--ownership-session-timeout-ms", "6000",
+                       "--state-transactional-id-prefix", f"t-{uuid.uuid4().hex[:8]}")
+        self.proxies = {iid: share_proxy(*self.common, "--instance-id", iid, "--metrics-port", str(port),
+                                         *port_base_flags(kafka), state_topic=self.state_topic)
+                        for iid, port in self.ports.items()}
+        self.everything = set(range(STATE_PARTITIONS))
+        wait_until(lambda: set(self.owners()) == self.everything and set(self.owners().values()) == set(self.ids),
+                   45, f"all {count} instances to own state partitions")
+        self.described = self.owners()
+        self.mine = {iid: {p for p, owner in self.described.items() if owner == iid} for iid in self.ids}
+        wait_until(lambda: all(owned_by_metrics(self.ports[iid]) == self.mine[iid] for iid in self.ids), 15,
+                   lambda: f"metrics to agree with the group: {self.mine} vs "
+                           f"{ {iid: owned_by_metrics(p) for iid, p in self.ports.items()} }")
+
+    def owners(self) -> dict[int, str]:
+        return owners(self.kafka.bootstrap, self.state_topic)
+
+    @property
+    def bootstrap(self) -> str:
+        """Every instance: clients bootstrapped with all of them."""
+        return ",".join(proxy.bootstrap for proxy in self.proxies.values())
+
+
 class TwoInstances:
     """Two proxies with --instance-id on one state topic, a topic, and a group homed on the instance
     that leads the topic's partition ("first"); 20 records consumed through it, 0-9 accepted and
     10-19 released (both confirmed)."""
 
     def __init__(self, kafka, share_proxy, create_topic, names, *, cross: bool = False) -> None:
-        self.kafka = kafka
-        self.state_topic = f"__share_proxy_state_scale_{uuid.uuid4().hex[:12]}"
-        self.ports = {"ksp-0": free_port(), "ksp-1": free_port()}
-        self.common = ("--state-topic-partitions", str(STATE_PARTITIONS), "--ownership-session-timeout-ms", "6000",
-                       "--state-transactional-id-prefix", f"t-{uuid.uuid4().hex[:8]}")
-        self.proxies = {iid: share_proxy(*self.common, "--instance-id", iid, "--metrics-port", str(port),
-                                         *port_base_flags(kafka), state_topic=self.state_topic)
-                        for iid, port in self.ports.items()}
-        everything = set(range(STATE_PARTITIONS))
-        wait_until(lambda: set(self.owners()) == everything and set(self.owners().values()) == set(self.proxies),
-                   30, "both instances to own state partitions")
-        described = self.owners()
-        self.mine = {iid: {p for p, owner in described.items() if owner == iid} for iid in self.proxies}
-        # What each instance says it owns is what the group says it owns.
-        wait_until(lambda: all(owned_by_metrics(self.ports[iid]) == self.mine[iid] for iid in self.proxies), 15,
-                   lambda: f"metrics to agree with the group: {self.mine} vs "
-                           f"{ {iid: owned_by_metrics(p) for iid, p in self.ports.items()} }")
+        deployment = Instances(kafka, share_proxy, 2)
+        self.kafka, self.state_topic, self.ports = kafka, deployment.state_topic, deployment.ports
+        self.common, self.proxies, self.mine = deployment.common, deployment.proxies, deployment.mine
+        self.owners = deployment.owners
+        described = deployment.described
         self.topic = create_topic(names.topic)
         homes = ServiceOwnership(STATE_PARTITIONS)
         self.topic_id = topic_id_of(kafka.bootstrap, self.topic)
@@ -129,9 +149,6 @@ class TwoInstances:
             acknowledge_all(consumer, records[10:], lambda m: AcknowledgeType.RELEASE)
         finally:
             consumer.close()
-
-    def owners(self) -> dict[int, str]:
-        return owners(self.kafka.bootstrap, self.state_topic)
 
     def heartbeat_error(self, bootstrap: str) -> ErrorCode:
         async def heartbeat() -> ErrorCode:
@@ -252,21 +269,9 @@ def test_three_instances_serve_two_groups_exactly_once_and_share_the_work(kafka,
     """Issue 15 must-show 1: librdkafka and Java share consumers bootstrapped with all three
     instances consume 50,000 records over 8 partitions in 2 groups; each group gets every record
     exactly once (delivery count 1, none twice), and acquisitions happen on more than one instance."""
-    state_topic = f"__share_proxy_state_scale_{uuid.uuid4().hex[:12]}"
-    ids = ("ksp-0", "ksp-1", "ksp-2")
-    ports = {iid: free_port() for iid in ids}
-    common = ("--state-topic-partitions", str(STATE_PARTITIONS), "--ownership-session-timeout-ms", "6000",
-              "--state-transactional-id-prefix", f"t-{uuid.uuid4().hex[:8]}")
-    proxies = {iid: share_proxy(*common, "--instance-id", iid, "--metrics-port", str(ports[iid]),
-                                *port_base_flags(kafka), state_topic=state_topic) for iid in ids}
-    everything = set(range(STATE_PARTITIONS))
-    wait_until(lambda: set(owners(kafka.bootstrap, state_topic)) == everything
-               and set(owners(kafka.bootstrap, state_topic).values()) == set(ids), 45,
-               "all three instances to own state partitions")
-    described = owners(kafka.bootstrap, state_topic)
-    wait_until(lambda: all(owned_by_metrics(ports[iid]) == {p for p, o in described.items() if o == iid}
-                           for iid in ids), 15, "every instance's gauge to agree with the group")
-    bootstrap = ",".join(proxy.bootstrap for proxy in proxies.values())
+    deployment = Instances(kafka, share_proxy, 3)
+    state_topic, ids, ports = deployment.state_topic, deployment.ids, deployment.ports
+    bootstrap = deployment.bootstrap
 
     topic = create_topic(names.topic, partitions=TOPIC_PARTITIONS)
     produced = {v.decode() for v in produce(kafka.bootstrap, topic, RECORDS, partitions=TOPIC_PARTITIONS,
@@ -335,18 +340,9 @@ def test_an_instance_failing_mid_run_moves_its_partitions_and_loses_no_acknowled
     "scale-in" (must-show 4's 3 -> 1): two instances, the group's coordinator among them, are
     stopped with SIGTERM one after the other; the last one serves everything and nothing is lost."""
     partitions, records = 4, 40_000
-    state_topic = f"__share_proxy_state_scale_{uuid.uuid4().hex[:12]}"
-    ids = ("ksp-0", "ksp-1", "ksp-2")
-    ports = {iid: free_port() for iid in ids}
-    common = ("--state-topic-partitions", str(STATE_PARTITIONS), "--ownership-session-timeout-ms", "6000",
-              "--state-transactional-id-prefix", f"t-{uuid.uuid4().hex[:8]}")
-    proxies = {iid: share_proxy(*common, "--instance-id", iid, "--metrics-port", str(ports[iid]),
-                                *port_base_flags(kafka), state_topic=state_topic) for iid in ids}
-    everything = set(range(STATE_PARTITIONS))
-    wait_until(lambda: set(owners(kafka.bootstrap, state_topic)) == everything
-               and set(owners(kafka.bootstrap, state_topic).values()) == set(ids), 45,
-               "all three instances to own state partitions")
-    described = owners(kafka.bootstrap, state_topic)
+    deployment = Instances(kafka, share_proxy, 3)
+    state_topic, ids, ports, proxies = deployment.state_topic, deployment.ids, deployment.ports, deployment.proxies
+    everything, described = deployment.everything, deployment.described
     topic = create_topic(names.topic, partitions=partitions)
     homes = ServiceOwnership(STATE_PARTITIONS)
     topic_id = topic_id_of(kafka.bootstrap, topic)
@@ -356,7 +352,7 @@ def test_an_instance_failing_mid_run_moves_its_partitions_and_loses_no_acknowled
     values = produce(kafka.bootstrap, topic, records, partitions=partitions, batch_records=250)
     ends = {p: len(values[p::partitions]) for p in range(partitions)}
     produced = {(p, o) for p, end in ends.items() for o in range(end)}
-    bootstrap = ",".join(proxy.bootstrap for proxy in proxies.values())
+    bootstrap = deployment.bootstrap
 
     run = CrashRun()
     consumers = [AcknowledgingConsumer(bootstrap, group, topic, name=f"consumer-{i}", on_delivery=run.on_delivery,

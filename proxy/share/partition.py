@@ -743,6 +743,19 @@ def acquisition_mark() -> int:
     return next(_LOCK_IDS)
 
 
+
+def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Inclusive offset ranges sorted, with overlapping and adjacent ones merged (sorts ``ranges``)."""
+    ranges.sort()
+    merged: list[tuple[int, int]] = []
+    for first, last in ranges:
+        if merged and first <= merged[-1][1] + 1:
+            if last > merged[-1][1]:
+                merged[-1] = (merged[-1][0], last)
+        else:
+            merged.append((first, last))
+    return merged
+
 class SharePartition:
     """In-flight state of one share-partition. Not thread-safe: one owner task calls it."""
 
@@ -1082,17 +1095,7 @@ class SharePartition:
         afresh. None when unknown (the first call, after :meth:`reset`, or more than
         ``_CHANGED_RANGES_LIMIT`` ranges): compare the whole :meth:`snapshot` then."""
         changed, self._changed = self._changed, []
-        if changed is None:
-            return None
-        changed.sort()
-        merged: list[tuple[int, int]] = []
-        for first, last in changed:
-            if merged and first <= merged[-1][1] + 1:
-                if last > merged[-1][1]:
-                    merged[-1] = (merged[-1][0], last)
-            else:
-                merged.append((first, last))
-        return merged
+        return None if changed is None else merge_ranges(changed)
 
     def _note_changed(self, first: int, last: int) -> None:
         """Offsets [first, last] may persist differently now (see drain_changed)."""

@@ -55,7 +55,7 @@ from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from proxy.share.partition import PartitionSnapshot, PersistedBatch, StateDelta
+from proxy.share.partition import PartitionSnapshot, PersistedBatch, StateDelta, merge_ranges
 from proxy.share.states import RecordState
 
 Interval = tuple[int, int]  # (first, last), inclusive
@@ -146,7 +146,7 @@ def cumulative_delta(base: PartitionSnapshot, current: PartitionSnapshot,
     else:
         changed = _differing(_cut(base.state_batches, within), _cut(current.state_batches, within), start)
     changed.extend((max(first, start), last) for first, last in carried if last >= start)
-    return StateDelta(start, tuple(_views(_normalise(changed), current.state_batches)))
+    return StateDelta(start, tuple(_views(merge_ranges(changed), current.state_batches)))
 
 
 Row = tuple[int, int, tuple]  # (first, last, content)
@@ -196,19 +196,6 @@ def _differing(base: Sequence[PersistedBatch], current: Sequence[PersistedBatch]
         if cursor <= last:
             out.append((cursor, last))
     return out
-
-
-def _normalise(intervals: list[Interval]) -> list[Interval]:
-    """Sorted, with overlapping and adjacent intervals merged."""
-    intervals.sort()
-    merged: list[Interval] = []
-    for first, last in intervals:
-        if merged and first <= merged[-1][1] + 1:
-            if last > merged[-1][1]:
-                merged[-1] = (merged[-1][0], last)
-        else:
-            merged.append((first, last))
-    return merged
 
 
 def _views(intervals: Sequence[Interval], current: Sequence[PersistedBatch]) -> list[PersistedBatch]:
