@@ -67,6 +67,18 @@ class InstanceRouting:
             return self.slot  # transactions and share-state keys: forwarded as ever, by this instance
         return self._owner(self.ownership.home_of_group(key), {i.slot for i in self.instances()})
 
+    def leader_hint(self, tp: tuple[uuid.UUID, int], leader: int, epoch: int) -> tuple[int, int, tuple[str, int] | None]:
+        """Where a share-partition refused here (NOT_LEADER_OR_FOLLOWER) is led: the owning
+        instance's node for the upstream ``leader``, the upstream epoch (unchanged, as Metadata), and
+        that node's endpoint -- or (-1, -1, None) while no other instance owns it (the client then
+        refreshes metadata)."""
+        instances = self.instances()
+        slot = self.owner_slot(None, tp[0], tp[1], {i.slot for i in instances})
+        owner = next((i for i in instances if i.slot == slot), None)
+        if slot == self.slot or owner is None or leader < 0:
+            return -1, -1, None
+        return owner.node_for(leader), epoch, (owner.host, owner.port_for(leader))
+
     # ----- the three responses -----------------------------------------------------------------
 
     def metadata(self, api_version: int, payload: bytes) -> bytes:

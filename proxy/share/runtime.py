@@ -270,10 +270,12 @@ class ScaleOut:
             info = cluster.snapshot.topics_by_name.get(name)
             return None if info is None else info.topic_id
 
-        # From now on Metadata / FindCoordinator / DescribeCluster name the owning instances.
-        self.proxy.endpoint_rewrite.routing = InstanceRouting(
+        # From now on Metadata / FindCoordinator / DescribeCluster name the owning instances, and a
+        # ShareFetch / ShareAcknowledge refused here names the instance that leads the partition.
+        routing = self.proxy.endpoint_rewrite.routing = InstanceRouting(
             self.service.ownership, lambda: member.map,
             Instance(self.slot, identity.host, identity.port_base), topic_id_of)
+        self.service.leader_hint = routing.leader_hint
         log.info("joined the ownership group", group=self.group_id, instance=identity.instance_id, slot=self.slot)
 
     async def leave(self) -> None:

@@ -7,7 +7,7 @@ import uuid
 
 from proxy.share.ownership import InstanceIdentity, OwnerMap, ServiceOwnership
 from proxy.share.routing import InstanceRouting
-from proxy.vnodes import Instance
+from proxy.vnodes import Instance, vnode
 
 TOPIC = uuid.UUID(int=42)
 A = InstanceIdentity("ksp-0", 0, "a.local", 9092, 19000)
@@ -42,3 +42,36 @@ def test_a_group_is_coordinated_by_the_owner_of_its_home_and_other_keys_here():
 def test_every_live_instance_is_listed_with_this_one_always_among_them():
     assert [i.slot for i in routing({}, instances=(B,)).instances()] == [0, 1]
     assert routing({}, instances=(A, B)).instances()[1] == Instance(1, "b.local", 29000)
+
+
+def test_a_partition_refused_here_names_the_owning_instances_node_and_endpoint():
+    homes = ServiceOwnership(4)
+    home = homes.home_of_partition(TOPIC, 3)
+    led_elsewhere = routing({home: B})
+    assert led_elsewhere.leader_hint((TOPIC, 3), 1, 7) == (vnode(1, 1), 7, ("b.local", 29001))
+    assert routing({}).leader_hint((TOPIC, 3), 1, 7) == (-1, -1, None)  # nobody else owns it yet
+    assert routing({home: A}).leader_hint((TOPIC, 3), 1, 7) == (-1, -1, None)  # this instance owns it
+
+
+def test_share_responses_carry_the_hint_as_current_leader_and_node_endpoint():
+    from proxy.share.cluster import PartitionInfo, TopicInfo
+    from proxy.share.manager import NOT_LED_HERE, AcknowledgeOutcome, FetchOutcome
+    from proxy.share.reader import Fetched
+    from proxy.share.routes import share_acknowledge_response, share_fetch_response
+
+    class Cluster:
+        def topic_by_id(self, topic_id):
+            return TopicInfo("orders", TOPIC, {3: PartitionInfo(leader_id=1, leader_epoch=7)})
+
+    homes = ServiceOwnership(4)
+    hint = routing({homes.home_of_partition(TOPIC, 3): B}).leader_hint
+    fetched = share_fetch_response(FetchOutcome(fetched={(TOPIC, 3): Fetched(error=NOT_LED_HERE[0])}), 1,
+                                   Cluster(), hint=hint)
+    (partition,) = fetched.responses[0].partitions
+    assert (int(partition.current_leader.leader_id), int(partition.current_leader.leader_epoch)) == (vnode(1, 1), 7)
+    assert [(int(e.node_id), e.host, int(e.port)) for e in fetched.node_endpoints] == [(vnode(1, 1), "b.local", 29001)]
+    acknowledged = share_acknowledge_response(AcknowledgeOutcome(acknowledgements={(TOPIC, 3): NOT_LED_HERE}), 1,
+                                              Cluster(), hint)
+    (partition,) = acknowledged.responses[0].partitions
+    assert int(partition.current_leader.leader_id) == vnode(1, 1)
+    assert [int(e.node_id) for e in acknowledged.node_endpoints] == [vnode(1, 1)]
