@@ -138,6 +138,10 @@ class CommitPipeline:
         self._group_durable_ticket = 0
         self._group_written = trio.Event()
         self._wakeup = trio.Event()
+        # Scale-out: whether a route's state partition is this instance's to write (None: all are).
+        # Records routed elsewhere are dropped, never tried: a write that cannot succeed would fail
+        # every record batched with it, every time.
+        self.may_write: Callable[[bytes | int], bool] | None = None
         self._failures = 0
         self.writable = True
         # The gauge mirrors `writable` from the start: a Gauge starts at 0, which would report a
@@ -256,10 +260,14 @@ class CommitPipeline:
 
     async def write_once(self) -> bool:
         leaders, self._dirty = self._dirty, set()
-        for leader in [leader for leader in leaders if leader.removed]:
-            leaders.discard(leader)  # removed while dirty (e.g. handed over): never written again
+        may_write = self.may_write
+        for leader in [leader for leader in leaders if leader.removed or (
+                may_write is not None and not may_write(state_store.share_partition_route(leader.key)))]:
+            leaders.discard(leader)  # removed (e.g. handed over) or led elsewhere: never written here
             _abandon(leader)
         groups, self._group_records = self._group_records, {}
+        if may_write is not None:
+            groups = {key: record for key, record in groups.items() if len(record) != 3 or may_write(record[2])}
         group_ticket = self._group_ticket  # every group record queued so far is in this batch
         if not leaders and not groups:
             return True

@@ -259,7 +259,14 @@ class PartitionRegistry:
             start = await self.cluster.list_offset(topic, partition, timestamp)
             leader = Leader(key, SharePartition(self.config_for(group_id), start),
                             create_timestamp=self.wall_clock())
-            await self._persist_initial(leader)
+            try:
+                await self._persist_initial(leader)
+            except BaseException:
+                # Never served: its initial write must not be retried behind everyone else's (an
+                # instance that does not own the partition could never write it, and every write
+                # batched with it would fail too).
+                leader.removed = True
+                raise
             self.add(leader)
             log.info("share-partition initialised", group=group_id, topic=topic.name, partition=partition,
                      start_offset=start)

@@ -423,6 +423,7 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
     service.restore(recovered)
     if scale_out:
         service.ownership = ServiceOwnership(state_partitions)
+        service.commits.may_write = lambda route: service.ownership.home_of_route(route) in service.ownership.owned
         service.scale_out = ScaleOut(service, writer, settings, bootstrap, client_config, state_partitions, proxy)
         await service.scale_out.check_slot()
     if settings.share_events_enable:

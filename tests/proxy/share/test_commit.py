@@ -455,3 +455,21 @@ async def test_a_rolled_back_acceptance_whose_update_landed_is_undone_by_the_nex
     assert records.decode_key(writer.batches[-1][0][0])[0] is SNAPSHOT
     assert leader.engine.record_state(50) == (RecordState.ACQUIRED, 1, "m")
     assert replay(writer) == leader.engine.snapshot()
+
+
+async def test_records_routed_to_a_state_partition_this_instance_may_not_write_are_dropped_not_tried(autojump_clock):
+    """Scale-out: a share-partition or group record homed on another instance's state partition is
+    never written (it could not succeed, and would fail every record batched with it)."""
+    writer = Writer()
+    pipeline = CommitPipeline(writer, "state", wall_clock=lambda: 0)
+    mine, theirs = acquired_leader(), Leader(("g", uuid.UUID(int=2), 0), SharePartition(PartitionConfig(), 0),
+                                            create_timestamp=0)
+    pipeline.may_write = lambda route: route != state_store.share_partition_route(theirs.key) and route != b"elsewhere"
+    waiting = pipeline.record(theirs, None, Cause.INITIALISED)
+    pipeline.record(mine, None, Cause.INITIALISED)
+    pipeline.queue_group_records([(b"k1", b"v", b"elsewhere"), (b"k2", b"v", state_store.group_route("g"))])
+    assert await pipeline.write_once()
+    assert [key for key, _ in writer.batches[0]] == [b"k2", writer.batches[0][1][0]]
+    assert len(writer.batches[0]) == 2  # the group record homed here and `mine`; not `theirs`, not k1
+    with pytest.raises(PersistError):
+        await pipeline.durable(theirs, waiting)

@@ -68,3 +68,32 @@ def test_idle_share_partitions_of_memberless_groups_are_parked_and_come_back():
     assert reg.active(idle.key) is None and reg.active(busy.key) is busy
     back = reg.get(idle.key)  # brought back from its parked SPSO and epochs
     assert back is not None and back is not idle and back.engine.start_offset == 10
+
+
+async def test_a_share_partition_whose_initial_write_fails_is_never_served_nor_written_again():
+    """ensure() raises, registers nothing, and marks the engine removed, so the commit pipeline drops
+    it instead of retrying its initial write forever (and failing every write batched with it)."""
+    import pytest
+
+    from proxy.share.cluster import PartitionInfo, TopicInfo
+    from proxy.share.persister import PersistError
+
+    created: list[Leader] = []
+
+    async def persist(leader: Leader) -> None:
+        created.append(leader)
+        raise PersistError("state partition not owned by this instance")
+
+    class Cluster:
+        def topic_by_id(self, topic_id):
+            return TopicInfo("orders", TOPIC, {0: PartitionInfo(leader_id=1, leader_epoch=0)})
+
+        async def list_offset(self, topic, partition, timestamp):
+            return 0
+
+    reg = PartitionRegistry(ShareGroupCoordinator(CoordinatorConfig()), cluster=Cluster(), clock=lambda: 0,
+                            wall_clock=lambda: 0, persist_initial=persist)
+    with pytest.raises(PersistError):
+        await reg.ensure(("g", TOPIC, 0))
+    assert reg.get(("g", TOPIC, 0)) is None
+    assert [leader.removed for leader in created] == [True]
