@@ -423,7 +423,10 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
     service.restore(recovered)
     if scale_out:
         service.ownership = ServiceOwnership(state_partitions)
-        service.commits.may_write = lambda route: service.ownership.home_of_route(route) in service.ownership.owned
+        # Writes go only to lanes this instance holds: a revoked partition is flushed (its lane still
+        # held) before its lane is released; a lost one's lane is fenced already.
+        service.commits.may_write = lambda route: writer.owns(settings.state_topic,
+                                                              service.ownership.home_of_route(route))
         service.scale_out = ScaleOut(service, writer, settings, bootstrap, client_config, state_partitions, proxy)
         await service.scale_out.check_slot()
     if settings.share_events_enable:

@@ -218,6 +218,11 @@ class TransactionalStateWriter:
             self._partition_counts.pop(topic, None)  # e.g. partitions added: learn them again
             raise next((e for e in errors if isinstance(e, StateFenced)), errors[0])
 
+    def owns(self, topic: str, partition: int) -> bool:
+        """Whether this writer holds ``partition``'s lane (fenced it over and not released it)."""
+        lane = self._lanes.get((topic, partition))
+        return lane is not None and lane.owned and lane.fenced is None
+
     async def release(self, topic: str, partitions: Iterable[int]) -> None:
         """Give lanes up (their partitions moved to another instance): no more writes through them;
         their producers are closed (an open transaction is aborted by the next owner's fence)."""

@@ -143,3 +143,16 @@ async def test_an_unrouted_record_goes_where_librdkafkas_partitioner_would_put_i
     assert commit[0] == lane(route_partition(b"group-key", 5))
     with pytest.raises(PersistError, match="does not exist"):
         await writer.write("state", [(b"k", b"v", 9)])
+
+
+async def test_a_lane_is_owned_from_its_fence_to_its_release_and_not_once_fenced():
+    writer, _, producers = make_writer()
+    assert not writer.owns("state", 0)
+    await writer.fence("state", [0, 1])
+    assert writer.owns("state", 0) and writer.owns("state", 1)
+    await writer.release("state", [0])
+    assert not writer.owns("state", 0)
+    producers[lane(1)][0].fail_commit = KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True)
+    with pytest.raises(StateFenced):
+        await writer.write("state", [(b"k", b"v", 1)])
+    assert not writer.owns("state", 1)
