@@ -25,6 +25,11 @@ KAFKA_VERSIONS ?= 4.4.0 3.9.2
 SPARK_KAFKA_VERSION ?= 4.4.0
 ONE_VERSION_KAFKA ?= $(SPARK_KAFKA_VERSION)
 ONE_VERSION_SUITES := integration/spark integration/deploy
+# The scale-out suites (several proxy processes, the ownership group, transactional state lanes; ~6
+# minutes a run) use only ordinary consumer groups and transactions, which both versions have: they run
+# against the other version, which balances the two side-by-side suites.
+SCALE_OUT_KAFKA ?= 3.9.2
+SCALE_OUT_SUITES := integration/share/test_scale_out.py integration/share/test_ownership.py
 PYTEST_ARGS ?=
 
 .PHONY: venv which-python constraints kafka java spark-jars helm demo test unit integration lint clean bench FORCE
@@ -159,7 +164,8 @@ INTEGRATION_LOGS := build/integration
 integration: venv kafka java spark-jars helm
 	@run_suite() { \
 	  skip=""; [ "$$1" = "$(ONE_VERSION_KAFKA)" ] || skip="$(addprefix --ignore=,$(ONE_VERSION_SUITES))"; \
-	  KSP_KAFKA_VERSION=$$1 $(BIN)/pytest -q -p no:cacheprovider integration $$skip $(PYTEST_ARGS); \
+	  [ "$$1" = "$(SCALE_OUT_KAFKA)" ] || skip="$$skip $(addprefix --ignore=,$(SCALE_OUT_SUITES))"; \
+	  KSP_KAFKA_VERSION=$$1 $(BIN)/pytest -q -p no:cacheprovider --durations=20 integration $$skip $(PYTEST_ARGS); \
 	}; \
 	if [ "$(INTEGRATION_JOBS)" = 1 ]; then \
 	  for v in $(KAFKA_VERSIONS); do \

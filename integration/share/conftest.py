@@ -346,7 +346,8 @@ class AcknowledgingConsumer(threading.Thread):
     The crash and outage tests record what happened through hooks:
     `on_delivery(message, polled_at)` sees each record before it is accepted;
     `on_acknowledged(offsets, error, sent_at)` is the acknowledgement-commit callback, `sent_at`
-    being when the poll or commit that carried the acknowledgement began;
+    being when the first commit that carried any of those acknowledgements began (kept per record:
+    librdkafka may run the callback of a commit that failed at a disconnect during a later poll);
     `before_acknowledge(messages)`, if given, runs after each poll and may block to hold records.
     Poll, commit and per-message errors are kept in `errors` (transient while a proxy or broker is down).
     """
@@ -362,11 +363,19 @@ class AcknowledgingConsumer(threading.Thread):
         self.before_acknowledge = before_acknowledge
         self.processing_s = processing_s
         self.sent_at = time.monotonic()
+        # (partition, offset) -> when the commit carrying its acknowledgement began; read by the callback.
+        self._acknowledgement_sent_at: dict[tuple[int, int], float] = {}
         self.errors: list[str] = []
         self.consumer = share_consumer(bootstrap, group, topic, {**EXPLICIT, **(config or {})})
         self.consumer.set_acknowledgement_commit_callback(
-            lambda offsets, error: on_acknowledged(offsets, error, self.sent_at))
+            lambda offsets, error: on_acknowledged(offsets, error, self._first_sent_at(offsets)))
         self._stop_requested = threading.Event()
+
+    def _first_sent_at(self, offsets: dict) -> float:
+        records = [(tp.partition, offset) for tp, batch in offsets.items() for offset in batch]
+        sent = [self._acknowledgement_sent_at.pop(record) for record in records
+                if record in self._acknowledgement_sent_at]
+        return min(sent, default=self.sent_at)
 
     def run(self) -> None:
         try:
@@ -391,6 +400,10 @@ class AcknowledgingConsumer(threading.Thread):
                 if acknowledged:
                     time.sleep(self.processing_s)
                     self.sent_at = time.monotonic()
+                    for message in messages:
+                        if message.error() is None:
+                            self._acknowledgement_sent_at.setdefault((message.partition(), message.offset()),
+                                                                     self.sent_at)
                     try:
                         self.consumer.commit_sync(30)
                     except KafkaException as exc:
