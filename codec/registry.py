@@ -49,6 +49,10 @@ STANDARD_APIS: tuple[StandardApi, ...] = (
     StandardApi(90, "DescribeShareGroupOffsets", 0, 1),
     StandardApi(91, "AlterShareGroupOffsets", 0, 0),
     StandardApi(92, "DeleteShareGroupOffsets", 0, 0),
+    # Kafka's share-coordinator RPCs, which scale-out instances send each other (proxy/share/peers.py).
+    StandardApi(83, "InitializeShareGroupState", 0, 0),
+    StandardApi(86, "DeleteShareGroupState", 0, 0),
+    StandardApi(87, "ReadShareGroupStateSummary", 0, 1),
     StandardApi(16, "ListGroups", 0, 5),
     StandardApi(15, "DescribeGroups", 0, 6),
     StandardApi(42, "DeleteGroups", 0, 3, frozenset({3})),

@@ -9,6 +9,11 @@
   Responses before v4 carry no key: the request's is passed in.
 * **DescribeCluster**: the brokers become every ``vnode(j, b)`` at ``(host_j, port_base_j + b)``,
   rack and fencing kept from ``b``; the controller ``c`` becomes ``vnode(self_slot, c)``.
+* **DescribeTopicPartitions** (KIP-966; the Java Admin's describeTopics on 3.7+ brokers): as
+  Metadata's partitions, each partition's leader, replicas, ISR, eligible leader replicas, last
+  known ELR and offline replicas ``b`` become ``vnode(owner_slot(topic, topic id, partition), b)``
+  (a leader -1 stays -1): without it the Admin finds no broker of the cluster leading the partition
+  ("have no leader" in ``kafka-share-groups --reset-offsets``).
 
 Both are small, so they are decoded and encoded whole with kio, as :mod:`proxy.rewrite` does.
 Pure: the ownership and the instances are passed in.
@@ -25,6 +30,10 @@ from kio.static.primitive import i32
 
 from proxy.errors import UpstreamError
 from proxy.rewrite import DESCRIBE_CLUSTER, FIND_COORDINATOR, decode_response, encode_response
+
+DESCRIBE_TOPIC_PARTITIONS: Final = 75
+OwnerSlot = Callable[[str | None, Any, int], int]
+"""(topic name, topic id, partition) -> slot of the instance leading its share-partitions."""
 from proxy.vnodes import NO_NODE, Instance, vnode
 
 SlotForKey = Callable[[str, int], int | None]
@@ -85,6 +94,30 @@ def route_describe_cluster(api_version: int, payload: bytes, instances: Sequence
     return encode_response(header, dataclasses.replace(entity, brokers=brokers, controller_id=controller))
 
 
+def route_describe_topic_partitions(api_version: int, payload: bytes, owner_slot: OwnerSlot) -> bytes:
+    """A DescribeTopicPartitions response frame payload with each partition's nodes moved to the
+    instance leading it (see the module doc)."""
+    header, entity = decode_response(DESCRIBE_TOPIC_PARTITIONS, api_version, payload)
+
+    def routed_topic(topic: Any) -> Any:
+        def routed(partition: Any) -> Any:
+            slot = owner_slot(topic.name, topic.topic_id, int(partition.partition_index))
+
+            def ids(nodes):
+                return None if nodes is None else tuple(i32(_vnode(slot, int(b))) for b in nodes)
+
+            leader = int(partition.leader_id)
+            return dataclasses.replace(
+                partition, leader_id=i32(leader if leader < 0 else _vnode(slot, leader)),
+                replica_nodes=ids(partition.replica_nodes), isr_nodes=ids(partition.isr_nodes),
+                eligible_leader_replicas=ids(partition.eligible_leader_replicas),
+                last_known_elr=ids(partition.last_known_elr), offline_replicas=ids(partition.offline_replicas))
+
+        return dataclasses.replace(topic, partitions=tuple(routed(p) for p in topic.partitions))
+
+    return encode_response(header, dataclasses.replace(entity, topics=tuple(routed_topic(t) for t in entity.topics)))
+
+
 def _vnode(slot: int, broker: int) -> int:
     try:
         return vnode(slot, broker)
@@ -92,4 +125,5 @@ def _vnode(slot: int, broker: int) -> int:
         raise UpstreamError(f"cannot name a virtual node: {exc}") from exc
 
 
-__all__ = ["GROUP_KEY", "NO_OWNER_MESSAGE", "SlotForKey", "route_describe_cluster", "route_find_coordinator"]
+__all__ = ["GROUP_KEY", "NO_OWNER_MESSAGE", "SlotForKey", "OwnerSlot", "DESCRIBE_TOPIC_PARTITIONS",
+           "route_describe_cluster", "route_describe_topic_partitions", "route_find_coordinator"]

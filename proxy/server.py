@@ -43,6 +43,7 @@ from proxy.apiversions import (
 from proxy.config import HostPort, ProxyConfig
 from proxy.connection import BOOTSTRAP_NODE_ID, ClientConnection, Forward, Request, Route
 from proxy.errors import ProxyError, UpstreamAuthenticationError, UpstreamError, UpstreamTlsError
+from proxy.route_cluster import DESCRIBE_TOPIC_PARTITIONS
 from proxy.rewrite import (
     DESCRIBE_CLUSTER,
     FIND_COORDINATOR,
@@ -157,6 +158,8 @@ class EndpointRewrite:
             if endpoints:
                 await self.directory.learn(endpoints)
             routed = routing.metadata(api_version, payload)
+        elif api_key == DESCRIBE_TOPIC_PARTITIONS:
+            routed = routing.describe_topic_partitions(api_version, payload)
         else:
             header, entity = decode_response(api_key, api_version, payload)
             endpoints = upstream_endpoints(api_key, entity)
@@ -177,6 +180,8 @@ class EndpointRewrite:
         api_key, api_version = request.header.api_key, request.header.api_version
         if self.routing is not None:
             return await self._routed(request, payload)
+        if api_key == DESCRIBE_TOPIC_PARTITIONS:
+            return payload  # node ids are the upstream's own without routing
         if api_key == METADATA:
             # Only its brokers array is read and written (proxy.rewrite): the topics pass as bytes.
             brokers = locate_metadata_brokers(api_version, payload)
@@ -239,6 +244,8 @@ class Proxy:
             METADATA: rewrite,
             FIND_COORDINATOR: FindCoordinatorForward(self.endpoint_rewrite),
             DESCRIBE_CLUSTER: rewrite,
+            # Node ids only, no endpoints: rewritten in scale-out (virtual nodes), else passed on.
+            DESCRIBE_TOPIC_PARTITIONS: rewrite,
         }
         self.bootstrap: HostPort | None = None
         self._shutdown = trio.Event()

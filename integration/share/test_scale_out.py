@@ -1,12 +1,12 @@
-"""Two proxy instances on one state topic (--instance-id; issue 15 step 3, docs/scale-out.md).
+"""Several proxy instances on one state topic (--instance-id; issue 15, docs/scale-out.md).
 
 The instances split the state topic's partitions through the ownership group, each serves only the
 share-partitions and groups homed on what it owns (the other gets NOT_COORDINATOR), and when one
 stops the other takes its partitions over -- fenced, replayed -- and goes on serving the state the
-first one confirmed. A third instance claiming a taken slot is refused at start.
-
-Routing clients to the owning instance (virtual node ids, step 4) is not built, so the test
-connects each client to the instance that owns its group and partition.
+first one confirmed. A third instance claiming a taken slot is refused at start. Clients
+bootstrapped with every instance are routed by Metadata and FindCoordinator (virtual node ids);
+Kafka's share-group tool administers a group coordinated on one instance whose share-partition
+another leads (the peer share-state RPCs).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from integration.share.conftest import (
     acquired_offsets,
     only_partition,
     acknowledge_all,
+    describe_share_group,
     durable_state,
     finished_durably,
     metric,
@@ -258,6 +259,49 @@ def test_a_member_heartbeats_at_the_coordinating_instance_and_fetches_at_the_lea
     assert seen == {"at_coordinator": ErrorCode.not_leader_or_follower, "acquired": list(range(20)),
                     "acknowledged": ErrorCode.none}
     assert durable_state(kafka.bootstrap, two.state_topic, two.group)[0].start_offset == 20
+
+
+@pytest.mark.java
+def test_kafka_share_groups_administers_a_group_whose_partition_another_instance_leads(kafka, share_proxy,
+                                                                                       create_topic, names):
+    """Issue 15 step 5: the group's coordinator asks the instance leading its share-partition
+    (ReadShareGroupStateSummary, InitializeShareGroupState, DeleteShareGroupState) for
+    `--describe --offsets`, `--reset-offsets` and `--delete-offsets`: without those calls the
+    coordinator holds no state of a share-partition it does not lead. The tool's describeTopics
+    (DescribeTopicPartitions) must name the leading instance's node, or the reset finds "no leader"."""
+    from integration.share.test_share_group_tool import offsets, reset_plan, share_group_command
+
+    two = TwoInstances(kafka, share_proxy, create_topic, names, cross=True)
+    both = ",".join(proxy.bootstrap for proxy in two.proxies.values())
+    consumer = share_consumer(both, two.group, two.topic, EXPLICIT)
+    try:
+        records = sorted(poll_until(consumer, 20, timeout=60), key=lambda m: m.offset())
+        acknowledge_all(consumer, records[:10])
+        acknowledge_all(consumer, records[10:], lambda m: AcknowledgeType.RELEASE)
+    finally:
+        consumer.close()
+    wait_until(lambda: durable_state(kafka.bootstrap, two.state_topic, two.group)[0].start_offset == 10, 30,
+               "the leader's SPSO at 10")
+
+    # Asked at either instance, the tool reaches the coordinator, which asks the leader.
+    for proxy in two.proxies.values():
+        assert offsets(proxy.bootstrap, two.group) == {(two.topic, 0): ("10", "10")}
+
+    # ShareGroupDescribe at the coordinator (the survivor, with cross=True).
+    wait_until(lambda: describe_share_group(two.survivor.bootstrap, two.group).group_state == "Empty", 30,
+               "the group empty")
+    done = share_group_command(both, "--reset-offsets", "--group", two.group, "--topic", two.topic,
+                               "--to-latest", "--execute")
+    assert reset_plan(done, two.group) == {(two.topic, 0): 20}, done
+    assert durable_state(kafka.bootstrap, two.state_topic, two.group)[0].start_offset == 20  # at the leader
+    assert offsets(both, two.group) == {(two.topic, 0): ("20", "0")}
+
+    deleted = share_group_command(both, "--delete-offsets", "--group", two.group, "--topic", two.topic)
+    assert any(line.split()[:2] == [two.topic, "Successful"] for line in deleted.splitlines()), deleted
+    assert 0 not in durable_state(kafka.bootstrap, two.state_topic, two.group)  # tombstoned by the leader
+    described = share_group_command(both, "--describe", "--group", two.group, "--offsets")
+    assert f"Share group '{two.group}' has no offset information." in described
+    assert "for the group's coordinator" in two.first.log_tail(lines=2000)  # the leader acted on both
 
 
 RECORDS = 50_000

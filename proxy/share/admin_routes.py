@@ -51,6 +51,12 @@ from proxy.apiversions import ApiVersionTable, VersionRange
 from proxy.connection import ClientConnection, Request, ServeLocally
 from proxy.route_split import MergeEntries, build, constant, item_type, response_payload, split_request
 from proxy.share.authorization import AuthorizationPolicy, Operation
+from proxy.share.peers import (
+    DELETE_SHARE_GROUP_STATE,
+    INITIALIZE_SHARE_GROUP_STATE,
+    READ_SHARE_GROUP_STATE_SUMMARY,
+    PeerStateServer,
+)
 from proxy.share.enforce import (
     GROUP_DENIED_MESSAGE,
     TOPIC_DENIED_MESSAGE,
@@ -361,6 +367,31 @@ def admin_routes(admin: GroupAdmin, broker_ids: Callable[[], Collection[int]],
     }
 
 
+def peer_routes(server: PeerStateServer, policy: AuthorizationPolicy | None = None) -> dict[int, object]:
+    """Routes for the share-state RPCs instances send each other in scale-out (proxy/share/peers.py).
+    Under enforced ACLs the caller needs what the public API asks: DESCRIBE on the group to read a
+    summary, READ to initialise, DELETE to delete."""
+    operations = {READ_SHARE_GROUP_STATE_SUMMARY: Operation.DESCRIBE, INITIALIZE_SHARE_GROUP_STATE: Operation.READ,
+                  DELETE_SHARE_GROUP_STATE: Operation.DELETE}
+
+    def route(api_key: int, serve):
+        async def handle(entity, request: Request, connection: ClientConnection):
+            authz = authorization_for(policy, connection)
+            if authz is not None and not await group_allowed(authz, api_key, entity.group_id, operations[api_key]):
+                return server.refuse(api_key, entity, ErrorCode.group_authorization_failed, GROUP_DENIED_MESSAGE)
+            return await serve(entity)
+        return _local(handle)
+
+    async def read_summary(entity):
+        return server.read_summary(entity)
+
+    return {
+        READ_SHARE_GROUP_STATE_SUMMARY: route(READ_SHARE_GROUP_STATE_SUMMARY, read_summary),
+        INITIALIZE_SHARE_GROUP_STATE: route(INITIALIZE_SHARE_GROUP_STATE, server.initialize_state),
+        DELETE_SHARE_GROUP_STATE: route(DELETE_SHARE_GROUP_STATE, server.delete_state),
+    }
+
+
 async def _authorized_describe_offsets(admin: GroupAdmin, authz, group_id: str,
                                        topics: list[tuple[str, list[int]]] | None, version: int) -> GroupOffsets:
     """KafkaApis.handleDescribeShareGroupOffsetsRequest under an authorizer: DESCRIBE on the group;
@@ -398,5 +429,5 @@ def register_admin_versions(table: ApiVersionTable) -> None:
         table.register_local(api_key, VersionRange(low, high))
 
 
-__all__ = ["admin_routes", "register_admin_versions", "lists_share_groups", "describe_offsets_response",
+__all__ = ["admin_routes", "peer_routes", "register_admin_versions", "lists_share_groups", "describe_offsets_response",
            "alter_offsets_response", "delete_offsets_response"]

@@ -51,6 +51,7 @@ from proxy.share.commit import Cause
 from proxy.share.coordinator import GroupState
 from proxy.share.leaders import Leader, SharePartitionKey
 from proxy.share.partition import PartitionSnapshot, SharePartition
+from proxy.share.peers import PeerFailure, PeerStateClient, PeerSummary
 from proxy.share.persister import PersistError
 from proxy.share.states import TERMINAL_STATES
 
@@ -154,6 +155,22 @@ class _WriteTimedOut(Exception):
     pass
 
 
+WRITE_TIMED_OUT_MESSAGE = "The share state write did not complete in time; it is retried in the background."
+
+
+def _peer_summary(summary: PeerSummary) -> tuple[int, int] | None:
+    return None if summary.start_offset < 0 else (summary.start_offset, summary.delivery_complete_count)
+
+
+def _with_failures(results: list[TopicResult], failed: dict[tuple[uuid.UUID, int], PeerFailure]) -> list[TopicResult]:
+    """Per-partition results with the partitions another instance failed to act on replaced."""
+    if not failed:
+        return results
+    return [TopicResult(t.name, t.topic_id, tuple(
+        PartitionResult(r.partition, failed[(t.topic_id, r.partition)].error, failed[(t.topic_id, r.partition)].message)
+        if (t.topic_id, r.partition) in failed else r for r in t.partitions), t.error, t.message) for t in results]
+
+
 # ----- operations ---------------------------------------------------------------------------
 
 
@@ -167,6 +184,12 @@ class GroupAdmin:
         self.commits = service.commits
         self.cluster = service.cluster
         self.write_timeout_s = write_timeout_s
+        # Scale-out (--instance-id): share-partitions led by other instances are asked through them
+        # (proxy/share/peers.py); None on a single instance, which leads every share-partition.
+        self.peers: PeerStateClient | None = None
+
+    def _remote(self, partitions: Iterable[tuple[uuid.UUID, int]]) -> list[tuple[uuid.UUID, int]]:
+        return [] if self.peers is None else self.peers.remote(partitions)
 
     # -- ListGroups --------------------------------------------------------------------------
 
@@ -209,13 +232,16 @@ class GroupAdmin:
                 else:
                     wanted.append((name, topic.topic_id, list(partitions)))
 
-        summaries = {
-            (topic_id, p): self._summary((group_id, topic_id, p))
-            for _, topic_id, partitions in wanted for p in partitions
-        }
+        asked = [(topic_id, p) for _, topic_id, partitions in wanted for p in partitions]
+        remote = set(self._remote(asked))
+        summaries: dict[tuple[uuid.UUID, int], tuple[int, int] | PeerFailure | None] = {
+            tp: self._summary((group_id, *tp)) for tp in asked if tp not in remote}
+        if remote:
+            for tp, answer in (await self.peers.summaries(group_id, remote)).items():
+                summaries[tp] = answer if isinstance(answer, PeerFailure) else _peer_summary(answer)
         ends: dict[tuple[uuid.UUID, int], int] = {}
         if with_lag:
-            await self._end_offsets([tp for tp, s in summaries.items() if s is not None], ends)
+            await self._end_offsets([tp for tp, s in summaries.items() if isinstance(s, tuple)], ends)
         found = []
         for name, topic_id, partitions in wanted:
             topic = self.cluster.snapshot.topics_by_id.get(topic_id)
@@ -224,6 +250,9 @@ class GroupAdmin:
                 summary = summaries[(topic_id, p)]
                 if summary is None:
                     rows.append(PartitionOffset(p))
+                    continue
+                if isinstance(summary, PeerFailure):
+                    rows.append(PartitionOffset(p, error=summary.error, message=summary.message))
                     continue
                 start, complete = summary
                 info = topic.partitions.get(p) if topic is not None else None
@@ -234,6 +263,15 @@ class GroupAdmin:
                 ))
             found.append(TopicOffsets(name, topic_id, tuple(rows)))
         return GroupOffsets(group_id, tuple(found) + tuple(missing))
+
+    def local_summary(self, group_id: str, topic_id: uuid.UUID, partition: int) -> tuple[int, int, int] | None:
+        """(SPSO, delivery-complete count, state epoch) of a share-partition led here, else None
+        (ReadShareGroupStateSummary at the owner, proxy/share/peers.py)."""
+        summary = self._summary((group_id, topic_id, partition))
+        if summary is None:
+            return None
+        leader = self.leaders.active((group_id, topic_id, partition))
+        return summary[0], summary[1], leader.state_epoch if leader is not None else 0
 
     def _summary(self, key: SharePartitionKey) -> tuple[int, int] | None:
         """(SPSO, delivery-complete count) of a share-partition with state, else None."""
@@ -305,13 +343,19 @@ class GroupAdmin:
         if self.coordinator.has_members(group_id):
             return AdminOutcome(ErrorCode.non_empty_group, NOT_EMPTY_MESSAGE)
         self.service.handle_events(self.coordinator.create_empty_group(group_id))
+        remote = set(self._remote(starts))
+        local_starts = {tp: offset for tp, offset in starts.items() if tp not in remote}
+        failed: dict[tuple[uuid.UUID, int], PeerFailure] = {}
         try:
             with trio.fail_after(self.write_timeout_s):
-                await self._settle_staged(group_id, starts)
+                await self._settle_staged(group_id, local_starts)
                 if self.coordinator.has_members(group_id):
                     return AdminOutcome(ErrorCode.non_empty_group, NOT_EMPTY_MESSAGE)
-                waits = [self._reset(group_id, tp, offset) for tp, offset in starts.items()]
-                self.coordinator.mark_initialized(group_id, starts)
+                waits = [self._reset(group_id, tp, offset) for tp, offset in local_starts.items()]
+                if remote:  # the instances leading them start them afresh and answer once durable
+                    answers = await self.peers.initialize(group_id, {tp: starts[tp] for tp in remote})
+                    failed = {tp: answer for tp, answer in answers.items() if answer is not None}
+                self.coordinator.mark_initialized(group_id, {tp: o for tp, o in starts.items() if tp not in failed})
                 group_write = self.commits.queue_group_records([self.service.partitions_record(group_id)])
                 for leader, version in waits:
                     await self.commits.durable(leader, version)
@@ -322,9 +366,10 @@ class GroupAdmin:
         except PersistError as exc:  # the write failed; the pipeline retries it in the background
             return AdminOutcome(ErrorCode.kafka_storage_error, f"Share state write failed: {exc}")
         for (topic_id, partition), offset in starts.items():
-            log.info("share-partition start offset altered", group=group_id, topic_id=str(topic_id),
-                     partition=partition, start_offset=offset)
-        return AdminOutcome(topics=tuple(results))
+            if (topic_id, partition) not in failed:
+                log.info("share-partition start offset altered", group=group_id, topic_id=str(topic_id),
+                         partition=partition, start_offset=offset, here=(topic_id, partition) not in remote)
+        return AdminOutcome(topics=tuple(_with_failures(results, failed)))
 
     async def _other_group_type(self, group_id: str) -> AdminOutcome | None:
         """GROUP_ID_NOT_FOUND when an upstream group of another type owns the id (one namespace)."""
@@ -381,12 +426,21 @@ class GroupAdmin:
                 results.append(TopicResult(name, ZERO_UUID, error=ErrorCode.unknown_topic_or_partition,
                                            message=UNKNOWN_TOPIC_MESSAGE))
                 continue
-            gone = self.coordinator.forget_topic(group_id, topic.topic_id)
-            if not gone:
+            initialised = [tp for tp in self.coordinator.initialized_partitions(group_id) if tp[0] == topic.topic_id]
+            if not initialised:
                 results.append(TopicResult(name, ZERO_UUID, error=ErrorCode.unknown_topic_or_partition,
                                            message=NO_OFFSETS_MESSAGE))
                 continue
-            keys = {(group_id, t, p) for t, p in gone} | {
+            # Share-partitions led elsewhere first (every partition of the topic: a leader may have
+            # initialised one the coordinator has not recorded yet); a failure leaves it all in
+            # place, and a retry finishes it (deleting is idempotent).
+            failure = await self._delete_remote(group_id, [(topic.topic_id, p) for p in topic.partitions])
+            if failure is not None:
+                results.append(TopicResult(name, topic.topic_id, error=failure.error, message=failure.message))
+                continue
+            gone = self.coordinator.forget_topic(group_id, topic.topic_id)
+            remote = set(self._remote(gone))
+            keys = {(group_id, t, p) for t, p in gone if (t, p) not in remote} | {
                 key for key in self.leaders.keys() if key[0] == group_id and key[1] == topic.topic_id}
             for key in sorted(keys, key=lambda k: k[2]):
                 records.extend(self._forget(key))
@@ -400,6 +454,14 @@ class GroupAdmin:
                 return AdminOutcome(ErrorCode.coordinator_not_available,
                                     "The share state write did not complete in time; it is retried in the background.")
         return AdminOutcome(topics=tuple(results))
+
+    async def _delete_remote(self, group_id: str, partitions: Iterable[tuple[uuid.UUID, int]]) -> PeerFailure | None:
+        """Have the instances leading these share-partitions tombstone them; the first failure."""
+        remote = self._remote(partitions)
+        if not remote:
+            return None
+        answers = await self.peers.delete(group_id, remote)
+        return next((answer for answer in answers.values() if answer is not None), None)
 
     def _forget(self, key: SharePartitionKey) -> list[tuple[bytes, None, bytes]]:
         leader = self.leaders.active(key)
@@ -419,13 +481,27 @@ class GroupAdmin:
 
     async def delete_group(self, group_id: str) -> tuple[ErrorCode, str | None]:
         """Delete an Empty share group and tombstone all of its state."""
+        if self.peers is not None and self.coordinator.has_group(group_id):
+            if self.coordinator.has_members(group_id):
+                return ErrorCode.non_empty_group, NOT_EMPTY_MESSAGE
+            # Share-partitions led elsewhere first (every partition of the group's topics), so a
+            # failure leaves the group in place for a retry.
+            topics = {topic_id for topic_id, _ in self.coordinator.initialized_partitions(group_id)}
+            snapshot = self.cluster.snapshot
+            partitions = [(topic_id, p) for topic_id in topics
+                          for p in (snapshot.topics_by_id[topic_id].partitions if topic_id in snapshot.topics_by_id
+                                    else ())]
+            partitions += [tp for tp in self.coordinator.initialized_partitions(group_id) if tp not in partitions]
+            failure = await self._delete_remote(group_id, partitions)
+            if failure is not None:
+                return failure.error, failure.message
         code, events = self.coordinator.delete_group(group_id)
         if code is ErrorCode.group_id_not_found:
             return code, f"Group {group_id} not found."
         if code is ErrorCode.non_empty_group:
             return code, NOT_EMPTY_MESSAGE
-        keys = {(group_id, t, p) for event in events for t, p in event.partitions} \
-            | {key for key in self.leaders.keys() if key[0] == group_id}
+        keys = {(group_id, t, p) for event in events for t, p in event.partitions
+                if not self._remote([(t, p)])} | {key for key in self.leaders.keys() if key[0] == group_id}
         records: list[tuple] = [tombstone for key in keys for tombstone in self._forget(key)]
         records.extend(state_store.group_tombstones(group_id))
         self.service.group_deleted(group_id)
@@ -436,6 +512,36 @@ class GroupAdmin:
             return ErrorCode.coordinator_not_available, (
                 "The share state write did not complete in time; it is retried in the background.")
         return ErrorCode.none, None
+
+    # -- the owner's side of the peer RPCs (proxy/share/peers.py) -------------------------------
+
+    async def delete_led(self, group_id: str, partitions: list[tuple[uuid.UUID, int]]) -> PeerFailure | None:
+        """DeleteShareGroupState at the owner: tombstone these share-partitions (led here)."""
+        records = [tombstone for tp in partitions for tombstone in self._forget((group_id, *tp))]
+        log.info("share-partition state deleted for the group's coordinator", group=group_id,
+                 partitions=len(partitions))
+        try:
+            await self._await_group_records(self.commits.queue_group_records(records))
+        except _WriteTimedOut:
+            return PeerFailure(ErrorCode.coordinator_not_available, WRITE_TIMED_OUT_MESSAGE)
+        return None
+
+    async def initialize_led(self, group_id: str, starts: dict[tuple[uuid.UUID, int], int]) -> PeerFailure | None:
+        """InitializeShareGroupState at the owner: start these share-partitions (led here) afresh."""
+        try:
+            with trio.fail_after(self.write_timeout_s):
+                await self._settle_staged(group_id, starts)
+                waits = [self._reset(group_id, tp, offset) for tp, offset in starts.items()]
+                for leader, version in waits:
+                    await self.commits.durable(leader, version)
+        except trio.TooSlowError:
+            return PeerFailure(ErrorCode.coordinator_not_available, WRITE_TIMED_OUT_MESSAGE)
+        except PersistError as exc:
+            return PeerFailure(ErrorCode.kafka_storage_error, f"Share state write failed: {exc}")
+        for (topic_id, partition), offset in starts.items():
+            log.info("share-partition start offset altered for the group's coordinator", group=group_id,
+                     topic_id=str(topic_id), partition=partition, start_offset=offset)
+        return None
 
 
 __all__ = [

@@ -18,7 +18,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 
-from proxy.route_cluster import route_describe_cluster, route_find_coordinator
+from proxy.route_cluster import route_describe_cluster, route_describe_topic_partitions, route_find_coordinator
 from proxy.route_metadata import route_metadata
 from proxy.share.ownership import OwnerMap, ServiceOwnership
 from proxy.vnodes import Instance
@@ -94,3 +94,8 @@ class InstanceRouting:
 
     def describe_cluster(self, api_version: int, payload: bytes) -> bytes:
         return route_describe_cluster(api_version, payload, self.instances(), self.slot)
+
+    def describe_topic_partitions(self, api_version: int, payload: bytes) -> bytes:
+        live = {i.slot for i in self.instances()}
+        return route_describe_topic_partitions(api_version, payload,
+                                               lambda name, tid, p: self.owner_slot(name, tid, p, live))

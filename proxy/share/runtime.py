@@ -16,13 +16,18 @@ import structlog
 import trio
 
 from codec.extensions import DEFAULT_DESCRIBE_IN_FLIGHT_KEY, DEFAULT_MARK_IN_PROGRESS_KEY
+from codec.registry import DEFAULT_REGISTRY
 from confluent_kafka.admin import AdminClient
 
+from proxy.apiversions import VersionRange
+from proxy.config import HostPort
 from proxy.errors import ConfigError
 from proxy.security import librdkafka_config
 from proxy.server import Proxy
+from proxy.upstream import UpstreamClient, open_upstream
 from proxy.share import metrics, observe, state_layout, state_store
-from proxy.share.admin_routes import admin_routes, register_admin_versions
+from proxy.share.admin_routes import admin_routes, peer_routes, register_admin_versions
+from proxy.share.peers import PEER_APIS, PeerStateClient, PeerStateServer
 from proxy.share.authorization import AuthorizationPolicy
 from proxy.share.cluster import Cluster
 from proxy.share.dead_letters import DeadLetterCluster, DeadLetterSettings, DeadLetterWriter
@@ -249,6 +254,10 @@ class ScaleOut:
         self.slot = slot_of_instance(settings.instance_id, settings.instance_slot)
         self.group_id = f"{DEFAULT_GROUP_PREFIX}.{settings.state_topic}"
         self.member: OwnershipMember | None = None
+        # Set by the runtime once the admin routes exist: the coordinator's side of the peer RPCs.
+        self.group_admin: GroupAdmin | None = None
+        self.connect_peer = None
+        self.peer_unavailable_reason: str | None = None
 
     async def check_slot(self) -> None:
         """Refuse to start (OwnershipError) when another live instance claims this slot."""
@@ -276,6 +285,16 @@ class ScaleOut:
             self.service.ownership, lambda: member.map,
             Instance(self.slot, identity.host, identity.port_base), topic_id_of)
         self.service.leader_hint = routing.leader_hint
+        if self.group_admin is not None and self.connect_peer is not None:
+            ownership, live = self.service.ownership, routing.instances
+
+            def owner_of(topic_id, partition: int):
+                owner = member.map.owner_of(ownership.home_of_partition(topic_id, partition))
+                return owner if owner is not None and owner.slot in {i.slot for i in live()} else None
+
+            self.group_admin.peers = PeerStateClient(
+                self.slot, owner_of, self.connect_peer, timeout_s=self.settings.state_write_timeout_ms / 1000,
+                unavailable_reason=self.peer_unavailable_reason)
         log.info("joined the ownership group", group=self.group_id, instance=identity.instance_id, slot=self.slot)
 
     async def leave(self) -> None:
@@ -454,8 +473,28 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
     group_configs = GroupConfigs(service.coordinator, service.commits, cluster.upstream_group_type,
                                  write_timeout_s=settings.state_write_timeout_ms / 1000)
     proxy.routes.update(group_config_routes(group_configs, proxy.routes, policy))
-    proxy.routes.update(admin_routes(GroupAdmin(service, write_timeout_s=settings.state_write_timeout_ms / 1000),
-                                     lambda: proxy.directory.ports.keys(), policy))
+    group_admin = GroupAdmin(service, write_timeout_s=settings.state_write_timeout_ms / 1000)
+    proxy.routes.update(admin_routes(group_admin, lambda: proxy.directory.ports.keys(), policy))
+    if service.scale_out is not None:
+        # Coordinator <-> leader share-state RPCs between instances (proxy/share/peers.py).
+        ownership = service.ownership
+        proxy.routes.update(peer_routes(PeerStateServer(ownership.leads, group_admin.local_summary,
+                                                        group_admin.delete_led, group_admin.initialize_led), policy))
+        for api_key in PEER_APIS:
+            low, high = DEFAULT_REGISTRY.supported_versions(api_key)
+            proxy.api_versions.register_local(api_key, VersionRange(low, high))
+
+        async def connect_peer(host: str, port: int) -> UpstreamClient:
+            stream = await open_upstream(HostPort(host, port), timeout=config.connect_timeout,
+                                         max_frame_size=config.max_upstream_frame_size)
+            return UpstreamClient(stream, client_id=f"kafka-share-proxy-peer-{settings.instance_id}")
+
+        unavailable = None
+        if getattr(config, "listener_tls", False) or getattr(config, "upstream_sasl", False):
+            unavailable = "calls between instances are plaintext without SASL, and these listeners are not"
+        service.scale_out.group_admin = group_admin
+        service.scale_out.connect_peer = connect_peer
+        service.scale_out.peer_unavailable_reason = unavailable
     # The state topic is the proxy's: clients may read it, not write, delete or reconfigure it.
     state_topic_names = frozenset({settings.state_topic})
 

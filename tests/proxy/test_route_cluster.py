@@ -133,3 +133,40 @@ def test_describe_cluster_without_a_controller_keeps_minus_one():
     response = build(m.DescribeClusterResponse, cluster_id="c1", controller_id=i32(-1), brokers=())
     answer = decoded(DESCRIBE_CLUSTER, 0, route_describe_cluster(0, response_frame(response), INSTANCES, self_slot=1))
     assert (answer.controller_id, answer.brokers) == (-1, ())
+
+
+def test_describe_topic_partitions_moves_every_node_of_a_partition_to_its_leading_instance():
+    """The Java Admin's describeTopics (KIP-966) must find each partition's leader among the
+    virtual nodes Metadata and DescribeCluster list; a leader -1 stays -1, null ELR lists stay null."""
+    import uuid
+
+    from proxy.route_cluster import DESCRIBE_TOPIC_PARTITIONS, route_describe_topic_partitions
+
+    m = module(DESCRIBE_TOPIC_PARTITIONS, 0)
+    orders_id = uuid.uuid4()
+
+    def partition(index, leader, **extra):
+        return build(m.DescribeTopicPartitionsResponsePartition, partition_index=i32(index), leader_id=i32(leader),
+                     replica_nodes=(i32(1), i32(3)), isr_nodes=(i32(3),), offline_replicas=(i32(1),), **extra)
+
+    response = build(m.DescribeTopicPartitionsResponse, topics=(
+        build(m.DescribeTopicPartitionsResponseTopic, name="orders", topic_id=orders_id, partitions=(
+            partition(0, 3, eligible_leader_replicas=(i32(1),), last_known_elr=(i32(1),)),
+            partition(1, -1, eligible_leader_replicas=None, last_known_elr=None))),
+    ))
+    owners = {0: 2, 1: 0}
+    seen = []
+
+    def owner_slot(name, topic_id, index):
+        seen.append((name, topic_id, index))
+        return owners[index]
+
+    routed = decoded(DESCRIBE_TOPIC_PARTITIONS, 0,
+                     route_describe_topic_partitions(0, response_frame(response), owner_slot))
+    first, second = routed.topics[0].partitions
+    assert (first.leader_id, first.replica_nodes, first.isr_nodes, first.offline_replicas) == (
+        vnode(2, 3), (vnode(2, 1), vnode(2, 3)), (vnode(2, 3),), (vnode(2, 1),))
+    assert (first.eligible_leader_replicas, first.last_known_elr) == ((vnode(2, 1),), (vnode(2, 1),))
+    assert (second.leader_id, second.replica_nodes, second.eligible_leader_replicas) == (
+        -1, (vnode(0, 1), vnode(0, 3)), None)
+    assert seen == [("orders", orders_id, 0), ("orders", orders_id, 1)]

@@ -1,0 +1,282 @@
+"""Share-state operations between instances (issue 15, step 5; docs/scale-out.md section b).
+
+With ``--instance-id`` a share group's coordinator and the leaders of its share-partitions may be
+different instances. Kafka's group coordinator reaches the share coordinator that holds a
+share-partition's state through three broker RPCs; the instances use the same three, each sent
+to the instance that owns the share-partition's home state partition, on its bootstrap listener:
+
+==============================  ===  ===================================================================
+RPC                             key  what the coordinator uses it for
+==============================  ===  ===================================================================
+InitializeShareGroupState (v0)   83  AlterShareGroupOffsets: start the share-partition afresh at an offset
+DeleteShareGroupState (v0)       86  DeleteShareGroupOffsets, DeleteGroups: tombstone its state
+ReadShareGroupStateSummary (v1)  87  DescribeShareGroupOffsets: start offset, delivery-complete count
+==============================  ===  ===================================================================
+
+The owner answers each partition it does not lead ``NOT_COORDINATOR`` (the ownership moved; the
+admin client retries). A share-partition with no state answers start offset -1, as Kafka's share
+coordinator does. Calls go over a fresh connection each (admin operations are rare), with the
+proxy's own time-out; an unreachable owner gives ``COORDINATOR_NOT_AVAILABLE`` for its partitions
+(retriable), never a silent success.
+
+**What is not built here:** peer calls speak plaintext without SASL, so they need the instances'
+listeners to be plaintext (TLS or SASL listeners answer the admin operation's remote partitions
+with the error above, naming the reason). When the cluster's ACLs are enforced the owner asks the
+caller's principal what the public API would (DESCRIBE / READ / DELETE on the group), so a peer
+call from an anonymous connection is refused there.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+import structlog
+import trio
+from kio.schema.delete_share_group_state.v0 import request as delete_request
+from kio.schema.delete_share_group_state.v0 import response as delete_response
+from kio.schema.errors import ErrorCode
+from kio.schema.initialize_share_group_state.v0 import request as initialize_request
+from kio.schema.initialize_share_group_state.v0 import response as initialize_response
+from kio.schema.read_share_group_state_summary.v1 import request as summary_request
+from kio.schema.read_share_group_state_summary.v1 import response as summary_response
+from kio.static.primitive import i32, i64
+
+from proxy.errors import UpstreamError
+from proxy.share.ownership import InstanceIdentity
+
+log = structlog.get_logger(__name__)
+
+INITIALIZE_SHARE_GROUP_STATE = 83
+DELETE_SHARE_GROUP_STATE = 86
+READ_SHARE_GROUP_STATE_SUMMARY = 87
+PEER_APIS = (INITIALIZE_SHARE_GROUP_STATE, DELETE_SHARE_GROUP_STATE, READ_SHARE_GROUP_STATE_SUMMARY)
+NO_STATE_START_OFFSET = -1
+
+TopicPartition = tuple[uuid.UUID, int]
+
+
+@dataclass(frozen=True, slots=True)
+class PeerFailure:
+    """A share-partition the owner could not be asked about, or refused."""
+
+    error: ErrorCode
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class PeerSummary:
+    start_offset: int  # -1: no state at the owner
+    delivery_complete_count: int
+    state_epoch: int
+
+
+NOT_OWNED_MESSAGE = "This instance does not lead the share-partition; its ownership moved."
+
+
+class PeerStateClient:
+    """The coordinator's side: which share-partitions another instance leads, and the three calls.
+
+    `owner_of(topic_id, partition)` is the identity of the instance owning the share-partition's
+    home state partition (None while it has none); `connect(host, port)` opens a Kafka-protocol
+    client (:class:`proxy.upstream.UpstreamClient` in production, a fake in unit tests)."""
+
+    def __init__(self, self_slot: int, owner_of: Callable[[uuid.UUID, int], InstanceIdentity | None],
+                 connect: Callable[[str, int], Awaitable[object]], *, timeout_s: float = 30.0,
+                 unavailable_reason: str | None = None) -> None:
+        self.self_slot = self_slot
+        self._owner_of = owner_of
+        self._connect = connect
+        self.timeout_s = timeout_s
+        # Set when the listeners are TLS or SASL: peer calls are not built for them (module doc).
+        self.unavailable_reason = unavailable_reason
+
+    def is_remote(self, topic_id: uuid.UUID, partition: int) -> bool:
+        """Whether the share-partition is not led here (another instance owns it, or nobody yet)."""
+        owner = self._owner_of(topic_id, partition)
+        return owner is None or owner.slot != self.self_slot
+
+    def remote(self, partitions: Iterable[TopicPartition]) -> list[TopicPartition]:
+        return [tp for tp in partitions if self.is_remote(*tp)]
+
+    async def summaries(self, group_id: str, partitions: Iterable[TopicPartition]
+                        ) -> dict[TopicPartition, PeerSummary | PeerFailure]:
+        def build(topics):
+            return summary_request.ReadShareGroupStateSummaryRequest(group_id=group_id, topics=tuple(
+                summary_request.ReadStateSummaryData(topic_id=topic_id, partitions=tuple(
+                    summary_request.PartitionData(partition=i32(p), leader_epoch=i32(0)) for p in ps))
+                for topic_id, ps in topics))
+
+        def read(result, row):
+            return PeerSummary(int(row.start_offset), max(int(row.delivery_complete_count), 0),
+                               int(row.state_epoch))
+
+        return await self._call_owners(partitions, build, read)
+
+    async def delete(self, group_id: str, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, PeerFailure | None]:
+        def build(topics):
+            return delete_request.DeleteShareGroupStateRequest(group_id=group_id, topics=tuple(
+                delete_request.DeleteStateData(topic_id=topic_id, partitions=tuple(
+                    delete_request.PartitionData(partition=i32(p)) for p in ps))
+                for topic_id, ps in topics))
+
+        return await self._call_owners(partitions, build, lambda result, row: None)
+
+    async def initialize(self, group_id: str, starts: Mapping[TopicPartition, int]
+                         ) -> dict[TopicPartition, PeerFailure | None]:
+        def build(topics):
+            return initialize_request.InitializeShareGroupStateRequest(group_id=group_id, topics=tuple(
+                initialize_request.InitializeStateData(topic_id=topic_id, partitions=tuple(
+                    initialize_request.PartitionData(partition=i32(p), state_epoch=i32(0),
+                                                     start_offset=i64(starts[(topic_id, p)])) for p in ps))
+                for topic_id, ps in topics))
+
+        return await self._call_owners(starts.keys(), build, lambda result, row: None)
+
+    async def _call_owners(self, partitions: Iterable[TopicPartition], build, read) -> dict:
+        """One call per owning instance (concurrently), each carrying all of its partitions."""
+        results: dict = {}
+        by_owner: dict[int, tuple[InstanceIdentity, dict[uuid.UUID, list[int]]]] = {}
+        for topic_id, partition in partitions:
+            owner = self._owner_of(topic_id, partition)
+            if owner is None:
+                results[(topic_id, partition)] = PeerFailure(
+                    ErrorCode.coordinator_not_available, "No instance owns the share-partition yet (a hand-over).")
+            elif self.unavailable_reason is not None:
+                results[(topic_id, partition)] = PeerFailure(
+                    ErrorCode.coordinator_not_available,
+                    f"The share-partition is led by instance {owner.instance_id}: {self.unavailable_reason}")
+            else:
+                by_owner.setdefault(owner.slot, (owner, {}))[1].setdefault(topic_id, []).append(partition)
+
+        async def one(owner: InstanceIdentity, topics: dict[uuid.UUID, list[int]]) -> None:
+            asked = [(t, p) for t, ps in topics.items() for p in ps]
+            try:
+                with trio.fail_after(self.timeout_s):
+                    client = await self._connect(owner.host, owner.bootstrap_port)
+                    try:
+                        response = await client.call(build(sorted((t, sorted(ps)) for t, ps in topics.items())))
+                    finally:
+                        await client.aclose()
+            except (UpstreamError, OSError, trio.TooSlowError) as exc:
+                log.warning("peer share-state call failed", instance=owner.instance_id, host=owner.host,
+                            port=owner.bootstrap_port, error=str(exc) or type(exc).__name__)
+                for tp in asked:
+                    results[tp] = PeerFailure(ErrorCode.coordinator_not_available,
+                                              f"Instance {owner.instance_id} leading the share-partition did "
+                                              f"not answer: {str(exc) or type(exc).__name__}")
+                return
+            answered = set()
+            for result in response.results:
+                for row in result.partitions:
+                    tp = (result.topic_id, int(row.partition))
+                    answered.add(tp)
+                    if row.error_code is not ErrorCode.none:
+                        results[tp] = PeerFailure(row.error_code, row.error_message or row.error_code.name)
+                    else:
+                        results[tp] = read(result, row)
+            for tp in asked:
+                if tp not in answered:
+                    results[tp] = PeerFailure(ErrorCode.unknown_server_error,
+                                              f"Instance {owner.instance_id} did not answer for the share-partition.")
+
+        async with trio.open_nursery() as nursery:
+            for owner, topics in by_owner.values():
+                nursery.start_soon(one, owner, topics)
+        return results
+
+
+# ----- the owner's side ---------------------------------------------------------------------
+
+
+class PeerStateServer:
+    """The owner's answers to the three RPCs, from its share service (the routes wrap these).
+
+    `leads(topic_id, partition)` says whether this instance leads the share-partition; `summary`,
+    `delete` and `initialize` act on one the instance leads (the GroupAdmin's local operations)."""
+
+    def __init__(self, leads: Callable[[uuid.UUID, int], bool],
+                 summary: Callable[[str, uuid.UUID, int], tuple[int, int, int] | None],
+                 delete: Callable[[str, list[TopicPartition]], Awaitable[PeerFailure | None]],
+                 initialize: Callable[[str, dict[TopicPartition, int]], Awaitable[PeerFailure | None]]) -> None:
+        self._leads = leads
+        self._summary = summary
+        self._delete = delete
+        self._initialize = initialize
+
+    def read_summary(self, request) -> object:
+        results = []
+        for topic in request.topics:
+            rows = []
+            for data in topic.partitions:
+                partition = int(data.partition)
+                if not self._leads(topic.topic_id, partition):
+                    rows.append(summary_response.PartitionResult(
+                        partition=i32(partition), error_code=ErrorCode.not_coordinator, error_message=NOT_OWNED_MESSAGE,
+                        state_epoch=i32(0), leader_epoch=i32(0), start_offset=i64(NO_STATE_START_OFFSET)))
+                    continue
+                found = self._summary(request.group_id, topic.topic_id, partition)
+                start, complete, state_epoch = found if found is not None else (NO_STATE_START_OFFSET, 0, 0)
+                rows.append(summary_response.PartitionResult(
+                    partition=i32(partition), error_code=ErrorCode.none, state_epoch=i32(state_epoch),
+                    leader_epoch=i32(0), start_offset=i64(start), delivery_complete_count=i32(complete)))
+            results.append(summary_response.ReadStateSummaryResult(topic_id=topic.topic_id, partitions=tuple(rows)))
+        return summary_response.ReadShareGroupStateSummaryResponse(results=tuple(results))
+
+    async def delete_state(self, request) -> object:
+        partitions = [(topic.topic_id, int(d.partition)) for topic in request.topics for d in topic.partitions]
+        outcome = await self._act(partitions, lambda led: self._delete(request.group_id, led))
+        return delete_response.DeleteShareGroupStateResponse(results=tuple(
+            delete_response.DeleteStateResult(topic_id=topic_id, partitions=tuple(
+                delete_response.PartitionResult(partition=i32(p), error_code=error, error_message=message)
+                for p, error, message in rows))
+            for topic_id, rows in _by_topic(partitions, outcome)))
+
+    async def initialize_state(self, request) -> object:
+        starts = {(topic.topic_id, int(d.partition)): int(d.start_offset)
+                  for topic in request.topics for d in topic.partitions}
+        outcome = await self._act(list(starts), lambda led: self._initialize(
+            request.group_id, {tp: starts[tp] for tp in led}))
+        return initialize_response.InitializeShareGroupStateResponse(results=tuple(
+            initialize_response.InitializeStateResult(topic_id=topic_id, partitions=tuple(
+                initialize_response.PartitionResult(partition=i32(p), error_code=error, error_message=message)
+                for p, error, message in rows))
+            for topic_id, rows in _by_topic(list(starts), outcome)))
+
+    def refuse(self, api_key: int, request, error: ErrorCode, message: str) -> object:
+        """The answer to any of the three RPCs with every partition refused (e.g. not authorized)."""
+        if api_key == READ_SHARE_GROUP_STATE_SUMMARY:
+            return summary_response.ReadShareGroupStateSummaryResponse(results=tuple(
+                summary_response.ReadStateSummaryResult(topic_id=topic.topic_id, partitions=tuple(
+                    summary_response.PartitionResult(
+                        partition=d.partition, error_code=error, error_message=message, state_epoch=i32(0),
+                        leader_epoch=i32(0), start_offset=i64(NO_STATE_START_OFFSET))
+                    for d in topic.partitions)) for topic in request.topics))
+        module = delete_response if api_key == DELETE_SHARE_GROUP_STATE else initialize_response
+        response, result = ((module.DeleteShareGroupStateResponse, module.DeleteStateResult)
+                            if api_key == DELETE_SHARE_GROUP_STATE
+                            else (module.InitializeShareGroupStateResponse, module.InitializeStateResult))
+        return response(results=tuple(
+            result(topic_id=topic.topic_id, partitions=tuple(
+                module.PartitionResult(partition=d.partition, error_code=error, error_message=message)
+                for d in topic.partitions)) for topic in request.topics))
+
+    async def _act(self, partitions: list[TopicPartition], act) -> dict[TopicPartition, tuple[ErrorCode, str | None]]:
+        led = [tp for tp in partitions if self._leads(*tp)]
+        outcome = {tp: (ErrorCode.not_coordinator, NOT_OWNED_MESSAGE) for tp in partitions if tp not in led}
+        failure = await act(led) if led else None
+        for tp in led:
+            outcome[tp] = (ErrorCode.none, None) if failure is None else (failure.error, failure.message)
+        return outcome
+
+
+def _by_topic(partitions: list[TopicPartition], outcome: Mapping[TopicPartition, tuple[ErrorCode, str | None]]):
+    topics: dict[uuid.UUID, list[tuple[int, ErrorCode, str | None]]] = {}
+    for topic_id, partition in partitions:
+        topics.setdefault(topic_id, []).append((partition, *outcome[(topic_id, partition)]))
+    return list(topics.items())
+
+
+__all__ = ["PeerStateClient", "PeerStateServer", "PeerSummary", "PeerFailure", "PEER_APIS",
+           "INITIALIZE_SHARE_GROUP_STATE", "DELETE_SHARE_GROUP_STATE", "READ_SHARE_GROUP_STATE_SUMMARY"]

@@ -1,0 +1,238 @@
+"""Share-state RPCs between instances (proxy/share/peers.py): a coordinator's GroupAdmin acting on
+share-partitions another instance leads, the two instances being two ShareServices on the fake
+cluster of test_manager, joined by a loopback that encodes every request and response with kio."""
+
+from __future__ import annotations
+
+import uuid
+
+from kio.schema.errors import ErrorCode
+
+from codec.registry import decode_entity, encode
+from proxy.errors import UpstreamError
+from proxy.share import state_store
+from proxy.share.group_admin import GroupAdmin, PartitionOffset
+from proxy.share.ownership import InstanceIdentity
+from proxy.share.peers import (
+    DELETE_SHARE_GROUP_STATE,
+    INITIALIZE_SHARE_GROUP_STATE,
+    READ_SHARE_GROUP_STATE_SUMMARY,
+    PeerStateClient,
+    PeerStateServer,
+)
+from tests.proxy.share.test_manager import ACCEPT, GROUP, TOPIC_ID, TP, acquired, start_service
+
+COORDINATOR = InstanceIdentity("ksp-0", 0, "127.0.0.1", 19092, 30000)
+LEADER = InstanceIdentity("ksp-1", 1, "127.0.0.1", 19093, 31000)
+
+
+def round_trip(entity):
+    """What the other side decodes: the entity encoded and decoded with its own schema."""
+    return decode_entity(type(entity), encode(entity))
+
+
+class Loopback:
+    """A connection to the leader's PeerStateServer; records what was asked."""
+
+    def __init__(self, server: PeerStateServer, asked: list) -> None:
+        self.server = server
+        self.asked = asked
+
+    async def call(self, request):
+        request = round_trip(request)
+        key = int(request.__api_key__)
+        self.asked.append((key, request.group_id, [(t.topic_id, int(p.partition)) for t in request.topics
+                                                   for p in t.partitions]))
+        if key == READ_SHARE_GROUP_STATE_SUMMARY:
+            response = self.server.read_summary(request)
+        elif key == DELETE_SHARE_GROUP_STATE:
+            response = await self.server.delete_state(request)
+        else:
+            response = await self.server.initialize_state(request)
+        return round_trip(response)
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def two_instances(nursery, *, leads=lambda topic_id, partition: True, reachable=True):
+    """(coordinator harness, its admin, leader harness, leader admin, calls asked of the leader)."""
+    coordinator = await start_service(nursery)
+    leader = await start_service(nursery)
+    coordinator_admin = GroupAdmin(coordinator.service, write_timeout_s=5)
+    leader_admin = GroupAdmin(leader.service, write_timeout_s=5)
+    server = PeerStateServer(leads, leader_admin.local_summary, leader_admin.delete_led, leader_admin.initialize_led)
+    asked: list = []
+
+    async def connect(host: str, port: int):
+        assert (host, port) == (LEADER.host, LEADER.bootstrap_port)
+        if not reachable:
+            raise UpstreamError("connection refused")
+        return Loopback(server, asked)
+
+    coordinator_admin.peers = PeerStateClient(COORDINATOR.slot, lambda topic_id, partition: LEADER, connect,
+                                              timeout_s=5)
+    # The coordinator knows the group and that TP is initialised; the leader holds its state.
+    coordinator.service.handle_events(coordinator.service.coordinator.create_empty_group(GROUP))
+    coordinator.service.coordinator.mark_initialized(GROUP, [TP])
+    return coordinator, coordinator_admin, leader, leader_admin, asked
+
+
+async def leader_with_progress(leader) -> None:
+    leader.cluster.append([b"a", b"b", b"c", b"d"])
+    member = leader.member("m")
+    assert acquired(await leader.fetch(member)) == [(0, 3, 1)]
+    await leader.acknowledge(member, [(TP, 0, 1, ACCEPT)])  # SPSO moves to 2; 2 and 3 stay acquired
+
+
+async def test_describe_offsets_of_a_share_partition_led_elsewhere_asks_its_leader(nursery, autojump_clock):
+    coordinator, admin, leader, _, asked = await two_instances(nursery)
+    await leader_with_progress(leader)
+    coordinator.cluster.append([b"a", b"b", b"c", b"d", b"e"])  # the coordinator's view of the end offset
+
+    offsets = await admin.describe_offsets(GROUP, None)
+
+    assert asked == [(READ_SHARE_GROUP_STATE_SUMMARY, GROUP, [TP])]
+    (topic,) = offsets.topics
+    assert topic.partitions == (PartitionOffset(0, start_offset=2, leader_epoch=0, lag=3),)
+
+
+async def test_a_leader_without_state_answers_start_offset_minus_one(nursery, autojump_clock):
+    _, admin, _, _, _ = await two_instances(nursery)
+    offsets = await admin.describe_offsets(GROUP, [("orders", [0])])
+    assert offsets.topics[0].partitions == (PartitionOffset(0),)
+
+
+async def test_an_instance_that_no_longer_leads_answers_not_coordinator(nursery, autojump_clock):
+    _, admin, leader, _, _ = await two_instances(nursery, leads=lambda topic_id, partition: False)
+    await leader_with_progress(leader)
+    (row,) = (await admin.describe_offsets(GROUP, None)).topics[0].partitions
+    assert (row.partition, row.error, row.start_offset) == (0, ErrorCode.not_coordinator, -1)
+
+
+async def test_an_unreachable_leader_is_an_error_never_a_silent_answer(nursery, autojump_clock):
+    coordinator, admin, _, _, _ = await two_instances(nursery, reachable=False)
+    (row,) = (await admin.describe_offsets(GROUP, None)).topics[0].partitions
+    assert row.error is ErrorCode.coordinator_not_available
+    assert "ksp-1" in row.message and "connection refused" in row.message
+
+    # Deleting fails for the topic and leaves the coordinator's record of it for a retry.
+    outcome = await admin.delete_offsets(GROUP, ["orders"])
+    assert [(t.name, t.error) for t in outcome.topics] == [("orders", ErrorCode.coordinator_not_available)]
+    assert coordinator.service.coordinator.initialized_partitions(GROUP) == {TP}
+    code, message = await admin.delete_group(GROUP)
+    assert code is ErrorCode.coordinator_not_available
+    assert coordinator.service.coordinator.has_group(GROUP)
+
+
+async def test_no_owner_during_a_hand_over_is_retriable(nursery, autojump_clock):
+    coordinator = await start_service(nursery)
+    admin = GroupAdmin(coordinator.service, write_timeout_s=5)
+
+    async def connect(host, port):
+        raise AssertionError("nobody to connect to")
+
+    admin.peers = PeerStateClient(0, lambda topic_id, partition: None, connect)
+    coordinator.service.handle_events(coordinator.service.coordinator.create_empty_group(GROUP))
+    coordinator.service.coordinator.mark_initialized(GROUP, [TP])
+    (row,) = (await admin.describe_offsets(GROUP, None)).topics[0].partitions
+    assert row.error is ErrorCode.coordinator_not_available
+
+
+async def test_delete_offsets_has_the_leader_tombstone_the_share_partition(nursery, autojump_clock):
+    coordinator, admin, leader, _, asked = await two_instances(nursery)
+    await leader_with_progress(leader)
+    key = (GROUP, *TP)
+    assert key in state_store.recover(leader.writer.replayed()).partitions
+
+    outcome = await admin.delete_offsets(GROUP, ["orders"])
+
+    assert [(t.name, t.error) for t in outcome.topics] == [("orders", ErrorCode.none)]
+    assert asked[-1][:2] == (DELETE_SHARE_GROUP_STATE, GROUP)
+    assert TP in asked[-1][2]
+    assert key not in state_store.recover(leader.writer.replayed()).partitions  # durable tombstones
+    assert leader.service.leaders.active(key) is None
+    assert coordinator.service.coordinator.initialized_partitions(GROUP) == frozenset()
+
+
+async def test_a_group_with_members_is_refused_before_any_leader_is_asked(nursery, autojump_clock):
+    coordinator, admin, leader, _, asked = await two_instances(nursery)
+    await leader_with_progress(leader)
+    await coordinator.join(coordinator.member("x"))  # the coordinator knows the members
+    assert (await admin.delete_offsets(GROUP, ["orders"])).error is ErrorCode.non_empty_group
+    assert (await admin.delete_group(GROUP))[0] is ErrorCode.non_empty_group
+    assert (await admin.alter_offsets(GROUP, [("orders", [(0, 1)])])).error is ErrorCode.non_empty_group
+    assert asked == []
+    assert (GROUP, *TP) in state_store.recover(leader.writer.replayed()).partitions
+
+
+async def test_delete_group_has_the_leader_tombstone_its_share_partitions(nursery, autojump_clock):
+    coordinator, admin, leader, _, asked = await two_instances(nursery)
+    await leader_with_progress(leader)
+    assert await admin.delete_group(GROUP) == (ErrorCode.none, None)
+    assert asked[-1][:2] == (DELETE_SHARE_GROUP_STATE, GROUP)
+    assert (GROUP, *TP) not in state_store.recover(leader.writer.replayed()).partitions
+    assert not coordinator.service.coordinator.has_group(GROUP)
+
+
+async def test_alter_offsets_starts_the_leaders_share_partition_afresh_durably(nursery, autojump_clock):
+    coordinator, admin, leader, _, asked = await two_instances(nursery)
+    await leader_with_progress(leader)
+    leader.cluster.append([b"e", b"f"])
+
+    outcome = await admin.alter_offsets(GROUP, [("orders", [(0, 5)])])
+
+    assert [(t.name, [(p.partition, p.error) for p in t.partitions]) for t in outcome.topics] == [
+        ("orders", [(0, ErrorCode.none)])]
+    assert asked == [(INITIALIZE_SHARE_GROUP_STATE, GROUP, [TP])]
+    recovered = state_store.recover(leader.writer.replayed()).partitions[(GROUP, *TP)]
+    assert recovered.snapshot.start_offset == 5
+    assert recovered.state_epoch == 1  # a new state epoch, as Kafka's alter
+    assert coordinator.service.coordinator.initialized_partitions(GROUP) == {TP}
+
+
+async def test_alter_offsets_reports_a_leader_that_failed_per_partition(nursery, autojump_clock):
+    coordinator, admin, _, _, _ = await two_instances(nursery, leads=lambda topic_id, partition: False)
+    outcome = await admin.alter_offsets(GROUP, [("orders", [(0, 5)])])
+    assert [(t.name, [(p.partition, p.error) for p in t.partitions]) for t in outcome.topics] == [
+        ("orders", [(0, ErrorCode.not_coordinator)])]
+
+
+def test_refusals_are_well_formed_answers_for_every_rpc():
+    server = PeerStateServer(lambda t, p: True, lambda g, t, p: None, None, None)
+    client = PeerStateClient(0, lambda t, p: LEADER, None)
+    topic = uuid.uuid4()
+    requests = {
+        READ_SHARE_GROUP_STATE_SUMMARY: _request(client, "summaries", topic),
+        DELETE_SHARE_GROUP_STATE: _request(client, "delete", topic),
+        INITIALIZE_SHARE_GROUP_STATE: _request(client, "initialize", topic),
+    }
+    for key, request in requests.items():
+        response = round_trip(server.refuse(key, request, ErrorCode.group_authorization_failed, "denied"))
+        ((result,),) = [response.results]
+        assert result.topic_id == topic
+        assert [(int(p.partition), p.error_code, p.error_message) for p in result.partitions] == [
+            (3, ErrorCode.group_authorization_failed, "denied")]
+
+
+def _request(client: PeerStateClient, operation: str, topic: uuid.UUID):
+    """The request `client` would send for partition 3 of `topic`, captured from a fake connection."""
+    import trio
+
+    captured = []
+
+    class Capture:
+        async def call(self, request):
+            captured.append(request)
+            raise UpstreamError("captured")
+
+        async def aclose(self):
+            pass
+
+    async def connect(host, port):
+        return Capture()
+
+    client._connect = connect
+    argument = {(topic, 3): 7} if operation == "initialize" else [(topic, 3)]
+    trio.run(getattr(client, operation), "g", argument)
+    return round_trip(captured[0])
