@@ -179,6 +179,7 @@ class ProxyConfig:
     instance_id: str | None = None
     instance_slot: int | None = None
     ownership_session_timeout_ms: int = 10_000
+    share_config_refresh_ms: int = 2_000
     state_transactional_id_prefix: str = "ksp-state"
     state_snapshot_every: int = 100
     share_read_cache_bytes: int = 64 * 1024 * 1024
@@ -326,9 +327,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("share_long_poll_connections", int, "connections per upstream broker the share service may hold in long polls (Fetch waiting for new data), apart from the ones above so that long polls never starve them (default 8)", "N"),
     Option("max_share_sessions", int, "share sessions the proxy keeps (group.share.max.share.sessions, default 2000)", "N"),
     Option("state_write_timeout_ms", int, "how long one state-topic write may take before it fails; a failed acknowledgement is rolled back and answered with a retriable error (the state producer's delivery timeout, default 30000)", "MS"),
-    Option("instance_id", parse_optional_str, "scale-out (issue 15, docs/scale-out.md): run as one of several proxy instances for one cluster; unique per instance (e.g. the StatefulSet pod name ksp-2). Instances form an ordinary consumer group over the state topic's partitions; each serves the share-partitions and groups homed on the partitions it owns, and Metadata / FindCoordinator route clients there (virtual node ids). Implies --state-fencing transactional; needs fixed broker ports (--broker-port-base or a fixed --listen port) and a state topic in layout 2 (a new one is marked; an older one is migrated by starting one instance without --instance-id once). Not built yet: share-group administration across instances (offsets, deletes, group configs) (default: off, one instance serves everything)", "ID"),
+    Option("instance_id", parse_optional_str, "scale-out (issue 15, docs/scale-out.md): run as one of several proxy instances for one cluster; unique per instance (e.g. the StatefulSet pod name ksp-2). Instances form an ordinary consumer group over the state topic's partitions; each serves the share-partitions and groups homed on the partitions it owns, and Metadata / FindCoordinator route clients there (virtual node ids); a group's coordinator reaches the instances leading its share-partitions with Kafka's share-state RPCs (offsets describe/alter/delete, DeleteGroups) and leaders read group configs from it. Implies --state-fencing transactional; needs fixed broker ports (--broker-port-base or a fixed --listen port) and a state topic in layout 2 (a new one is marked; an older one is migrated by starting one instance without --instance-id once). Not built yet: ListGroups and the in-flight describe across instances, calls between instances over TLS or SASL listeners (default: off, one instance serves everything)", "ID"),
     Option("instance_slot", parse_optional_int, "the instance's slot, a small unique integer (default: the trailing digits of --instance-id, e.g. ksp-2 -> 2)", "N"),
     Option("ownership_session_timeout_ms", int, "with --instance-id: how long an instance may go silent before its state partitions move to the others (the ownership group's session timeout, default 10000)", "MS"),
+    Option("share_config_refresh_ms", int, "with --instance-id: how often an instance re-reads, from their coordinators, the configs of groups whose share-partitions it leads but another instance coordinates (an IncrementalAlterConfigs reaches those leaders within this; default 2000)", "MS"),
     Option("state_fencing", parse_choice("none", "transactional"), "transactional: write each state-topic partition through a transactional producer whose transactional.id (<prefix>.<state topic>.<partition>) is the same for every instance, and take it over before replay, so a second or paused proxy on the same state topic can never overwrite what this one wrote (its writes fail fenced); costs about 3 ms per write and needs transactions on the cluster (default none: one idempotent producer; docs/scale-out.md)", "none|transactional"),
     Option("state_transactional_id_prefix", str, "prefix of the state lanes' transactional ids with --state-fencing transactional; the proxy's principal needs WRITE and DESCRIBE on TransactionalId with this prefix (default ksp-state)", "PREFIX"),
     Option("state_deltas", parse_choice("on", "off"), "on: write a share-partition's state changes as cumulative ShareUpdates (everything changed since its last durable snapshot) when clearly smaller than a snapshot, with a snapshot every --state-snapshot-every updates; off: a full ShareSnapshot per change (default on; docs/architecture.md, Durable state)", "on|off"),
@@ -519,6 +521,8 @@ def _validate(config: ProxyConfig) -> None:
             raise ConfigError(f"instance_id: {exc}") from None
         if config.ownership_session_timeout_ms < 1000:
             raise ConfigError("ownership_session_timeout_ms must be at least 1000")
+        if config.share_config_refresh_ms < 100:
+            raise ConfigError("share_config_refresh_ms must be at least 100")
         if config.effective_broker_port_base is None:
             raise ConfigError("instance_id (scale-out) needs fixed broker ports, which the other instances compute: "
                               "listen on a fixed port or give broker_port_base")

@@ -107,6 +107,7 @@ def share_settings(config: ProxyConfig):
         instance_id=config.instance_id,
         instance_slot=config.instance_slot,
         ownership_session_timeout_ms=config.ownership_session_timeout_ms,
+        share_config_refresh_ms=config.share_config_refresh_ms,
         state_transactional_id_prefix=config.state_transactional_id_prefix,
         state_snapshot_every=config.state_snapshot_every,
         read_cache_bytes=config.share_read_cache_bytes,

@@ -304,6 +304,42 @@ def test_kafka_share_groups_administers_a_group_whose_partition_another_instance
     assert "for the group's coordinator" in two.first.log_tail(lines=2000)  # the leader acted on both
 
 
+def test_group_configs_set_at_the_coordinator_reach_the_instance_leading_the_partition(kafka, share_proxy,
+                                                                                      create_topic, names):
+    """Issue 15 step 5: a group config is set at the group's coordinator (where FindCoordinator sends
+    an admin); the instance leading the group's share-partition reads it before initialising the
+    share-partition (share.auto.offset.reset) and picks up later changes within
+    --share-config-refresh-ms. The instances' own default here is earliest."""
+    from integration.share.test_group_configs import GROUP as GROUP_RESOURCE, SET, alter
+
+    two = TwoInstances(kafka, share_proxy, create_topic, names, cross=True)  # 20 records already produced
+    coordinator, leader = two.survivor, two.first
+    assert alter(coordinator.bootstrap, [(GROUP_RESOURCE, two.group, [("share.auto.offset.reset", SET, "latest")])]) \
+        == {(GROUP_RESOURCE, two.group): (ErrorCode.none, None)}
+    consumer = share_consumer(",".join(p.bootstrap for p in two.proxies.values()), two.group, two.topic, EXPLICIT)
+    try:
+        deadline = time.monotonic() + 30
+        while 0 not in durable_state(kafka.bootstrap, two.state_topic, two.group):
+            assert len(consumer.poll(0.5)) == 0, "latest: none of the 20 earlier records"
+            assert time.monotonic() < deadline, "the leader never initialised the share-partition"
+        assert durable_state(kafka.bootstrap, two.state_topic, two.group)[0].start_offset == 20
+        produce(kafka.bootstrap, two.topic, 5, start=20)
+        later = poll_until(consumer, 5, timeout=30)
+        assert sorted(m.offset() for m in later) == list(range(20, 25))
+        acknowledge_all(consumer, later)
+    finally:
+        consumer.close()
+    assert "group configs taken from the coordinator" in leader.log_tail(lines=2000)
+
+    # A change once the share-partition is loaded reaches its leader within the refresh interval.
+    changed_at = time.monotonic()
+    assert alter(coordinator.bootstrap, [(GROUP_RESOURCE, two.group, [("share.record.lock.duration.ms", SET, "16000")])]) \
+        == {(GROUP_RESOURCE, two.group): (ErrorCode.none, None)}
+    wait_until(lambda: "'share.record.lock.duration.ms': '16000'" in leader.log_tail(lines=2000), 15,
+               "the leader to take the new lock duration")
+    print(f"\nscale-out: a group config reached the leading instance {time.monotonic() - changed_at:.1f} s after it was set")
+
+
 RECORDS = 50_000
 TOPIC_PARTITIONS = 8
 

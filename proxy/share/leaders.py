@@ -28,7 +28,7 @@ from __future__ import annotations
 import heapq
 import math
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -144,6 +144,8 @@ class PartitionRegistry:
         self._by_group: dict[str, dict[SharePartitionKey, Leader]] = {}
         self._parked: dict[SharePartitionKey, _Parked] = {}
         self._initializing: dict[SharePartitionKey, trio.Event] = {}
+        # Scale-out: awaited before a share-partition is initialised (GroupConfigMirror.before_first_load).
+        self.before_initialise: Callable[[str], Awaitable[None]] | None = None
         self._deadlines: list[tuple[int, int, SharePartitionKey]] = []
         self._sequence = 0  # tie-breaker: keys (with UUIDs) are never compared
         # ShareGroupConfig object -> PartitionConfig, so a refresh per acquisition is a dict hit.
@@ -246,6 +248,8 @@ class PartitionRegistry:
         pending = self._initializing[key] = trio.Event()
         try:
             group_id, topic_id, partition = key
+            if self.before_initialise is not None:  # scale-out: the group's configs from its coordinator
+                await self.before_initialise(group_id)
             topic = self.cluster.topic_by_id(topic_id)
             if topic is None:
                 raise UpstreamError(f"unknown topic id {topic_id}")

@@ -19,6 +19,10 @@ coordinator does. Calls go over a fresh connection each (admin operations are ra
 proxy's own time-out; an unreachable owner gives ``COORDINATOR_NOT_AVAILABLE`` for its partitions
 (retriable), never a silent success.
 
+A leader also keeps a copy of the configs of groups coordinated elsewhere
+(:class:`GroupConfigMirror`: DescribeConfigs at the coordinator, before the group's first
+share-partition is initialised here and every ``--share-config-refresh-ms``).
+
 **What is not built here:** peer calls speak plaintext without SASL, so they need the instances'
 listeners to be plaintext (TLS or SASL listeners answer the admin operation's remote partitions
 with the error above, naming the reason). When the cluster's ACLs are enforced the owner asks the
@@ -35,13 +39,14 @@ from dataclasses import dataclass
 import structlog
 import trio
 from kio.schema.delete_share_group_state.v0 import request as delete_request
+from kio.schema.describe_configs.v4 import request as describe_configs_request
 from kio.schema.delete_share_group_state.v0 import response as delete_response
 from kio.schema.errors import ErrorCode
 from kio.schema.initialize_share_group_state.v0 import request as initialize_request
 from kio.schema.initialize_share_group_state.v0 import response as initialize_response
 from kio.schema.read_share_group_state_summary.v1 import request as summary_request
 from kio.schema.read_share_group_state_summary.v1 import response as summary_response
-from kio.static.primitive import i32, i64
+from kio.static.primitive import i8, i32, i64
 
 from proxy.errors import UpstreamError
 from proxy.share.ownership import InstanceIdentity
@@ -271,6 +276,100 @@ class PeerStateServer:
         return outcome
 
 
+# ----- group configs at leaders -------------------------------------------------------------
+
+GROUP_RESOURCE_TYPE = 32  # ConfigResource.Type.GROUP
+GROUP_CONFIG_SOURCE = 8  # DescribeConfigsResponse.ConfigSource.GROUP_CONFIG: set on the group
+
+
+class GroupConfigMirror:
+    """A leader's copy of the configs of groups another instance coordinates (docs/scale-out.md b).
+
+    Group configs are set at a group's coordinator (IncrementalAlterConfigs reaches it through
+    FindCoordinator's routing); an instance leading share-partitions of that group reads them from
+    the coordinator with DescribeConfigs -- before it first initialises one of the group's
+    share-partitions (``share.auto.offset.reset``), then every `interval_s` -- and applies the
+    group's overrides to its own coordinator's config table, in memory only (the coordinator's
+    state-topic record stays the one truth; this instance replays it if it becomes the coordinator).
+    Engines take a change at their next acquisition, as with a local change. A coordinator that
+    cannot be asked leaves the copy as it was.
+
+    `groups()` is the groups with share-partitions led here and coordinated elsewhere;
+    `coordinator_of(group)` the identity of the instance coordinating it (None while none does);
+    `apply(group, overrides)` replaces the group's overrides (raises on an invalid set)."""
+
+    def __init__(self, groups: Callable[[], Iterable[str]], coordinator_of: Callable[[str], InstanceIdentity | None],
+                 connect: Callable[[str, int], Awaitable[object]], apply: Callable[[str, dict[str, str]], None],
+                 current: Callable[[str], Mapping[str, object]], *, interval_s: float = 2.0,
+                 timeout_s: float = 5.0) -> None:
+        self._groups = groups
+        self._coordinator_of = coordinator_of
+        self._connect = connect
+        self._apply = apply
+        self._current = current
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.mirrored: set[str] = set()  # groups read at least once
+
+    async def before_first_load(self, group_id: str) -> None:
+        """Read a group's configs before its first share-partition here is initialised."""
+        if group_id not in self.mirrored:
+            await self.refresh([group_id])
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            await trio.sleep(self.interval_s)
+            try:
+                await self.refresh(self._groups())
+            except Exception as exc:  # noqa: BLE001 - a malformed answer must not stop the refresh
+                log.warning("group config refresh failed", error=repr(exc))
+
+    async def refresh(self, groups: Iterable[str]) -> None:
+        by_coordinator: dict[int, tuple[InstanceIdentity, list[str]]] = {}
+        for group_id in groups:
+            owner = self._coordinator_of(group_id)
+            if owner is not None:
+                by_coordinator.setdefault(owner.slot, (owner, []))[1].append(group_id)
+        async with trio.open_nursery() as nursery:
+            for owner, group_ids in by_coordinator.values():
+                nursery.start_soon(self._refresh_from, owner, sorted(group_ids))
+
+    async def _refresh_from(self, owner: InstanceIdentity, group_ids: list[str]) -> None:
+        request = describe_configs_request.DescribeConfigsRequest(resources=tuple(
+            describe_configs_request.DescribeConfigsResource(resource_type=i8(GROUP_RESOURCE_TYPE), resource_name=g,
+                                                             configuration_keys=None)
+            for g in group_ids))
+        try:
+            with trio.fail_after(self.timeout_s):
+                client = await self._connect(owner.host, owner.bootstrap_port)
+                try:
+                    response = await client.call(request)
+                finally:
+                    await client.aclose()
+        except (UpstreamError, OSError, trio.TooSlowError) as exc:
+            log.warning("group configs not readable from their coordinator; keeping the last copy",
+                        instance=owner.instance_id, groups=group_ids, error=str(exc) or type(exc).__name__)
+            return
+        for result in response.results:
+            if result.error_code is not ErrorCode.none:
+                continue  # e.g. the coordinator moved: asked again at the next refresh
+            overrides = {c.name: c.value for c in result.configs
+                         if int(c.config_source) == GROUP_CONFIG_SOURCE and c.value is not None}
+            self.mirrored.add(result.resource_name)
+            current = {k: str(v) for k, v in self._current(result.resource_name).items()}
+            if overrides == current:
+                continue
+            try:
+                self._apply(result.resource_name, overrides)
+            except Exception as exc:  # noqa: BLE001 - an override set this instance's bounds refuse
+                log.warning("group configs from the coordinator refused here", group=result.resource_name,
+                            overrides=overrides, error=str(exc))
+                continue
+            log.info("group configs taken from the coordinator", group=result.resource_name,
+                     instance=owner.instance_id, overrides=overrides)
+
+
 def _by_topic(partitions: list[TopicPartition], outcome: Mapping[TopicPartition, tuple[ErrorCode, str | None]]):
     topics: dict[uuid.UUID, list[tuple[int, ErrorCode, str | None]]] = {}
     for topic_id, partition in partitions:
@@ -278,5 +377,5 @@ def _by_topic(partitions: list[TopicPartition], outcome: Mapping[TopicPartition,
     return list(topics.items())
 
 
-__all__ = ["PeerStateClient", "PeerStateServer", "PeerSummary", "PeerFailure", "PEER_APIS",
+__all__ = ["PeerStateClient", "PeerStateServer", "GroupConfigMirror", "PeerSummary", "PeerFailure", "PEER_APIS",
            "INITIALIZE_SHARE_GROUP_STATE", "DELETE_SHARE_GROUP_STATE", "READ_SHARE_GROUP_STATE_SUMMARY"]

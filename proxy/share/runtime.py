@@ -27,7 +27,7 @@ from proxy.server import Proxy
 from proxy.upstream import UpstreamClient, open_upstream
 from proxy.share import metrics, observe, state_layout, state_store
 from proxy.share.admin_routes import admin_routes, peer_routes, register_admin_versions
-from proxy.share.peers import PEER_APIS, PeerStateClient, PeerStateServer
+from proxy.share.peers import PEER_APIS, GroupConfigMirror, PeerStateClient, PeerStateServer
 from proxy.share.authorization import AuthorizationPolicy
 from proxy.share.cluster import Cluster
 from proxy.share.dead_letters import DeadLetterCluster, DeadLetterSettings, DeadLetterWriter
@@ -113,6 +113,7 @@ class ShareSettings:
     instance_id: str | None = None  # scale-out (issue 15): ScaleOut below
     instance_slot: int | None = None
     ownership_session_timeout_ms: int = 10_000
+    share_config_refresh_ms: int = 2_000
     state_transactional_id_prefix: str = "ksp-state"
     state_snapshot_every: int = 100
     read_cache_bytes: int = 64 * 1024 * 1024  # one budget for every share-partition's read cache
@@ -295,7 +296,33 @@ class ScaleOut:
             self.group_admin.peers = PeerStateClient(
                 self.slot, owner_of, self.connect_peer, timeout_s=self.settings.state_write_timeout_ms / 1000,
                 unavailable_reason=self.peer_unavailable_reason)
+        if self.connect_peer is not None and self.peer_unavailable_reason is None:
+            self._mirror_group_configs(member, routing, nursery)
         log.info("joined the ownership group", group=self.group_id, instance=identity.instance_id, slot=self.slot)
+
+    def _mirror_group_configs(self, member: OwnershipMember, routing: InstanceRouting, nursery: trio.Nursery) -> None:
+        """Leaders read the configs of groups coordinated elsewhere from their coordinators."""
+        service, ownership, coordinator = self.service, self.service.ownership, self.service.coordinator
+
+        def groups() -> set[str]:
+            return {key[0] for key in service.leaders.keys() if not ownership.coordinates(key[0])}
+
+        def coordinator_of(group_id: str):
+            owner = member.map.owner_of(ownership.home_of_group(group_id))
+            live = {i.slot for i in routing.instances()}
+            return owner if owner is not None and owner.slot in live and owner.slot != self.slot else None
+
+        mirror = GroupConfigMirror(
+            groups, coordinator_of, self.connect_peer,
+            lambda group_id, overrides: coordinator.set_group_config(group_id, overrides, replace_all=True),
+            coordinator.group_config_overrides, interval_s=self.settings.share_config_refresh_ms / 1000)
+
+        async def before_initialise(group_id: str) -> None:
+            if not ownership.coordinates(group_id):
+                await mirror.before_first_load(group_id)
+
+        service.leaders.before_initialise = before_initialise
+        nursery.start_soon(mirror.run)
 
     async def leave(self) -> None:
         """Leave the group: owned partitions are flushed and handed over (on_revoked) first."""

@@ -236,3 +236,88 @@ def _request(client: PeerStateClient, operation: str, topic: uuid.UUID):
     argument = {(topic, 3): 7} if operation == "initialize" else [(topic, 3)]
     trio.run(getattr(client, operation), "g", argument)
     return round_trip(captured[0])
+
+
+# ----- group configs at leaders ----------------------------------------------------------------
+
+
+def describe_configs_answer(configs: dict[str, dict[str, tuple[str, int]]], errors: dict[str, ErrorCode] = {}):
+    """A DescribeConfigs v4 answer: group -> {name: (value, source)}."""
+    from kio.schema.describe_configs.v4 import response as r
+    import datetime
+
+    from kio.static.primitive import i8
+
+    return round_trip(r.DescribeConfigsResponse(throttle_time=datetime.timedelta(0), results=tuple(
+        r.DescribeConfigsResult(error_code=errors.get(group, ErrorCode.none), error_message=None,
+                                resource_type=i8(32), resource_name=group, configs=tuple(
+            r.DescribeConfigsResourceResult(name=name, value=value, read_only=False, config_source=i8(source),
+                                            is_sensitive=False, synonyms=(), config_type=i8(2), documentation=None)
+            for name, (value, source) in entries.items()))
+        for group, entries in configs.items())))
+
+
+class ConfigPeer:
+    def __init__(self, answers: list, asked: list) -> None:
+        self.answers = answers
+        self.asked = asked
+
+    async def call(self, request):
+        request = round_trip(request)
+        self.asked.append([(int(r.resource_type), r.resource_name, r.configuration_keys) for r in request.resources])
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    async def aclose(self):
+        pass
+
+
+def config_mirror(answers: list, groups=("g",), owner=COORDINATOR):
+    from proxy.share.peers import GroupConfigMirror
+
+    asked: list = []
+    table: dict[str, dict[str, str]] = {}
+
+    async def connect(host, port):
+        assert (host, port) == (owner.host, owner.bootstrap_port)
+        return ConfigPeer(answers, asked)
+
+    def apply(group, overrides):
+        if overrides.get("share.record.lock.duration.ms") == "1":
+            raise ValueError("below the minimum")
+        table[group] = dict(overrides)
+
+    mirror = GroupConfigMirror(lambda: list(groups), lambda g: owner, connect, apply,
+                               lambda g: table.get(g, {}), interval_s=2)
+    return mirror, table, asked
+
+
+async def test_a_leader_takes_a_groups_overrides_from_its_coordinator_and_keeps_them_on_failure(autojump_clock):
+    import trio
+
+    answers = [
+        describe_configs_answer({"g": {"share.auto.offset.reset": ("latest", 8),
+                                       "share.record.lock.duration.ms": ("30000", 1)}}),  # a default: not copied
+        describe_configs_answer({"g": {"share.auto.offset.reset": ("latest", 8)}}),  # unchanged
+        UpstreamError("connection refused"),  # the last copy stays
+        describe_configs_answer({"g": {}}, errors={"g": ErrorCode.not_coordinator}),  # stays too
+        describe_configs_answer({"g": {"share.record.lock.duration.ms": ("1", 8)}}),  # refused here: stays
+        describe_configs_answer({"g": {}}),  # every override removed at the coordinator
+    ]
+    mirror, table, asked = config_mirror(answers)
+
+    await mirror.before_first_load("g")
+    assert table == {"g": {"share.auto.offset.reset": "latest"}}
+    assert asked == [[(32, "g", None)]]
+    await mirror.before_first_load("g")  # read once already: not asked again
+    assert len(asked) == 1
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(mirror.run)
+        for expected in ({"share.auto.offset.reset": "latest"},) * 4 + ({},):
+            await trio.sleep(2.01)
+            assert table["g"] == expected
+        nursery.cancel_scope.cancel()
+    assert len(asked) == 6 and answers == []
