@@ -287,6 +287,19 @@ def test_kafka_share_groups_administers_a_group_whose_partition_another_instance
     for proxy in two.proxies.values():
         assert offsets(proxy.bootstrap, two.group) == {(two.topic, 0): ("10", "10")}
 
+    # --list: the Admin asks every node Metadata names (each instance's virtual nodes); each instance
+    # lists the groups it coordinates on one of its listeners, so a group coordinated on either
+    # instance is listed once, whichever instance was the bootstrap.
+    other_group = group_homed_on(ServiceOwnership(STATE_PARTITIONS), two.mine[two.first_id])
+    other = share_consumer(both, other_group, two.topic, EXPLICIT)
+    try:
+        acknowledge_all(other, poll_until(other, 20, timeout=60))  # its own share-partition state
+    finally:
+        other.close()
+    for bootstrap in [*(p.bootstrap for p in two.proxies.values()), both]:
+        listed = share_group_command(bootstrap, "--list").split()
+        assert (listed.count(two.group), listed.count(other_group)) == (1, 1), listed
+
     # ShareGroupDescribe at the coordinator (the survivor, with cross=True).
     wait_until(lambda: describe_share_group(two.survivor.bootstrap, two.group).group_state == "Empty", 30,
                "the group empty")
