@@ -317,6 +317,29 @@ def test_kafka_share_groups_administers_a_group_whose_partition_another_instance
     assert "for the group's coordinator" in two.first.log_tail(lines=2000)  # the leader acted on both
 
 
+def test_share_proxy_groups_in_flight_describes_records_another_instance_holds(kafka, share_proxy, create_topic,
+                                                                             names):
+    """Issue 15 step 5: `share-proxy groups --describe --in-flight` at any instance: one that does not
+    coordinate the group passes the request to the coordinator, which asks the instance leading
+    each share-partition for its in-flight records."""
+    from integration.share.test_in_flight_cli import cli_subprocess
+
+    two = TwoInstances(kafka, share_proxy, create_topic, names, cross=True)  # 20 records already produced
+    consumer = share_consumer(",".join(p.bootstrap for p in two.proxies.values()), two.group, two.topic, EXPLICIT)
+    try:
+        held = poll_until(consumer, 20, timeout=60)  # acquired at the leader, not acknowledged yet
+        for proxy in two.proxies.values():
+            found = cli_subprocess("--bootstrap-server", proxy.bootstrap, "--describe", "--group", two.group,
+                                   "--in-flight", "--format", "json")
+            assert found.returncode == 0, found.stderr
+            ranges = json.loads(found.stdout)["ranges"]
+            assert sorted(o for r in ranges for o in range(r["first_offset"], r["last_offset"] + 1)) == list(range(20)), ranges
+            assert {r["state"] for r in ranges} == {"ACQUIRED"}, ranges
+        acknowledge_all(consumer, held)
+    finally:
+        consumer.close()
+
+
 def test_group_configs_set_at_the_coordinator_reach_the_instance_leading_the_partition(kafka, share_proxy,
                                                                                       create_topic, names):
     """Issue 15 step 5: a group config is set at the group's coordinator (where FindCoordinator sends

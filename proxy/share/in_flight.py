@@ -54,9 +54,12 @@ from proxy.route_split import response_payload
 from proxy.share.authorization import AuthorizationPolicy, Operation
 from proxy.share.enforce import TOPIC_DENIED_MESSAGE, authorization_for, group_allowed, topics_allowed
 from proxy.share.partition import InFlightRun, PartitionConfig
+from proxy.share.peers import PeerFailure
 from proxy.share.states import RecordState
 
 log = structlog.get_logger(__name__)
+
+NOT_LED_HERE_MESSAGE = "Another proxy instance leads this share-partition; ask the group's coordinator."
 
 IN_PROGRESS = RecordState.IN_PROGRESS
 # State ids a request may filter on: every id the wire carries (ARCHIVING, 3, holds records whose
@@ -169,17 +172,20 @@ class GroupInFlight:
 
 
 def describe_group_in_flight(
-    service, group_id: str, requested: dict[uuid.UUID, Iterable[int]] | None, wanted: InFlightFilter
+    service, group_id: str, requested: dict[uuid.UUID, Iterable[int]] | None, wanted: InFlightFilter,
+    *, coordinated: bool = True,
 ) -> GroupInFlight:
     """The in-flight picture of one group, read from the engines (no I/O, nothing changes).
 
     ``service`` is the ShareService: its coordinator, partition registry, cluster and clocks.
     ``requested`` maps topic ids to partitions, or is None for all of the group's share-partitions.
+    ``coordinated`` False (scale-out, another instance coordinates the group): the named
+    share-partitions are described from what this instance leads, without knowing the group.
     """
     problem = wanted.problem()
     if problem is not None:
         return GroupInFlight(group_id, ErrorCode.invalid_request, problem)
-    if not service.coordinator.has_group(group_id):
+    if coordinated and not service.coordinator.has_group(group_id):
         return GroupInFlight(group_id, ErrorCode.group_id_not_found, f"Share group {group_id} not found.")
     registry = service.leaders
     owned: set[tuple[uuid.UUID, int]] = set(service.coordinator.initialized_partitions(group_id))
@@ -312,7 +318,20 @@ def in_flight_routes(service, api_key: int = extensions.DEFAULT_DESCRIBE_IN_FLIG
             result = GroupInFlight(entity.group_id, ErrorCode.group_authorization_failed, None)
             return response_payload(request, in_flight_response(result, api.responses[header.api_version]))
         requested = requested_partitions(entity)
-        result = describe_group_in_flight(service, entity.group_id, requested, request_filter(entity))
+        fan_out, ownership = getattr(service, "in_flight_fan_out", None), getattr(service, "ownership", None)
+        if fan_out is not None and ownership is not None and not ownership.coordinates(entity.group_id):
+            if requested is None:  # the whole group: the coordinator knows its share-partitions
+                answer = await fan_out.from_coordinator(entity, header.api_version)
+                if not isinstance(answer, PeerFailure):
+                    return response_payload(request, answer)
+                result = GroupInFlight(entity.group_id, answer.error, answer.message)
+                return response_payload(request, in_flight_response(result, api.responses[header.api_version]))
+            result = _led_here(describe_group_in_flight(service, entity.group_id, requested, request_filter(entity),
+                                                        coordinated=False), ownership)
+        else:
+            result = describe_group_in_flight(service, entity.group_id, requested, request_filter(entity))
+            if fan_out is not None and ownership is not None and result.error is ErrorCode.none:
+                result = await _with_leaders(result, fan_out, ownership, entity, header.api_version)
         if authz is not None and result.error is ErrorCode.none:
             result = await authorized_topics(result, authz, api_key, listed_all=requested is None)
         if result.error is not ErrorCode.none:
@@ -321,6 +340,45 @@ def in_flight_routes(service, api_key: int = extensions.DEFAULT_DESCRIBE_IN_FLIG
         return response_payload(request, in_flight_response(result, api.responses[header.api_version]))
 
     return {api_key: ServeLocally(serve)}
+
+
+def _led_here(result: GroupInFlight, ownership) -> GroupInFlight:
+    """Named share-partitions of a group coordinated elsewhere: those not led here are refused."""
+    return dataclasses.replace(result, topics=tuple(dataclasses.replace(topic, partitions=tuple(
+        p if p.error is not ErrorCode.none or ownership.leads(topic.topic_id, p.partition)
+        else DescribedPartition(p.partition, ErrorCode.not_leader_or_follower, NOT_LED_HERE_MESSAGE)
+        for p in topic.partitions)) for topic in result.topics))
+
+
+async def _with_leaders(result: GroupInFlight, fan_out, ownership, request, version: int) -> GroupInFlight:
+    """The coordinator's answer with the share-partitions other instances lead described by them."""
+    remote = [(topic.topic_id, p.partition) for topic in result.topics for p in topic.partitions
+              if p.error is ErrorCode.none and not ownership.leads(topic.topic_id, p.partition)]
+    if not remote:
+        return result
+    answers = await fan_out.from_leaders(request, version, remote)
+
+    def described(topic_id: uuid.UUID, partition: DescribedPartition) -> DescribedPartition:
+        answer = answers.get((topic_id, partition.partition))
+        if answer is None:
+            return partition
+        if isinstance(answer, PeerFailure):
+            return DescribedPartition(partition.partition, answer.error, answer.message)
+        return _from_wire(answer)
+
+    return dataclasses.replace(result, topics=tuple(dataclasses.replace(topic, partitions=tuple(
+        described(topic.topic_id, p) for p in topic.partitions)) for topic in result.topics))
+
+
+def _from_wire(entry) -> DescribedPartition:
+    """An InFlightPartition entry (a leading instance's answer) as this module describes one."""
+    return DescribedPartition(
+        int(entry.partition_index), ErrorCode(int(entry.error_code)), entry.error_message, int(entry.start_offset),
+        int(entry.end_offset), tuple(
+            DescribedRange(int(r.first_offset), int(r.last_offset), int(r.state), int(r.delivery_count),
+                           r.member_id, int(r.acquired_timestamp), int(r.lock_deadline_timestamp),
+                           int(r.in_progress_start_timestamp), int(r.last_progress_timestamp), bool(r.stale))
+            for r in entry.records))
 
 
 async def authorized_topics(result: GroupInFlight, authz, api_key: int, *, listed_all: bool) -> GroupInFlight:

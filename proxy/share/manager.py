@@ -190,6 +190,8 @@ class ShareService:
         self.scale_out = None  # runtime.ScaleOut with --instance-id: the ownership group member
         # Scale-out: where a partition refused here is led (routes' leader hints); None: one instance.
         self.leader_hint = None
+        # Scale-out: DescribeShareGroupInFlight across instances (peers.InFlightFanOut); None: one instance.
+        self.in_flight_fan_out = None
         # Closed after the last state write, before the writer (e.g. the event log, which still
         # hears that write's committed changes).
         self.closers: list[Callable[[], Awaitable[None]]] = []

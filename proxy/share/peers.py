@@ -32,6 +32,7 @@ call from an anonymous connection is refused there.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -370,6 +371,88 @@ class GroupConfigMirror:
                      instance=owner.instance_id, overrides=overrides)
 
 
+# ----- the in-flight describe across instances ----------------------------------------------
+
+
+class InFlightFanOut:
+    """DescribeShareGroupInFlight (the extension RPC) across instances.
+
+    The coordinator knows the group's share-partitions; each instance knows the in-flight records
+    of those it leads. So the instance asked for a whole group it does not coordinate passes the
+    request to the coordinator (:meth:`from_coordinator`), and the coordinator asks each leading
+    instance for the share-partitions it leads, naming them (:meth:`from_leaders`); an instance
+    asked for named share-partitions of a group it does not coordinate answers those it leads
+    (the route's leader mode), so the calls cannot loop. `api` is the extension's message classes
+    (the same key on every instance)."""
+
+    def __init__(self, api, coordinator_of: Callable[[str], InstanceIdentity | None],
+                 leader_of: Callable[[uuid.UUID, int], InstanceIdentity | None],
+                 connect: Callable[[str, int], Awaitable[object]], *, timeout_s: float = 30.0) -> None:
+        self.api = api
+        self._coordinator_of = coordinator_of
+        self._leader_of = leader_of
+        self._connect = connect
+        self.timeout_s = timeout_s
+
+    async def _call(self, owner: InstanceIdentity, request, version: int):
+        with trio.fail_after(self.timeout_s):
+            client = await self._connect(owner.host, owner.bootstrap_port)
+            try:
+                return await client.call(request, self.api.responses[version])
+            finally:
+                await client.aclose()
+
+    async def from_coordinator(self, request, version: int) -> object | PeerFailure:
+        """The coordinating instance's whole answer, or why it could not be had."""
+        owner = self._coordinator_of(request.group_id)
+        if owner is None:
+            return PeerFailure(ErrorCode.coordinator_not_available, "No instance coordinates the group yet.")
+        try:
+            return await self._call(owner, request, version)
+        except (UpstreamError, OSError, trio.TooSlowError) as exc:
+            return PeerFailure(ErrorCode.coordinator_not_available,
+                               f"Instance {owner.instance_id} coordinating the group did not answer: "
+                               f"{str(exc) or type(exc).__name__}")
+
+    async def from_leaders(self, request, version: int, partitions: Iterable[TopicPartition]) -> dict:
+        """(topic id, partition) -> the leading instance's InFlightPartition entry, or a PeerFailure."""
+        results: dict = {}
+        by_owner: dict[int, tuple[InstanceIdentity, dict[uuid.UUID, list[int]]]] = {}
+        for topic_id, partition in partitions:
+            owner = self._leader_of(topic_id, partition)
+            if owner is None:
+                results[(topic_id, partition)] = PeerFailure(
+                    ErrorCode.coordinator_not_available, "No instance leads the share-partition yet (a hand-over).")
+            else:
+                by_owner.setdefault(owner.slot, (owner, {}))[1].setdefault(topic_id, []).append(partition)
+        topic_type = self.api.requests[version].DescribeTopic
+
+        async def one(owner: InstanceIdentity, topics: dict[uuid.UUID, list[int]]) -> None:
+            asked = dataclasses.replace(request, topics=tuple(
+                topic_type(topic_id=t, partitions=tuple(sorted(ps))) for t, ps in sorted(topics.items(), key=str)))
+            try:
+                response = await self._call(owner, asked, version)
+            except (UpstreamError, OSError, trio.TooSlowError) as exc:
+                failure = PeerFailure(ErrorCode.coordinator_not_available,
+                                      f"Instance {owner.instance_id} leading the share-partition did not answer: "
+                                      f"{str(exc) or type(exc).__name__}")
+                results.update({(t, p): failure for t, ps in topics.items() for p in ps})
+                return
+            error = ErrorCode(int(response.error_code))  # the extension's classes carry plain ints
+            if error is not ErrorCode.none:
+                failure = PeerFailure(error, response.error_message or error.name)
+                results.update({(t, p): failure for t, ps in topics.items() for p in ps})
+                return
+            for topic in response.topics:
+                for entry in topic.partitions:
+                    results[(topic.topic_id, int(entry.partition_index))] = entry
+
+        async with trio.open_nursery() as nursery:
+            for owner, topics in by_owner.values():
+                nursery.start_soon(one, owner, topics)
+        return results
+
+
 def _by_topic(partitions: list[TopicPartition], outcome: Mapping[TopicPartition, tuple[ErrorCode, str | None]]):
     topics: dict[uuid.UUID, list[tuple[int, ErrorCode, str | None]]] = {}
     for topic_id, partition in partitions:
@@ -377,5 +460,5 @@ def _by_topic(partitions: list[TopicPartition], outcome: Mapping[TopicPartition,
     return list(topics.items())
 
 
-__all__ = ["PeerStateClient", "PeerStateServer", "GroupConfigMirror", "PeerSummary", "PeerFailure", "PEER_APIS",
+__all__ = ["PeerStateClient", "PeerStateServer", "GroupConfigMirror", "InFlightFanOut", "PeerSummary", "PeerFailure", "PEER_APIS",
            "INITIALIZE_SHARE_GROUP_STATE", "DELETE_SHARE_GROUP_STATE", "READ_SHARE_GROUP_STATE_SUMMARY"]

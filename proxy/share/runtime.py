@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import structlog
 import trio
 
+from codec import extensions
 from codec.extensions import DEFAULT_DESCRIBE_IN_FLIGHT_KEY, DEFAULT_MARK_IN_PROGRESS_KEY
 from codec.registry import DEFAULT_REGISTRY
 from confluent_kafka.admin import AdminClient
@@ -27,7 +28,7 @@ from proxy.server import Proxy
 from proxy.upstream import UpstreamClient, open_upstream
 from proxy.share import metrics, observe, state_layout, state_store
 from proxy.share.admin_routes import admin_routes, peer_routes, register_admin_versions
-from proxy.share.peers import PEER_APIS, GroupConfigMirror, PeerStateClient, PeerStateServer
+from proxy.share.peers import PEER_APIS, GroupConfigMirror, InFlightFanOut, PeerStateClient, PeerStateServer
 from proxy.share.authorization import AuthorizationPolicy
 from proxy.share.cluster import Cluster
 from proxy.share.dead_letters import DeadLetterCluster, DeadLetterSettings, DeadLetterWriter
@@ -259,6 +260,7 @@ class ScaleOut:
         self.group_admin: GroupAdmin | None = None
         self.connect_peer = None
         self.peer_unavailable_reason: str | None = None
+        self.in_flight_key = DEFAULT_DESCRIBE_IN_FLIGHT_KEY
 
     async def check_slot(self) -> None:
         """Refuse to start (OwnershipError) when another live instance claims this slot."""
@@ -298,6 +300,15 @@ class ScaleOut:
                 unavailable_reason=self.peer_unavailable_reason)
         if self.connect_peer is not None and self.peer_unavailable_reason is None:
             self._mirror_group_configs(member, routing, nursery)
+            ownership, live = self.service.ownership, routing.instances
+
+            def coordinator_of(group_id: str):
+                owner = member.map.owner_of(ownership.home_of_group(group_id))
+                return owner if owner is not None and owner.slot in {i.slot for i in live()} else None
+
+            self.service.in_flight_fan_out = InFlightFanOut(
+                extensions.describe_in_flight(self.in_flight_key), coordinator_of, owner_of, self.connect_peer,
+                timeout_s=self.settings.state_write_timeout_ms / 1000)
         log.info("joined the ownership group", group=self.group_id, instance=identity.instance_id, slot=self.slot)
 
     def _mirror_group_configs(self, member: OwnershipMember, routing: InstanceRouting, nursery: trio.Nursery) -> None:
@@ -522,6 +533,7 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
         service.scale_out.group_admin = group_admin
         service.scale_out.connect_peer = connect_peer
         service.scale_out.peer_unavailable_reason = unavailable
+        service.scale_out.in_flight_key = getattr(config, "describe_in_flight_api_key", DEFAULT_DESCRIBE_IN_FLIGHT_KEY)
     # The state topic is the proxy's: clients may read it, not write, delete or reconfigure it.
     state_topic_names = frozenset({settings.state_topic})
 

@@ -321,3 +321,70 @@ async def test_a_leader_takes_a_groups_overrides_from_its_coordinator_and_keeps_
             assert table["g"] == expected
         nursery.cancel_scope.cancel()
     assert len(asked) == 6 and answers == []
+
+
+# ----- the in-flight describe across instances ----------------------------------------------------
+
+
+class Ownership:
+    def __init__(self, leads: bool, coordinates: bool) -> None:
+        self._leads, self._coordinates = leads, coordinates
+
+    def leads(self, topic_id, partition) -> bool:
+        return self._leads
+
+    def coordinates(self, group_id) -> bool:
+        return self._coordinates
+
+
+async def test_the_coordinator_describes_in_flight_records_of_a_partition_another_instance_leads(
+        nursery, autojump_clock):
+    from codec import extensions
+    from proxy.share.in_flight import (
+        InFlightFilter,
+        _led_here,
+        _with_leaders,
+        describe_group_in_flight,
+        in_flight_response,
+        request_filter,
+        requested_partitions,
+    )
+    from proxy.share.peers import InFlightFanOut
+
+    coordinator, _, leader, _, _ = await two_instances(nursery)
+    await leader_with_progress(leader)  # 0-1 accepted, 2-3 acquired by "m"
+    api = extensions.describe_in_flight(82)
+    asked = []
+
+    class InFlightLoopback:
+        async def call(self, request, response_type):
+            request = round_trip(request)
+            asked.append(requested_partitions(request))
+            described = _led_here(describe_group_in_flight(leader.service, request.group_id,
+                                                           requested_partitions(request), request_filter(request),
+                                                           coordinated=False), Ownership(True, False))
+            return round_trip(in_flight_response(described, response_type))
+
+        async def aclose(self):
+            pass
+
+    async def connect(host, port):
+        return InFlightLoopback()
+
+    fan_out = InFlightFanOut(api, lambda g: COORDINATOR, lambda t, p: LEADER, connect)
+    request = api.requests[0](group_id=GROUP, topics=None, held_longer_than_ms=-1, progress_staleness_ms=-1,
+                              states=())
+    here = describe_group_in_flight(coordinator.service, GROUP, None, InFlightFilter())
+    assert here.topics[0].partitions[0].start_offset == -1  # the coordinator alone knows nothing of it
+
+    result = await _with_leaders(here, fan_out, Ownership(False, True), request, 0)
+
+    assert asked == [{TOPIC_ID: [0]}]  # only what that instance leads, named
+    (partition,) = result.topics[0].partitions
+    assert (partition.error, partition.start_offset, partition.end_offset) == (ErrorCode.none, 2, 4)
+    assert [(r.first_offset, r.last_offset, r.member_id.startswith("m")) for r in partition.ranges] == [(2, 3, True)]
+
+    # An instance asked for named share-partitions of a group it neither coordinates nor leads.
+    refused = _led_here(describe_group_in_flight(coordinator.service, GROUP, {TOPIC_ID: [0]}, InFlightFilter(),
+                                                 coordinated=False), Ownership(False, False))
+    assert refused.topics[0].partitions[0].error is ErrorCode.not_leader_or_follower
