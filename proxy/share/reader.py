@@ -53,6 +53,7 @@ requests hit them.
 from __future__ import annotations
 
 import itertools
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -87,6 +88,9 @@ MIN_FETCH_BYTES = 64 * 1024
 # A fetch whose member itself pins a full window is answered after this hold, doubling with each
 # early answer at the same SPSO (see Reader._pinned_deadline).
 SELF_PINNED_HOLD_S = 0.01
+
+
+MOVED_MESSAGE = "This share-partition moved to another proxy instance while the fetch waited; refresh metadata."
 
 
 class WorkSignal:
@@ -270,6 +274,9 @@ class Reader:
         self.max_batched_read_bytes = max(max_read_cache_bytes // 4, MIN_FETCH_BYTES)
         self._background = background
         self._rotation = itertools.count()
+        # Scale-out: whether this instance still leads a share-partition (ServiceOwnership.leads);
+        # a long poll whose partition is handed over mid-wait is answered at once. None: all.
+        self.leads: Callable[[uuid.UUID, int], bool] | None = None
 
     async def fetch_records(
         self, partitions, group_id: str, member_id: str, params: FetchParams,
@@ -282,6 +289,12 @@ class Reader:
         pinned_deadline: float | None = None  # the member itself holds a full window: answer by then
         while True:
             work = self.work.event
+            if self.leads is not None:
+                moved = [tp for tp in order if not self.leads(*tp)]
+                if moved:  # handed over mid-wait (give_up fires work): the client asks the new leader
+                    for tp in moved:
+                        results[tp] = Fetched(error=ErrorCode.not_leader_or_follower, message=MOVED_MESSAGE)
+                    order = [tp for tp in order if tp not in moved]
             idle_partitions: list[tuple[TopicIdPartition, int]] = []
             budget = _Budget(params.max_records, params.max_bytes)
             busy = await self._fetch_round(order, group_id, member_id, params, budget, results, idle_partitions)

@@ -480,6 +480,7 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
     service.restore(recovered)
     if scale_out:
         service.ownership = ServiceOwnership(state_partitions)
+        service.reader.leads = service.ownership.leads  # long polls answered at once on a hand-over
         # Writes go only to lanes this instance holds: a revoked partition is flushed (its lane still
         # held) before its lane is released; a lost one's lane is fenced already.
         service.commits.may_write = lambda route: writer.owns(settings.state_topic,

@@ -540,6 +540,22 @@ async def test_long_poll_wakes_when_records_arrive(harness, autojump_clock):
     assert trio.current_time() - start < 3
 
 
+async def test_a_long_poll_is_answered_at_once_when_its_share_partition_is_handed_over(harness, autojump_clock):
+    # Scale-out: the instance owns every state partition, then gives up the one homing TP mid-wait.
+    from proxy.share.ownership import ServiceOwnership
+
+    ownership = ServiceOwnership(3)
+    ownership.owned = frozenset({0, 1, 2})
+    harness.service.ownership, harness.service.reader.leads = ownership, ownership.leads
+    member = harness.member("m")
+    home = frozenset({ownership.home_of_partition(*TP)})
+    result, handed_at = await harness.long_poll_while(
+        member, 2, lambda: harness.service.give_up(home, flush=True))
+    assert result[TP].error is ErrorCode.not_leader_or_follower
+    assert trio.current_time() - handed_at < 0.1  # not at the end of the 10 s wait
+    assert harness.service.leaders.active((GROUP, *TP)) is None  # and not initialised again
+
+
 async def test_long_poll_wakes_when_another_member_releases(harness, autojump_clock):
     harness.cluster.append([b"a", b"b"])
     holder, waiter = harness.member("holder"), harness.member("waiter")
