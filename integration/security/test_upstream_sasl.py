@@ -162,7 +162,7 @@ def test_a_wrong_service_password_ends_start_up_with_one_clear_line_and_no_secre
     result, seconds = run_serve_expecting_exit(secured_kafka, *service_flags(secured_kafka, secret_file),
                                                env={"KSP_UPSTREAM_SASL_PASSWORD_FILE": str(secret_file)})
     assert result.returncode == 2, result.stderr[-3000:]
-    assert seconds < 10
+    assert seconds < 20  # fails at once, not after retrying (a loaded CI machine needed 11 s)
     lines = [line for line in result.stderr.splitlines() if line.startswith("share-proxy:")]
     address = secured_kafka.bootstrap
     assert lines == [f"share-proxy: upstream authentication failed as user 'admin' (SCRAM-SHA-512) at {address}: "
@@ -179,7 +179,7 @@ def test_a_ca_that_does_not_verify_the_brokers_is_a_clear_tls_error_at_start_up(
     result, seconds = run_serve_expecting_exit(secured_kafka, *service_flags(secured_kafka, password_file, ca=other_ca),
                                                env={"KSP_UPSTREAM_SASL_PASSWORD_FILE": str(password_file)})
     assert result.returncode == 2, result.stderr[-3000:]
-    assert seconds < 10
+    assert seconds < 20  # fails at once, not after retrying (a loaded CI machine needed 11 s)
     lines = [line for line in result.stderr.splitlines() if line.startswith("share-proxy:")]
     # The broker sends its CA with its certificate, so OpenSSL finds a root it does not trust
     # ("unable to get local issuer certificate" is what a broker sending only its leaf gives).

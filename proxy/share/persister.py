@@ -234,7 +234,7 @@ class StateLogWriter:
             self._producer.poll(0.05)
 
     async def partition_count(self, topic: str) -> int:
-        """Partitions of `topic` (metadata, cached until a routed write fails); PersistError if unknown."""
+        """Partitions of `topic` (metadata, read once); PersistError if unknown."""
         count = self._partition_counts.get(topic)
         if count is not None:
             return count
@@ -307,8 +307,10 @@ class StateLogWriter:
                     break
         await done.wait()
         if errors:
-            if routed:
-                self._partition_counts.pop(topic, None)  # e.g. partitions added: learn them again
+            # The partition count stays the one learnt first: records are homed by it, and a topic
+            # grown since is re-homed by the migration at the next start (state_layout.py), never
+            # mid-run. (Learning it again after a failed write cost a 10 s metadata call per retry
+            # through a broker outage.)
             raise PersistError(f"state write to {topic!r} failed: {errors[0]}")
 
     async def aclose(self, timeout_s: float = 10.0) -> None:

@@ -214,8 +214,7 @@ class TransactionalStateWriter:
         async with trio.open_nursery() as nursery:
             for partition, batch in by_partition.items():
                 nursery.start_soon(one, partition, batch)
-        if errors:
-            self._partition_counts.pop(topic, None)  # e.g. partitions added: learn them again
+        if errors:  # the partition count stays the one learnt first (see StateLogWriter.write)
             raise next((e for e in errors if isinstance(e, StateFenced)), errors[0])
 
     def owns(self, topic: str, partition: int) -> bool:
