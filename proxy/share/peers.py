@@ -142,19 +142,7 @@ class PeerStateClient:
 
     async def _call_owners(self, partitions: Iterable[TopicPartition], build, read) -> dict:
         """One call per owning instance (concurrently), each carrying all of its partitions."""
-        results: dict = {}
-        by_owner: dict[int, tuple[InstanceIdentity, dict[uuid.UUID, list[int]]]] = {}
-        for topic_id, partition in partitions:
-            owner = self._owner_of(topic_id, partition)
-            if owner is None:
-                results[(topic_id, partition)] = PeerFailure(
-                    ErrorCode.coordinator_not_available, "No instance owns the share-partition yet (a hand-over).")
-            elif self.unavailable_reason is not None:
-                results[(topic_id, partition)] = PeerFailure(
-                    ErrorCode.coordinator_not_available,
-                    f"The share-partition is led by instance {owner.instance_id}: {self.unavailable_reason}")
-            else:
-                by_owner.setdefault(owner.slot, (owner, {}))[1].setdefault(topic_id, []).append(partition)
+        results, by_owner = _by_owner(partitions, self._owner_of, self.unavailable_reason)
 
         async def one(owner: InstanceIdentity, topics: dict[uuid.UUID, list[int]]) -> None:
             asked = [(t, p) for t, ps in topics.items() for p in ps]
@@ -416,15 +404,7 @@ class InFlightFanOut:
 
     async def from_leaders(self, request, version: int, partitions: Iterable[TopicPartition]) -> dict:
         """(topic id, partition) -> the leading instance's InFlightPartition entry, or a PeerFailure."""
-        results: dict = {}
-        by_owner: dict[int, tuple[InstanceIdentity, dict[uuid.UUID, list[int]]]] = {}
-        for topic_id, partition in partitions:
-            owner = self._leader_of(topic_id, partition)
-            if owner is None:
-                results[(topic_id, partition)] = PeerFailure(
-                    ErrorCode.coordinator_not_available, "No instance leads the share-partition yet (a hand-over).")
-            else:
-                by_owner.setdefault(owner.slot, (owner, {}))[1].setdefault(topic_id, []).append(partition)
+        results, by_owner = _by_owner(partitions, self._leader_of)
         topic_type = self.api.requests[version].DescribeTopic
 
         async def one(owner: InstanceIdentity, topics: dict[uuid.UUID, list[int]]) -> None:
@@ -451,6 +431,26 @@ class InFlightFanOut:
             for owner, topics in by_owner.values():
                 nursery.start_soon(one, owner, topics)
         return results
+
+
+def _by_owner(partitions: Iterable[TopicPartition], owner_of: Callable[[uuid.UUID, int], InstanceIdentity | None],
+              unavailable_reason: str | None = None) -> tuple[dict, dict]:
+    """(failures by share-partition, {slot: (owner, {topic id: [partitions]})}): the partitions to
+    ask each owning instance about, and those with no owner to ask."""
+    failures: dict = {}
+    by_owner: dict[int, tuple[InstanceIdentity, dict[uuid.UUID, list[int]]]] = {}
+    for topic_id, partition in partitions:
+        owner = owner_of(topic_id, partition)
+        if owner is None:
+            failures[(topic_id, partition)] = PeerFailure(
+                ErrorCode.coordinator_not_available, "No instance leads the share-partition yet (a hand-over).")
+        elif unavailable_reason is not None:
+            failures[(topic_id, partition)] = PeerFailure(
+                ErrorCode.coordinator_not_available,
+                f"The share-partition is led by instance {owner.instance_id}: {unavailable_reason}")
+        else:
+            by_owner.setdefault(owner.slot, (owner, {}))[1].setdefault(topic_id, []).append(partition)
+    return failures, by_owner
 
 
 def _by_topic(partitions: list[TopicPartition], outcome: Mapping[TopicPartition, tuple[ErrorCode, str | None]]):
