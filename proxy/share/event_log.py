@@ -115,8 +115,9 @@ class EventSink:
     def produce(self, topic: str, key: bytes, value: bytes, on_done: Callable[[str | None], None]) -> bool:
         """Queue one record; False when the producer refuses it now (its queue is full)."""
         if self._fatal is not None:
-            # An idempotent producer that failed fatally never writes again: replace it.
-            log.error("replacing the event-log producer after a fatal error", error=self._fatal)
+            # An idempotent producer that failed fatally never writes again, and one that timed
+            # a record out may not for minutes (the state writer's note in persister.py): replace it.
+            log.error("replacing the event-log producer", reason=self._fatal)
             old, self._producer, self._fatal = self._producer, Producer(self._config), None
             old.purge()  # its queued records fail with _PURGE_QUEUE: counted as delivery_failed
             old.flush(0)
@@ -124,6 +125,8 @@ class EventSink:
         assert token is not None, "EventSink.start() was not called"
 
         def delivered(err: KafkaError | None, _msg: object) -> None:  # the poller thread
+            if err is not None and err.code() == KafkaError._MSG_TIMED_OUT and self._fatal is None:
+                self._fatal = f"{err.name()}: {err.str()}"
             token.run_sync_soon(on_done, None if err is None else f"{err.name()}: {err.str()}")
 
         try:

@@ -12,7 +12,7 @@ STATE_PARTITION_RECORDS = Counter("ksp_share_state_partition_records",
                                   "(--state-deltas on)", ["kind"])
 STATE_WRITABLE = Gauge("ksp_share_state_writable", "0 from a failed state-topic write until the next one succeeds, else 1")
 STATE_PRODUCER_RECREATED = Counter("ksp_share_state_producer_recreated",
-                                   "State producers replaced after a fatal producer error")
+                                   "State producers replaced after a fatal producer error or a timed-out state write")
 STATE_PARTITION_OWNED = Gauge("ksp_share_state_partition_owned",
                               "1 for each state-topic partition this instance owns in scale-out mode (--instance-id), "
                               "0 once given up", ["partition"])

@@ -126,9 +126,29 @@ async def test_routed_records_go_to_their_routes_partition_and_others_to_the_par
         producer.failures = 1
         with pytest.raises(PersistError):
             await writer.write("state", [(b"k", b"v", b"r")])
-        producer.partitions = 6  # partitions added mid-run: records stay homed by the count learnt first
+        made[-1].partitions = 6  # partitions added mid-run: records stay homed by the count learnt first
         await writer.write("state", [(b"k", b"v", b"r")])  # (the next start migrates them)
-        assert producer.metadata_reads == 1 and producer.produced[-1] == (b"k", route_partition(b"r", 3))
+        assert len(made) == 2  # the timed-out write replaced the producer
+        assert made[-1].metadata_reads == 0 and made[-1].produced[-1] == (b"k", route_partition(b"r", 3))
+    finally:
+        with trio.move_on_after(5):
+            await writer.aclose()
+
+
+async def test_a_timed_out_write_replaces_the_producer_before_the_retry():
+    """An idempotent producer that timed a record out may not deliver again for minutes (seen
+    against a restarted broker): the next write goes through a fresh one."""
+    made: list[RoutingProducer] = []
+    writer = StateLogWriter("unused:9092", producer_factory=lambda config: made.append(RoutingProducer(config))
+                            or made[-1])
+    writer.start()
+    try:
+        made[0].failures = 1  # its deliveries fail with _MSG_TIMED_OUT
+        with pytest.raises(PersistError, match="timed out|TIMED_OUT"):
+            await writer.write("state", [(b"k", b"v")])
+        await writer.write("state", [(b"k", b"v")])
+        assert len(made) == 2 and made[1].produced == [(b"k", None)]
+        assert writer.recreated == 1
     finally:
         with trio.move_on_after(5):
             await writer.aclose()
