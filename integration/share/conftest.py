@@ -346,8 +346,10 @@ class AcknowledgingConsumer(threading.Thread):
     The crash and outage tests record what happened through hooks:
     `on_delivery(message, polled_at)` sees each record before it is accepted;
     `on_acknowledged(offsets, error, sent_at)` is the acknowledgement-commit callback, `sent_at`
-    being when the first commit that carried any of those acknowledgements began (kept per record:
-    librdkafka may run the callback of a commit that failed at a disconnect during a later poll);
+    being the earliest moment any of those acknowledgements could have been sent -- when
+    `acknowledge()` was called (kept per record: librdkafka may send acknowledgements on a ShareFetch
+    of its own before commit_sync, and runs the callback of a commit that failed at a disconnect
+    during a later poll);
     `before_acknowledge(messages)`, if given, runs after each poll and may block to hold records.
     Poll, commit and per-message errors are kept in `errors` (transient while a proxy or broker is down).
     """
@@ -395,15 +397,15 @@ class AcknowledgingConsumer(threading.Thread):
                         self.errors.append(f"{self.name} message: {message.error()}")
                         continue
                     self.on_delivery(message, polled_at)
+                    # The earliest the acknowledgement can leave: librdkafka may carry it on a
+                    # ShareFetch of its own before commit_sync is called.
+                    self._acknowledgement_sent_at.setdefault((message.partition(), message.offset()),
+                                                             time.monotonic())
                     self.consumer.acknowledge(message)
                     acknowledged += 1
                 if acknowledged:
                     time.sleep(self.processing_s)
                     self.sent_at = time.monotonic()
-                    for message in messages:
-                        if message.error() is None:
-                            self._acknowledgement_sent_at.setdefault((message.partition(), message.offset()),
-                                                                     self.sent_at)
                     try:
                         self.consumer.commit_sync(30)
                     except KafkaException as exc:
