@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from proxy.route_cluster import route_describe_cluster, route_describe_topic_partitions, route_find_coordinator
 from proxy.route_metadata import route_metadata
-from proxy.share.ownership import OwnerMap, ServiceOwnership
+from proxy.share.ownership import InstanceIdentity, OwnerMap, ServiceOwnership
 from proxy.vnodes import Instance
 
 GROUP_KEY_TYPE = 0
@@ -48,33 +48,43 @@ class InstanceRouting:
         found[self.slot] = self.self_instance
         return [found[slot] for slot in sorted(found)]
 
-    def _owner(self, home: int, live: set[int]) -> int | None:
-        owner = self._owner_map().owner_of(home)
-        return owner.slot if owner is not None and owner.slot in live else None
+    def live_owner(self, home: int) -> InstanceIdentity | None:
+        """The instance owning state partition ``home``, if it is live (in the group, or this one)."""
+        owner_map = self._owner_map()
+        owner = owner_map.owner_of(home)
+        if owner is None or (owner.slot != self.slot and all(i.slot != owner.slot for i in owner_map.instances)):
+            return None
+        return owner
 
-    def owner_slot(self, topic_name: str | None, topic_id: uuid.UUID | None, partition: int,
-                   live: set[int] | None = None) -> int:
+    def partition_owner(self, topic_id: uuid.UUID, partition: int) -> InstanceIdentity | None:
+        """The live instance leading share-partitions of (topic id, partition), or None mid-hand-over."""
+        return self.live_owner(self.ownership.home_of_partition(topic_id, partition))
+
+    def group_coordinator(self, group_id: str) -> InstanceIdentity | None:
+        """The live instance coordinating ``group_id``, or None mid-hand-over."""
+        return self.live_owner(self.ownership.home_of_group(group_id))
+
+    def owner_slot(self, topic_name: str | None, topic_id: uuid.UUID | None, partition: int) -> int:
         if topic_id is None or topic_id == _NO_TOPIC_ID:
             topic_id = self._topic_id_of(topic_name) if topic_name else None
             if topic_id is None:
                 return self.slot  # a topic the proxy has not seen: not a share-partition it knows
-        live = live if live is not None else {i.slot for i in self.instances()}
-        owner = self._owner(self.ownership.home_of_partition(topic_id, partition), live)
-        return self.slot if owner is None else owner
+        owner = self.partition_owner(topic_id, partition)
+        return self.slot if owner is None else owner.slot
 
     def slot_for_key(self, key: str, key_type: int) -> int | None:
         if key_type != GROUP_KEY_TYPE:
             return self.slot  # transactions and share-state keys: forwarded as ever, by this instance
-        return self._owner(self.ownership.home_of_group(key), {i.slot for i in self.instances()})
+        owner = self.group_coordinator(key)
+        return None if owner is None else owner.slot
 
     def leader_hint(self, tp: tuple[uuid.UUID, int], leader: int, epoch: int) -> tuple[int, int, tuple[str, int] | None]:
         """Where a share-partition refused here (NOT_LEADER_OR_FOLLOWER) is led: the owning
         instance's node for the upstream ``leader``, the upstream epoch (unchanged, as Metadata), and
         that node's endpoint -- or (-1, -1, None) while no other instance owns it (the client then
         refreshes metadata)."""
-        instances = self.instances()
-        slot = self.owner_slot(None, tp[0], tp[1], {i.slot for i in instances})
-        owner = next((i for i in instances if i.slot == slot), None)
+        slot = self.owner_slot(None, tp[0], tp[1])
+        owner = next((i for i in self.instances() if i.slot == slot), None)
         if slot == self.slot or owner is None or leader < 0:
             return -1, -1, None
         return owner.node_for(leader), epoch, (owner.host, owner.port_for(leader))
@@ -82,10 +92,7 @@ class InstanceRouting:
     # ----- the three responses -----------------------------------------------------------------
 
     def metadata(self, api_version: int, payload: bytes) -> bytes:
-        instances = self.instances()
-        live = {i.slot for i in instances}
-        return route_metadata(api_version, payload, lambda name, tid, p: self.owner_slot(name, tid, p, live),
-                              instances, self.slot)
+        return route_metadata(api_version, payload, self.owner_slot, self.instances(), self.slot)
 
     def find_coordinator(self, api_version: int, payload: bytes, request) -> bytes:
         key_type = int(getattr(request, "key_type", GROUP_KEY_TYPE) or GROUP_KEY_TYPE)
@@ -96,6 +103,4 @@ class InstanceRouting:
         return route_describe_cluster(api_version, payload, self.instances(), self.slot)
 
     def describe_topic_partitions(self, api_version: int, payload: bytes) -> bytes:
-        live = {i.slot for i in self.instances()}
-        return route_describe_topic_partitions(api_version, payload,
-                                               lambda name, tid, p: self.owner_slot(name, tid, p, live))
+        return route_describe_topic_partitions(api_version, payload, self.owner_slot)

@@ -289,29 +289,18 @@ class ScaleOut:
             Instance(self.slot, identity.host, identity.port_base), topic_id_of)
         self.service.leader_hint = routing.leader_hint
         if self.group_admin is not None and self.connect_peer is not None:
-            ownership, live = self.service.ownership, routing.instances
-
-            def owner_of(topic_id, partition: int):
-                owner = member.map.owner_of(ownership.home_of_partition(topic_id, partition))
-                return owner if owner is not None and owner.slot in {i.slot for i in live()} else None
-
             self.group_admin.peers = PeerStateClient(
-                self.slot, owner_of, self.connect_peer, timeout_s=self.settings.state_write_timeout_ms / 1000,
+                self.slot, routing.partition_owner, self.connect_peer, timeout_s=self.settings.state_write_timeout_ms / 1000,
                 unavailable_reason=self.peer_unavailable_reason)
         if self.connect_peer is not None and self.peer_unavailable_reason is None:
-            self._mirror_group_configs(member, routing, nursery)
-            ownership, live = self.service.ownership, routing.instances
-
-            def coordinator_of(group_id: str):
-                owner = member.map.owner_of(ownership.home_of_group(group_id))
-                return owner if owner is not None and owner.slot in {i.slot for i in live()} else None
-
+            self._mirror_group_configs(routing, nursery)
             self.service.in_flight_fan_out = InFlightFanOut(
-                extensions.describe_in_flight(self.in_flight_key), coordinator_of, owner_of, self.connect_peer,
+                extensions.describe_in_flight(self.in_flight_key), routing.group_coordinator, routing.partition_owner,
+                self.connect_peer,
                 timeout_s=self.settings.state_write_timeout_ms / 1000)
         log.info("joined the ownership group", group=self.group_id, instance=identity.instance_id, slot=self.slot)
 
-    def _mirror_group_configs(self, member: OwnershipMember, routing: InstanceRouting, nursery: trio.Nursery) -> None:
+    def _mirror_group_configs(self, routing: InstanceRouting, nursery: trio.Nursery) -> None:
         """Leaders read the configs of groups coordinated elsewhere from their coordinators."""
         service, ownership, coordinator = self.service, self.service.ownership, self.service.coordinator
 
@@ -319,9 +308,8 @@ class ScaleOut:
             return {key[0] for key in service.leaders.keys() if not ownership.coordinates(key[0])}
 
         def coordinator_of(group_id: str):
-            owner = member.map.owner_of(ownership.home_of_group(group_id))
-            live = {i.slot for i in routing.instances()}
-            return owner if owner is not None and owner.slot in live and owner.slot != self.slot else None
+            owner = routing.group_coordinator(group_id)
+            return owner if owner is not None and owner.slot != self.slot else None
 
         mirror = GroupConfigMirror(
             groups, coordinator_of, self.connect_peer,

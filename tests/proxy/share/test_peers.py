@@ -31,28 +31,34 @@ def round_trip(entity):
     return decode_entity(type(entity), encode(entity))
 
 
-class Loopback:
-    """A connection to the leader's PeerStateServer; records what was asked."""
+class LoopbackPeer:
+    """A peer connection whose far side is ``answer(request as decoded there, *args)``; the answer
+    comes back encoded and decoded too."""
 
-    def __init__(self, server: PeerStateServer, asked: list) -> None:
-        self.server = server
-        self.asked = asked
+    def __init__(self, answer) -> None:
+        self.answer = answer
 
-    async def call(self, request):
-        request = round_trip(request)
-        key = int(request.__api_key__)
-        self.asked.append((key, request.group_id, [(t.topic_id, int(p.partition)) for t in request.topics
-                                                   for p in t.partitions]))
-        if key == READ_SHARE_GROUP_STATE_SUMMARY:
-            response = self.server.read_summary(request)
-        elif key == DELETE_SHARE_GROUP_STATE:
-            response = await self.server.delete_state(request)
-        else:
-            response = await self.server.initialize_state(request)
-        return round_trip(response)
+    async def call(self, request, *args):
+        return round_trip(await self.answer(round_trip(request), *args))
 
     async def aclose(self) -> None:
         pass
+
+
+def state_server_peer(server: PeerStateServer, asked: list) -> LoopbackPeer:
+    """A connection to the leader's PeerStateServer; records what was asked."""
+
+    async def answer(request):
+        key = int(request.__api_key__)
+        asked.append((key, request.group_id, [(t.topic_id, int(p.partition)) for t in request.topics
+                                              for p in t.partitions]))
+        if key == READ_SHARE_GROUP_STATE_SUMMARY:
+            return server.read_summary(request)
+        if key == DELETE_SHARE_GROUP_STATE:
+            return await server.delete_state(request)
+        return await server.initialize_state(request)
+
+    return LoopbackPeer(answer)
 
 
 async def two_instances(nursery, *, leads=lambda topic_id, partition: True, reachable=True):
@@ -68,7 +74,7 @@ async def two_instances(nursery, *, leads=lambda topic_id, partition: True, reac
         assert (host, port) == (LEADER.host, LEADER.bootstrap_port)
         if not reachable:
             raise UpstreamError("connection refused")
-        return Loopback(server, asked)
+        return state_server_peer(server, asked)
 
     coordinator_admin.peers = PeerStateClient(COORDINATOR.slot, lambda topic_id, partition: LEADER, connect,
                                               timeout_s=5)
@@ -257,23 +263,6 @@ def describe_configs_answer(configs: dict[str, dict[str, tuple[str, int]]], erro
         for group, entries in configs.items())))
 
 
-class ConfigPeer:
-    def __init__(self, answers: list, asked: list) -> None:
-        self.answers = answers
-        self.asked = asked
-
-    async def call(self, request):
-        request = round_trip(request)
-        self.asked.append([(int(r.resource_type), r.resource_name, r.configuration_keys) for r in request.resources])
-        answer = self.answers.pop(0)
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
-
-    async def aclose(self):
-        pass
-
-
 def config_mirror(answers: list, groups=("g",), owner=COORDINATOR):
     from proxy.share.peers import GroupConfigMirror
 
@@ -282,7 +271,15 @@ def config_mirror(answers: list, groups=("g",), owner=COORDINATOR):
 
     async def connect(host, port):
         assert (host, port) == (owner.host, owner.bootstrap_port)
-        return ConfigPeer(answers, asked)
+        async def answer(request):
+            asked.append([(int(r.resource_type), r.resource_name, r.configuration_keys)
+                          for r in request.resources])
+            answer = answers.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+        return LoopbackPeer(answer)
 
     def apply(group, overrides):
         if overrides.get("share.record.lock.duration.ms") == "1":
@@ -356,20 +353,15 @@ async def test_the_coordinator_describes_in_flight_records_of_a_partition_anothe
     api = extensions.describe_in_flight(82)
     asked = []
 
-    class InFlightLoopback:
-        async def call(self, request, response_type):
-            request = round_trip(request)
-            asked.append(requested_partitions(request))
-            described = _led_here(describe_group_in_flight(leader.service, request.group_id,
-                                                           requested_partitions(request), request_filter(request),
-                                                           coordinated=False), Ownership(True, False))
-            return round_trip(in_flight_response(described, response_type))
-
-        async def aclose(self):
-            pass
+    async def answer(request, response_type):
+        asked.append(requested_partitions(request))
+        described = _led_here(describe_group_in_flight(leader.service, request.group_id,
+                                                       requested_partitions(request), request_filter(request),
+                                                       coordinated=False), Ownership(True, False))
+        return in_flight_response(described, response_type)
 
     async def connect(host, port):
-        return InFlightLoopback()
+        return LoopbackPeer(answer)
 
     fan_out = InFlightFanOut(api, lambda g: COORDINATOR, lambda t, p: LEADER, connect)
     request = api.requests[0](group_id=GROUP, topics=None, held_longer_than_ms=-1, progress_staleness_ms=-1,
