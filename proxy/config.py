@@ -210,6 +210,8 @@ class ProxyConfig:
     listener_ssl_cipher_suites: str | None = None  # OpenSSL cipher list; None: Python's secure defaults
     listener_ssl_handshake_timeout_ms: int = 10_000
     listener_ssl_reload_interval_ms: int = 10_000
+    # Scale-out: CA other instances' listener certificates are verified against (peer calls).
+    peer_ssl_ca_location: str | None = None
     # Upstream side: every connection to the brokers (clients' pass-through and the proxy's own).
     upstream_security_protocol: str = "PLAINTEXT"  # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
     upstream_ssl_ca_location: str | None = None  # None: the system's trusted CAs
@@ -358,6 +360,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("listener_ssl_cipher_suites", parse_optional_str, "OpenSSL cipher list for TLS 1.2 on the listeners (default: Python's secure default list)", "CIPHERS"),
     Option("listener_ssl_handshake_timeout_ms", int, "a client's TLS handshake must finish within this, or its connection is closed (default 10000)", "MS"),
     Option("listener_ssl_reload_interval_ms", int, "how often the listener certificate, key and CA files are checked for changes; changed files serve new connections (default 10000; SIGHUP reloads at once)", "MS"),
+    Option("peer_ssl_ca_location", parse_optional_str, "scale-out over TLS listeners: PEM CA bundle other instances' listener certificates are verified against (default: --listener-ssl-ca-location, else the system's trusted CAs)", "FILE"),
     Option("upstream_security_protocol", parse_choice("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"), "how the proxy connects to the brokers: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL (default PLAINTEXT); clients' SASL passes through on their own upstream connections", "PROTOCOL"),
     Option("upstream_ssl_ca_location", parse_optional_str, "PEM CA bundle the brokers' certificates are verified against (default: the system's trusted CAs)", "FILE"),
     Option("upstream_ssl_certificate_location", parse_optional_str, "PEM client certificate the proxy presents to the brokers (optional)", "FILE"),
@@ -549,6 +552,9 @@ def _validate_security(config: ProxyConfig) -> None:
         if not config.listener_ssl_ca_location:
             raise ConfigError(f"listener_ssl_client_auth {config.listener_ssl_client_auth} needs listener_ssl_ca_location "
                               "(the CA client certificates are verified against)")
+    if config.peer_ssl_ca_location and not config.listener_tls:
+        raise ConfigError("peer_ssl_ca_location needs TLS listeners (listener_ssl_certificate_location): "
+                          "instances call each other on their listeners")
     if config.listener_ssl_handshake_timeout_ms < 1:
         raise ConfigError("listener_ssl_handshake_timeout_ms must be at least 1")
     if config.listener_ssl_reload_interval_ms < 0:

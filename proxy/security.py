@@ -219,6 +219,38 @@ def upstream_context(config: ProxyConfig) -> ssl.SSLContext:
     return context
 
 
+def peer_context(config: ProxyConfig) -> ssl.SSLContext:
+    """Client context for calls to other instances' TLS listeners (scale-out): their certificates
+    verified against ``peer_ssl_ca_location`` (else ``listener_ssl_ca_location``, else the system's
+    CAs) with host names checked -- they name the advertised host, as clients verify it; the
+    listener certificate presented when the listeners ask clients for one."""
+    ca = config.peer_ssl_ca_location or config.listener_ssl_ca_location
+    if ca is not None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        _load_ca(context, "peer", ca)
+    else:
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    context.minimum_version = _MIN_VERSIONS[config.listener_ssl_min_version]
+    context.check_hostname = True
+    context.verify_mode = ssl.CERT_REQUIRED
+    if config.listener_ssl_client_auth != "none" and config.listener_ssl_certificate_location is not None:
+        _load_certificate_and_key(context, "peer", config.listener_ssl_certificate_location,
+                                  config.listener_ssl_key_location, config.listener_ssl_key_password)
+    return context
+
+
+def peer_security(config: ProxyConfig) -> UpstreamSecurity | None:
+    """How one instance reaches another's listener: TLS when the listeners serve it, and the
+    service credentials when clients authenticate (the listener passes the exchange through to a
+    broker, so a peer call carries the service principal). None: plaintext, unauthenticated."""
+    context = peer_context(config) if config.listener_tls else None
+    upstream = UpstreamSecurity.from_config(config)
+    sasl = upstream.sasl if upstream is not None else None
+    if context is None and sasl is None:
+        return None
+    return UpstreamSecurity(context, sasl)
+
+
 def librdkafka_config(config: ProxyConfig) -> dict[str, str]:
     """The upstream security settings as librdkafka properties -- only what is set, so a
     PLAINTEXT proxy's clients get exactly the properties they had before."""

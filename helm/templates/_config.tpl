@@ -29,7 +29,7 @@ Passwords never appear here: only the paths of the mounted Secret files.
 {{- define "kafka-share-proxy.managedKeys" -}}
 {{- toJson (list "upstream" "listen" "advertised-host" "broker-port-base" "metrics-port" "metrics-host" "log-level" "log-json" "disable-share-groups" "config"
   "listener-ssl-certificate-location" "listener-ssl-key-location" "listener-ssl-key-password" "listener-ssl-key-password-file"
-  "listener-ssl-ca-location" "listener-ssl-client-auth" "listener-ssl-min-version" "listener-ssl-reload-interval-ms"
+  "listener-ssl-ca-location" "listener-ssl-client-auth" "listener-ssl-min-version" "listener-ssl-reload-interval-ms" "peer-ssl-ca-location"
   "upstream-security-protocol" "upstream-ssl-ca-location" "upstream-ssl-certificate-location" "upstream-ssl-key-location"
   "upstream-ssl-key-password" "upstream-ssl-key-password-file" "upstream-ssl-endpoint-identification-algorithm"
   "upstream-sasl-mechanism" "upstream-sasl-username" "upstream-sasl-password" "upstream-sasl-password-file") }}
@@ -150,6 +150,10 @@ listener-ssl-ca-location = {{ printf "%s/listener-tls/%s" $dir .caKey | toJson }
 listener-ssl-client-auth = {{ .clientAuth | toJson }}
 listener-ssl-min-version = {{ .minVersion | toJson }}
 listener-ssl-reload-interval-ms = {{ int .reloadIntervalMs }}
+{{- if and (hasKey $v "scaleOut") $v.scaleOut.enabled }}
+# Instances call each other on these listeners; the Secret's CA verifies the other pods' certificates.
+peer-ssl-ca-location = {{ printf "%s/listener-tls/%s" $dir .caKey | toJson }}
+{{- end }}
 {{- end }}
 {{- end }}
 

@@ -53,8 +53,8 @@ pytestmark = pytest.mark.integration
 STATE_PARTITIONS = 6
 
 
-def topic_id_of(bootstrap: str, topic: str) -> uuid.UUID:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+def topic_id_of(bootstrap: str, topic: str, client_config: dict | None = None) -> uuid.UUID:
+    admin = AdminClient({"bootstrap.servers": bootstrap, **(client_config or {})})
     found = admin.describe_topics(TopicCollection([topic]))[topic].result().topic_id
     return uuid.UUID(int=((found.get_most_significant_bits() & (2**64 - 1)) << 64)
                      | (found.get_least_significant_bits() & (2**64 - 1)))
@@ -66,9 +66,9 @@ def port_base_flags(kafka) -> tuple[str, str]:
     return "--broker-port-base", str(free_port() - kafka.broker_id)
 
 
-def owners(bootstrap: str, state_topic: str) -> dict[int, str]:
+def owners(bootstrap: str, state_topic: str, client_config: dict | None = None) -> dict[int, str]:
     """State partition -> instance id, from the ownership group's description."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap, **(client_config or {})})
     members = describe_members(admin, f"{DEFAULT_GROUP_PREFIX}.{state_topic}")
     return {p: identity.instance_id for p, identity in owner_map(members, state_topic).owners.items()}
 
@@ -90,10 +90,11 @@ def group_homed_on(homes: ServiceOwnership, partitions: set[int]) -> str:
 
 class Instances:
     """``count`` proxies with --instance-id on one fresh state topic, settled: every state partition
-    owned, and each instance's owned-partition gauge agreeing with the ownership group."""
+    owned, and each instance's owned-partition gauge agreeing with the ownership group.
+    ``client_config``: how the test reaches a secured broker (its own AdminClient)."""
 
-    def __init__(self, kafka, share_proxy, count: int) -> None:
-        self.kafka = kafka
+    def __init__(self, kafka, share_proxy, count: int, client_config: dict | None = None) -> None:
+        self.kafka, self.client_config = kafka, client_config
         self.state_topic = f"__share_proxy_state_scale_{uuid.uuid4().hex[:12]}"
         self.ids = tuple(f"ksp-{i}" for i in range(count))
         self.ports = {iid: free_port() for iid in self.ids}
@@ -112,7 +113,7 @@ class Instances:
                            f"{ {iid: owned_by_metrics(p) for iid, p in self.ports.items()} }")
 
     def owners(self) -> dict[int, str]:
-        return owners(self.kafka.bootstrap, self.state_topic)
+        return owners(self.kafka.bootstrap, self.state_topic, self.client_config)
 
     @property
     def bootstrap(self) -> str:

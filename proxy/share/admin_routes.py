@@ -58,10 +58,12 @@ from proxy.share.peers import (
     PeerStateServer,
 )
 from proxy.share.enforce import (
+    CLUSTER_DENIED_MESSAGE,
     GROUP_DENIED_MESSAGE,
     TOPIC_DENIED_MESSAGE,
     authorization_for,
     group_allowed,
+    instance_allowed,
     topics_allowed,
 )
 from proxy.share.group_admin import (
@@ -369,16 +371,15 @@ def admin_routes(admin: GroupAdmin, broker_ids: Callable[[], Collection[int]],
 
 def peer_routes(server: PeerStateServer, policy: AuthorizationPolicy | None = None) -> dict[int, object]:
     """Routes for the share-state RPCs instances send each other in scale-out (proxy/share/peers.py).
-    Under enforced ACLs the caller needs what the public API asks: DESCRIBE on the group to read a
-    summary, READ to initialise, DELETE to delete."""
-    operations = {READ_SHARE_GROUP_STATE_SUMMARY: Operation.DESCRIBE, INITIALIZE_SHARE_GROUP_STATE: Operation.READ,
-                  DELETE_SHARE_GROUP_STATE: Operation.DELETE}
+    Under enforced ACLs only a proxy instance may call them (WRITE on the state topic,
+    :meth:`Authorization.is_instance`), where Kafka asks CLUSTER_ACTION: they act on any group's
+    state, and the calling instance authorized its own client. Others: CLUSTER_AUTHORIZATION_FAILED."""
 
     def route(api_key: int, serve):
         async def handle(entity, request: Request, connection: ClientConnection):
             authz = authorization_for(policy, connection)
-            if authz is not None and not await group_allowed(authz, api_key, entity.group_id, operations[api_key]):
-                return server.refuse(api_key, entity, ErrorCode.group_authorization_failed, GROUP_DENIED_MESSAGE)
+            if authz is not None and not await instance_allowed(authz, api_key):
+                return server.refuse(api_key, entity, ErrorCode.cluster_authorization_failed, CLUSTER_DENIED_MESSAGE)
             return await serve(entity)
         return _local(handle)
 

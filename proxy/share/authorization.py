@@ -230,8 +230,10 @@ class _Waiting:
 class Authorization:
     """What one client connection's principal may do, asked on that connection, cached briefly."""
 
-    def __init__(self, call: Call, *, ttl_ms: int = 5_000, clock: Clock = monotonic_ms) -> None:
+    def __init__(self, call: Call, *, ttl_ms: int = 5_000, clock: Clock = monotonic_ms,
+                 instance_topic: str | None = None) -> None:
         self._call = call
+        self.instance_topic = instance_topic
         self.ttl_ms = ttl_ms
         self._clock = clock
         self._cache: dict[tuple, tuple[int, Any]] = {}
@@ -259,6 +261,14 @@ class Authorization:
             return allowed
 
         return await self._coalesced(key, probe)
+
+    async def is_instance(self) -> bool:
+        """Whether the principal is a proxy instance's: it may WRITE the state topic
+        (``instance_topic``), which the proxy keeps from every client. Scale-out's calls between
+        instances are authorized by this, where Kafka asks CLUSTER_ACTION of its brokers."""
+        if self.instance_topic is None:
+            return False
+        return self.instance_topic in await self.topics({self.instance_topic}, Operation.WRITE)
 
     async def group_operations(self, group_id: str) -> int:
         """The group's AuthorizedOperations bitfield, as Kafka's describe APIs report it."""
@@ -383,10 +393,13 @@ class AuthorizationPolicy:
 
     RETRY_S = (1.0, 30.0)  # auto mode: first and longest wait between attempts to decide
 
-    def __init__(self, mode: str = "auto", *, ttl_ms: int = 5_000, clock: Clock = monotonic_ms) -> None:
+    def __init__(self, mode: str = "auto", *, ttl_ms: int = 5_000, clock: Clock = monotonic_ms,
+                 instance_topic: str | None = None) -> None:
         if mode not in ("auto", "cluster", "off"):
             raise ValueError(f"share_authorization must be auto, cluster or off, not {mode!r}")
         self.mode = mode
+        #: The state topic: WRITE on it marks a proxy instance's principal (Authorization.is_instance).
+        self.instance_topic = instance_topic
         self.ttl_ms = ttl_ms
         self._clock = clock
         #: auto mode: True = the cluster has an authorizer, False = it has none, None = not known yet.
@@ -407,7 +420,7 @@ class AuthorizationPolicy:
         if not self.active:
             return None
         return connection.authorizer(lambda: Authorization(connection.call_upstream, ttl_ms=self.ttl_ms,
-                                                           clock=self._clock))
+                                                           clock=self._clock, instance_topic=self.instance_topic))
 
     async def decide(self, ask: Callable[[], Awaitable[bool]]) -> bool | None:
         """Auto mode, one attempt: `ask` says whether the cluster has an authorizer (on the proxy's

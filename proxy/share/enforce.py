@@ -20,6 +20,7 @@ from proxy.share.authorization import Authorization, AuthorizationPolicy, Operat
 # Errors.X.message() of Kafka's clients library: what getErrorResponse(Errors.X.exception) carries.
 GROUP_DENIED_MESSAGE = "Group authorization failed."
 TOPIC_DENIED_MESSAGE = "Topic authorization failed."
+CLUSTER_DENIED_MESSAGE = "Cluster authorization failed."
 # KafkaApis.handleShareGroupDescribe / handleConsumerGroupDescribe.
 DESCRIBED_TOPICS_DENIED_MESSAGE = "The group has described topic(s) that the client is not authorized to describe."
 
@@ -41,6 +42,24 @@ async def group_allowed(authz: Authorization, api_key: int, group_id: str, opera
     if not allowed:
         count_denied(api_key, GROUP)
     return allowed
+
+
+async def instance_allowed(authz: Authorization, api_key: int) -> bool:
+    """Whether the caller is a proxy instance (:meth:`Authorization.is_instance`); counted as a
+    cluster denial when not (Kafka's share-state RPCs ask CLUSTER_ACTION on the cluster)."""
+    allowed = await authz.is_instance()
+    if not allowed:
+        count_denied(api_key, CLUSTER)
+    return allowed
+
+
+async def group_or_instance_allowed(authz: Authorization, api_key: int, group_id: str, operation: Operation) -> bool:
+    """`operation` on the group, or the caller is a proxy instance asking on a client's behalf (the
+    instance that received the client's request authorized the client)."""
+    if await authz.group(group_id, operation) or await authz.is_instance():
+        return True
+    count_denied(api_key, GROUP)
+    return False
 
 
 async def topics_allowed(authz: Authorization, api_key: int, names: Iterable[str], operation: Operation) -> set[str]:
@@ -70,5 +89,5 @@ def topic_check(authz: Authorization, cluster: Any, api_key: int, operation: Ope
     return check
 
 
-__all__ = ["authorization_for", "count_denied", "group_allowed", "topics_allowed", "topic_check",
-           "GROUP_DENIED_MESSAGE", "TOPIC_DENIED_MESSAGE", "DESCRIBED_TOPICS_DENIED_MESSAGE"]
+__all__ = ["authorization_for", "count_denied", "group_allowed", "group_or_instance_allowed", "instance_allowed",
+           "topics_allowed", "topic_check", "CLUSTER_DENIED_MESSAGE", "GROUP_DENIED_MESSAGE", "TOPIC_DENIED_MESSAGE", "DESCRIBED_TOPICS_DENIED_MESSAGE"]

@@ -53,7 +53,7 @@ from proxy.share import state_store
 from proxy.share.commit import CommitPipeline
 from proxy.share.coordinator import ShareGroupCoordinator
 from proxy.share.authorization import AuthorizationPolicy, Operation
-from proxy.share.enforce import GROUP_DENIED_MESSAGE, authorization_for, group_allowed
+from proxy.share.enforce import GROUP_DENIED_MESSAGE, authorization_for, group_allowed, group_or_instance_allowed
 from proxy.share.group_config import GroupConfigError, altered_overrides, describe_group_config, is_share_group_key
 
 log = structlog.get_logger(__name__)
@@ -204,8 +204,10 @@ class GroupConfigRoute:
         authz = authorization_for(self.policy, connection)
         if authz is None:
             return set()
-        return {i for i, r in enumerate(resources)
-                if not await group_allowed(authz, api_key, r.resource_name, operation)}
+        # Leaders in scale-out read a group's configs from its coordinator as themselves
+        # (GroupConfigMirror): an instance's principal may describe any group's configs.
+        allowed = group_or_instance_allowed if operation is Operation.DESCRIBE_CONFIGS else group_allowed
+        return {i for i, r in enumerate(resources) if not await allowed(authz, api_key, r.resource_name, operation)}
 
     async def start(self, request: Request, connection: ClientConnection) -> None:
         header = request.header

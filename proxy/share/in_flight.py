@@ -52,7 +52,7 @@ from proxy.apiversions import VersionRange
 from proxy.connection import ClientConnection, Request, ServeLocally
 from proxy.route_split import response_payload
 from proxy.share.authorization import AuthorizationPolicy, Operation
-from proxy.share.enforce import TOPIC_DENIED_MESSAGE, authorization_for, group_allowed, topics_allowed
+from proxy.share.enforce import TOPIC_DENIED_MESSAGE, authorization_for, group_or_instance_allowed, topics_allowed
 from proxy.share.partition import InFlightRun, PartitionConfig
 from proxy.share.peers import PeerFailure
 from proxy.share.states import RecordState
@@ -314,7 +314,10 @@ def in_flight_routes(service, api_key: int = extensions.DEFAULT_DESCRIBE_IN_FLIG
         body = memoryview(request.frame)[request.body_offset:]
         entity = decode_entity(api.requests[header.api_version], body)  # MessageDecodeError closes the connection
         authz = authorization_for(policy, connection)
-        if authz is not None and not await group_allowed(authz, api_key, entity.group_id, Operation.DESCRIBE):
+        # A coordinating instance fanning a client's request out calls as itself (the client was
+        # authorized where it asked), so an instance's principal passes too.
+        if authz is not None and not await group_or_instance_allowed(authz, api_key, entity.group_id,
+                                                                     Operation.DESCRIBE):
             result = GroupInFlight(entity.group_id, ErrorCode.group_authorization_failed, None)
             return response_payload(request, in_flight_response(result, api.responses[header.api_version]))
         requested = requested_partitions(entity)

@@ -23,11 +23,14 @@ A leader also keeps a copy of the configs of groups coordinated elsewhere
 (:class:`GroupConfigMirror`: DescribeConfigs at the coordinator, before the group's first
 share-partition is initialised here and every ``--share-config-refresh-ms``).
 
-**What is not built here:** peer calls speak plaintext without SASL, so they need the instances'
-listeners to be plaintext (TLS or SASL listeners answer the admin operation's remote partitions
-with the error above, naming the reason). When the cluster's ACLs are enforced the owner asks the
-caller's principal what the public API would (DESCRIBE / READ / DELETE on the group), so a peer
-call from an anonymous connection is refused there.
+**Security.** An instance reaches another's listener as a client does (``proxy.security.peer_security``):
+over TLS when the listeners serve it (the other's certificate verified against ``--peer-ssl-ca-location``,
+host name checked), authenticated with the proxy's service credentials when clients authenticate
+(the listener passes the exchange to a broker, as for any client). Under the cluster's ACLs the
+three RPCs are served only to a proxy instance's principal -- one that may WRITE the state topic,
+which no client may -- where Kafka asks CLUSTER_ACTION; anyone else is answered
+``CLUSTER_AUTHORIZATION_FAILED``. The instance that received the client's request authorized
+that client first.
 """
 
 from __future__ import annotations
@@ -89,14 +92,11 @@ class PeerStateClient:
     client (:class:`proxy.upstream.UpstreamClient` in production, a fake in unit tests)."""
 
     def __init__(self, self_slot: int, owner_of: Callable[[uuid.UUID, int], InstanceIdentity | None],
-                 connect: Callable[[str, int], Awaitable[object]], *, timeout_s: float = 30.0,
-                 unavailable_reason: str | None = None) -> None:
+                 connect: Callable[[str, int], Awaitable[object]], *, timeout_s: float = 30.0) -> None:
         self.self_slot = self_slot
         self._owner_of = owner_of
         self._connect = connect
         self.timeout_s = timeout_s
-        # Set when the listeners are TLS or SASL: peer calls are not built for them (module doc).
-        self.unavailable_reason = unavailable_reason
 
     def is_remote(self, topic_id: uuid.UUID, partition: int) -> bool:
         """Whether the share-partition is not led here (another instance owns it, or nobody yet)."""
@@ -142,7 +142,7 @@ class PeerStateClient:
 
     async def _call_owners(self, partitions: Iterable[TopicPartition], build, read) -> dict:
         """One call per owning instance (concurrently), each carrying all of its partitions."""
-        results, by_owner = _by_owner(partitions, self._owner_of, self.unavailable_reason)
+        results, by_owner = _by_owner(partitions, self._owner_of)
 
         async def one(owner: InstanceIdentity, topics: dict[uuid.UUID, list[int]]) -> None:
             asked = [(t, p) for t, ps in topics.items() for p in ps]
@@ -433,8 +433,8 @@ class InFlightFanOut:
         return results
 
 
-def _by_owner(partitions: Iterable[TopicPartition], owner_of: Callable[[uuid.UUID, int], InstanceIdentity | None],
-              unavailable_reason: str | None = None) -> tuple[dict, dict]:
+def _by_owner(partitions: Iterable[TopicPartition], owner_of: Callable[[uuid.UUID, int], InstanceIdentity | None]
+              ) -> tuple[dict, dict]:
     """(failures by share-partition, {slot: (owner, {topic id: [partitions]})}): the partitions to
     ask each owning instance about, and those with no owner to ask."""
     failures: dict = {}
@@ -444,10 +444,6 @@ def _by_owner(partitions: Iterable[TopicPartition], owner_of: Callable[[uuid.UUI
         if owner is None:
             failures[(topic_id, partition)] = PeerFailure(
                 ErrorCode.coordinator_not_available, "No instance leads the share-partition yet (a hand-over).")
-        elif unavailable_reason is not None:
-            failures[(topic_id, partition)] = PeerFailure(
-                ErrorCode.coordinator_not_available,
-                f"The share-partition is led by instance {owner.instance_id}: {unavailable_reason}")
         else:
             by_owner.setdefault(owner.slot, (owner, {}))[1].setdefault(topic_id, []).append(partition)
     return failures, by_owner

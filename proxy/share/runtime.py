@@ -23,7 +23,7 @@ from confluent_kafka.admin import AdminClient
 from proxy.apiversions import VersionRange
 from proxy.config import HostPort
 from proxy.errors import ConfigError
-from proxy.security import librdkafka_config
+from proxy.security import librdkafka_config, peer_security
 from proxy.server import Proxy
 from proxy.upstream import UpstreamClient, open_upstream
 from proxy.share import metrics, observe, state_layout, state_store
@@ -259,7 +259,6 @@ class ScaleOut:
         # Set by the runtime once the admin routes exist: the coordinator's side of the peer RPCs.
         self.group_admin: GroupAdmin | None = None
         self.connect_peer = None
-        self.peer_unavailable_reason: str | None = None
         self.in_flight_key = DEFAULT_DESCRIBE_IN_FLIGHT_KEY
 
     async def check_slot(self) -> None:
@@ -290,9 +289,8 @@ class ScaleOut:
         self.service.leader_hint = routing.leader_hint
         if self.group_admin is not None and self.connect_peer is not None:
             self.group_admin.peers = PeerStateClient(
-                self.slot, routing.partition_owner, self.connect_peer, timeout_s=self.settings.state_write_timeout_ms / 1000,
-                unavailable_reason=self.peer_unavailable_reason)
-        if self.connect_peer is not None and self.peer_unavailable_reason is None:
+                self.slot, routing.partition_owner, self.connect_peer, timeout_s=self.settings.state_write_timeout_ms / 1000)
+        if self.connect_peer is not None:
             self._mirror_group_configs(routing, nursery)
             self.service.in_flight_fan_out = InFlightFanOut(
                 extensions.describe_in_flight(self.in_flight_key), routing.group_coordinator, routing.partition_owner,
@@ -492,7 +490,8 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
     # (proxy/share/authorization.py); auto mode asks once, on the proxy's own connection, whether
     # the cluster has an authorizer at all, enforcing until it knows.
     policy = AuthorizationPolicy(getattr(config, "share_authorization", "auto"),
-                                 ttl_ms=getattr(config, "share_authorization_cache_ms", 5_000))
+                                 ttl_ms=getattr(config, "share_authorization_cache_ms", 5_000),
+                                 instance_topic=settings.state_topic)
     nursery.start_soon(guarded, "share-authorization-mode", functools.partial(policy.run, cluster.has_authorizer))
     proxy.routes.update(share_routes(service, policy))
     # Share-group configs (DescribeConfigs / IncrementalAlterConfigs on GROUP resources) are the
@@ -511,17 +510,18 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
             low, high = DEFAULT_REGISTRY.supported_versions(api_key)
             proxy.api_versions.register_local(api_key, VersionRange(low, high))
 
+        # Another instance's listener is reached as a client reaches it: TLS when it serves TLS,
+        # the service credentials when clients authenticate (passed through to a broker).
+        security = peer_security(config)
+
         async def connect_peer(host: str, port: int) -> UpstreamClient:
             stream = await open_upstream(HostPort(host, port), timeout=config.connect_timeout,
-                                         max_frame_size=config.max_upstream_frame_size)
+                                         max_frame_size=config.max_upstream_frame_size, security=security,
+                                         authenticate=True)
             return UpstreamClient(stream, client_id=f"kafka-share-proxy-peer-{settings.instance_id}")
 
-        unavailable = None
-        if getattr(config, "listener_tls", False) or getattr(config, "upstream_sasl", False):
-            unavailable = "calls between instances are plaintext without SASL, and these listeners are not"
         service.scale_out.group_admin = group_admin
         service.scale_out.connect_peer = connect_peer
-        service.scale_out.peer_unavailable_reason = unavailable
         service.scale_out.in_flight_key = getattr(config, "describe_in_flight_api_key", DEFAULT_DESCRIBE_IN_FLIGHT_KEY)
     # The state topic is the proxy's: clients may read it, not write, delete or reconfigure it.
     state_topic_names = frozenset({settings.state_topic})

@@ -121,8 +121,9 @@ class Manifests:
         return tomllib.loads(self.proxy_toml_text())
 
     def pod_spec(self) -> dict[str, Any]:
-        """The Deployment's pod spec; in sidecar mode, a pod made of the sidecar ConfigMap's snippets."""
-        deployments = self.of_kind("Deployment")
+        """The Deployment's (scale-out: StatefulSet's) pod spec; in sidecar mode, a pod made of the
+        sidecar ConfigMap's snippets."""
+        deployments = self.of_kind("Deployment") or self.of_kind("StatefulSet")
         if deployments:
             return deployments[0]["spec"]["template"]["spec"]
         snippets = self.one("ConfigMap", f"{self.fullname}-sidecar")["data"]

@@ -512,3 +512,14 @@ def test_every_alert_uses_metrics_and_labels_that_docs_metrics_md_documents(rend
     for reason in re.search(r'reason=~"([^"]+)"', rules["KafkaShareProxyRecordsArchived"])[1].split("|"):
         assert f"`{reason}`" in DOCS_METRICS, reason
     assert "deriv(ksp_share_group_lag_records" in rules["KafkaShareProxyLagGrowing"]
+
+
+def test_scale_out_over_tls_listeners_verifies_the_other_pods_with_the_secrets_ca() -> None:
+    """Instances call each other on their TLS listeners (share-state RPCs): the Secret's CA
+    (cert-manager puts it in ca.crt) verifies the other pods' certificates."""
+    manifests = render([CI["tls-sasl"]], {"scaleOut.enabled": "true", "replicaCount": "3"})
+    toml = manifests.proxy_toml()
+    assert toml["peer-ssl-ca-location"] == f"{SECRETS_DIR}/listener-tls/ca.crt"
+    assert secret_file(manifests, toml["peer-ssl-ca-location"]) == (ci_values("tls-sasl")["listener"]["tls"]["existingSecret"],
+                                                                    "ca.crt")
+    assert "peer-ssl-ca-location" not in render([CI["tls-sasl"]], {}).proxy_toml()  # one instance: no peers

@@ -14,7 +14,14 @@ from structlog.testing import capture_logs
 
 from proxy.config import Secret, load_config
 from proxy.errors import ConfigError
-from proxy.security import ListenerTls, UpstreamSecurity, librdkafka_config, listener_context, upstream_context
+from proxy.security import (
+    ListenerTls,
+    UpstreamSecurity,
+    librdkafka_config,
+    listener_context,
+    peer_security,
+    upstream_context,
+)
 
 KEY_PASSWORD = "key-passphrase-42"
 
@@ -327,3 +334,72 @@ def test_serve_exits_2_with_one_line_naming_a_certificate_that_does_not_load(fil
         f"share-proxy: cannot read listener certificate {missing}: No such file or directory"]
     assert result.stdout == ""
     assert KEY_PASSWORD not in result.stderr
+
+
+# ----- calls between instances (scale-out) ------------------------------------------------------
+
+def test_peers_reach_plaintext_listeners_plainly_and_authenticate_where_clients_do():
+    assert peer_security(config()) is None
+    assert peer_security(config(upstream_security_protocol="SSL")) is None  # upstream TLS: not the listeners'
+    security = peer_security(config(upstream_security_protocol="SASL_PLAINTEXT", upstream_sasl_mechanism="PLAIN",
+                                    upstream_sasl_username="proxy", upstream_sasl_password="proxy-secret"))
+    assert security is not None and security.ssl_context is None and security.sasl.username == "proxy"
+
+
+def test_peer_ca_needs_tls_listeners(files):
+    with pytest.raises(ConfigError, match="peer_ssl_ca_location needs TLS listeners"):
+        config(peer_ssl_ca_location=files.ca_path)
+
+
+async def _handshake(server_context: ssl.SSLContext, client_context: ssl.SSLContext) -> bytes | None:
+    """A TLS handshake between the two contexts (client verifying 127.0.0.1); the server's view of
+    the client certificate. Raises what the client's side raises when it fails."""
+    import trio
+    import trio.testing
+
+    client_end, server_end = trio.testing.memory_stream_pair()
+    client = trio.SSLStream(client_end, client_context, server_hostname="127.0.0.1")
+    server = trio.SSLStream(server_end, server_context, server_side=True)
+    seen: list = []
+
+    async def serve() -> None:
+        try:
+            await server.do_handshake()
+            seen.append(server.getpeercert(binary_form=True))
+        except (trio.BrokenResourceError, ssl.SSLError):
+            pass
+
+    failure: list[BaseException] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve)
+        try:
+            await client.do_handshake()
+            await client.send_all(b"x")  # TLS 1.3: the server checks the client certificate now
+            await server.receive_some(1)
+        except (ssl.SSLError, trio.BrokenResourceError) as exc:
+            failure.append(exc)
+        nursery.cancel_scope.cancel()
+    if failure:
+        raise failure[0]
+    return seen[0] if seen else None
+
+
+async def test_a_peer_verifies_the_other_instances_listener_and_presents_its_own_certificate_under_mtls(files):
+    import trio
+
+    mtls = listener_config(files, listener_ssl_ca_location=files.ca_path, listener_ssl_client_auth="required")
+    security = peer_security(mtls)
+    assert security is not None and security.sasl is None
+    assert security.ssl_context.check_hostname and security.ssl_context.verify_mode == ssl.CERT_REQUIRED
+    assert await _handshake(listener_context(mtls), security.ssl_context)  # presented and accepted
+
+    # --peer-ssl-ca-location wins over the client CA; a listener whose certificate another CA
+    # issued is refused.
+    other = trustme.CA()
+    other_cert, other_key = files.issue("other-instance", ca=other)
+    elsewhere = config(listener_ssl_certificate_location=other_cert, listener_ssl_key_location=other_key)
+    with pytest.raises((ssl.SSLError, trio.BrokenResourceError)):
+        await _handshake(listener_context(elsewhere), security.ssl_context)
+    trusting_other = peer_security(listener_config(files, peer_ssl_ca_location=files.write("other-ca.pem",
+                                                                                            other.cert_pem.bytes())))
+    assert await _handshake(listener_context(elsewhere), trusting_other.ssl_context) is None  # no client auth asked

@@ -32,11 +32,13 @@ from proxy.apiversions import ApiVersionTable
 from proxy.connection import ClientConnection
 from codec import share_state
 from proxy.share import metrics
-from proxy.share.admin_routes import admin_routes, register_admin_versions
+from proxy.apiversions import VersionRange
+from proxy.share.admin_routes import admin_routes, peer_routes, register_admin_versions
 from proxy.share.authorization import GROUP_OPERATIONS, AuthorizationPolicy, Operation, bits
 from proxy.share.group_admin import GroupAdmin
 from proxy.share.group_configs import GroupConfigs, group_config_routes
 from proxy.share.in_flight import in_flight_routes, in_flight_version_range
+from proxy.share.peers import PEER_APIS, PeerStateServer
 from proxy.share.progress import progress_routes, progress_version_range
 from proxy.share.routes import served_version_ranges, share_routes
 from proxy.share.states import AcknowledgeType, RecordState
@@ -52,6 +54,9 @@ DESCRIBE_OFFSETS, ALTER_OFFSETS, DELETE_OFFSETS = 90, 91, 92
 DESCRIBE_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 32, 44
 MARK_KEY, IN_FLIGHT_KEY = extensions.DEFAULT_MARK_IN_PROGRESS_KEY, extensions.DEFAULT_DESCRIBE_IN_FLIGHT_KEY
 ALL_GROUP_OPS = {(GROUP, op): True for op in GROUP_OPERATIONS}
+STATE_TOPIC = "__share_proxy_state"
+INSTANCE = bits([Operation.READ, Operation.WRITE, Operation.DESCRIBE])  # the proxies' rights on the state topic
+READ_SUMMARY, DELETE_STATE = 87, 86
 
 
 def module_of(schema: type):
@@ -65,14 +70,20 @@ class Wire:
     def __init__(self, harness, acls: Acls, mode: str = "cluster") -> None:
         self.harness, self.acls = harness, acls
         service = harness.service
-        policy = AuthorizationPolicy(mode, ttl_ms=0)  # every request asks: ACL changes show at once
+        # Every request asks (ttl 0): ACL changes show at once. WRITE on the state topic marks an instance.
+        policy = AuthorizationPolicy(mode, ttl_ms=0, instance_topic=STATE_TOPIC)
         table = ApiVersionTable()
         routes: dict = {}
         routes.update(share_routes(service, policy))
         configs = GroupConfigs(service.coordinator, service.commits, service.cluster.upstream_group_type,
                                write_timeout_s=5)
         routes.update(group_config_routes(configs, routes, policy))
-        routes.update(admin_routes(GroupAdmin(service, write_timeout_s=5), lambda: [1], policy))
+        admin = GroupAdmin(service, write_timeout_s=5)
+        routes.update(admin_routes(admin, lambda: [1], policy))
+        routes.update(peer_routes(PeerStateServer(lambda topic_id, partition: True, admin.local_summary,
+                                                  admin.delete_led, admin.initialize_led), policy))
+        for api_key in PEER_APIS:
+            table.register_local(api_key, VersionRange(*DEFAULT_REGISTRY.supported_versions(api_key)))
         routes.update(in_flight_routes(service, IN_FLIGHT_KEY, policy))
         routes.update(progress_routes(service, MARK_KEY, policy))
         for api_key, versions in served_version_ranges().items():
@@ -502,6 +513,71 @@ async def test_mark_in_progress_and_in_flight_follow_read_and_describe(harness, 
     acls.groups[(GROUP, Operation.DESCRIBE)] = False
     response = await wire.call(IN_FLIGHT_KEY, 0, ask, in_flight_response_type)
     assert response.error_code == ErrorCode.group_authorization_failed
+
+
+# ----- calls between instances (scale-out) -------------------------------------------------------
+
+
+async def test_share_state_rpcs_are_served_to_proxy_instances_only(harness, nursery, autojump_clock):
+    """Kafka asks CLUSTER_ACTION for these; the proxy asks WRITE on the state topic, which only the
+    instances' principal holds. Every right on the group is not enough: the RPCs act on any group."""
+    acls = reader()
+    wire = await Wire(harness, acls).start(nursery)
+    await empty_group(wire, harness)
+    summary_schema, delete_schema = load_request_schema(READ_SUMMARY, 1), load_request_schema(DELETE_STATE, 0)
+    sm, dm = module_of(summary_schema), module_of(delete_schema)
+    summary = summary_schema(group_id=GROUP, topics=(sm.ReadStateSummaryData(topic_id=TOPIC_ID, partitions=(
+        sm.PartitionData(partition=0, leader_epoch=0),)),))
+    delete = delete_schema(group_id=GROUP, topics=(dm.DeleteStateData(topic_id=TOPIC_ID, partitions=(
+        dm.PartitionData(partition=0),)),))
+    before = states(harness)
+    writes = len(harness.writer.writes)
+
+    for api_key, version, request in ((READ_SUMMARY, 1, summary), (DELETE_STATE, 0, delete)):
+        [result] = (await wire.call(api_key, version, request)).results
+        assert [(p.error_code, p.error_message) for p in result.partitions] == [
+            (ErrorCode.cluster_authorization_failed, "Cluster authorization failed.")]
+    assert states(harness) == before and len(harness.writer.writes) == writes  # nothing deleted
+
+    acls.topics[STATE_TOPIC] = INSTANCE
+    [result] = (await wire.call(READ_SUMMARY, 1, summary)).results
+    [partition] = result.partitions
+    assert (partition.error_code, int(partition.start_offset)) == (ErrorCode.none, 0)
+
+
+async def test_an_instance_may_describe_any_groups_configs_and_in_flight_records(harness, nursery, autojump_clock):
+    """A leader mirrors a group's configs from its coordinator, and a coordinator asks leaders for
+    their in-flight records, each as itself: the client was authorized where it asked."""
+    acls = reader()
+    wire = await Wire(harness, acls).start(nursery)
+    await empty_group(wire, harness)
+    acls.groups[(GROUP, Operation.DESCRIBE_CONFIGS)] = False
+    acls.groups[(GROUP, Operation.DESCRIBE)] = False
+    acls.groups[(GROUP, Operation.ALTER_CONFIGS)] = False
+    d_schema = load_request_schema(DESCRIBE_CONFIGS, 4)
+    d = d_schema(resources=(module_of(d_schema).DescribeConfigsResource(
+        resource_type=32, resource_name=GROUP, configuration_keys=None),), include_synonyms=False,
+        include_documentation=False)
+    in_flight_api = extensions.describe_in_flight(IN_FLIGHT_KEY)
+    ask = in_flight_api.requests[0](group_id=GROUP, topics=None, states=(), held_longer_than_ms=-1,
+                                    progress_staleness_ms=-1)
+    [result] = (await wire.call(DESCRIBE_CONFIGS, 4, d)).results
+    assert result.error_code == ErrorCode.group_authorization_failed
+    assert (await wire.call(IN_FLIGHT_KEY, 0, ask, in_flight_api.responses[0])).error_code == \
+        ErrorCode.group_authorization_failed
+
+    acls.topics[STATE_TOPIC] = INSTANCE
+    [result] = (await wire.call(DESCRIBE_CONFIGS, 4, d)).results
+    assert result.error_code == ErrorCode.none and result.configs
+    assert (await wire.call(IN_FLIGHT_KEY, 0, ask, in_flight_api.responses[0])).error_code == ErrorCode.none
+    # Describing is all an instance's principal gets: altering a group's configs still needs ALTER_CONFIGS.
+    a_schema = load_request_schema(INCREMENTAL_ALTER_CONFIGS, 1)
+    am = module_of(a_schema)
+    a = a_schema(resources=(am.AlterConfigsResource(resource_type=32, resource_name=GROUP, configs=(
+        am.AlterableConfig(name="share.record.lock.duration.ms", config_operation=0, value="20000"),)),),
+        validate_only=False)
+    [result] = (await wire.call(INCREMENTAL_ALTER_CONFIGS, 1, a)).responses
+    assert result.error_code == ErrorCode.group_authorization_failed
 
 
 # ----- modes -------------------------------------------------------------------------------------
