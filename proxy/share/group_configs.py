@@ -53,7 +53,8 @@ from proxy.share import state_store
 from proxy.share.commit import CommitPipeline
 from proxy.share.coordinator import ShareGroupCoordinator
 from proxy.share.authorization import AuthorizationPolicy, Operation
-from proxy.share.enforce import GROUP_DENIED_MESSAGE, authorization_for, group_allowed, group_or_instance_allowed
+from proxy.share.enforce import GROUP_DENIED_MESSAGE, authorization_for, group_or_instance_allowed
+from proxy.share.peers import PEER_CLIENT_ID_PREFIX
 from proxy.share.group_config import GroupConfigError, altered_overrides, describe_group_config, is_share_group_key
 
 log = structlog.get_logger(__name__)
@@ -90,6 +91,9 @@ class GroupConfigs:
         self.commits = commits
         self.upstream_group_type = upstream_group_type
         self.write_timeout_s = write_timeout_s
+        #: Scale-out: passes GROUP resources of groups coordinated elsewhere to their coordinator
+        #: (proxy.share.peers.GroupConfigForwarder); None with one instance.
+        self.forwarder = None
 
     def holds(self, group_id: str) -> bool:
         """A share group of the proxy's, or an id the proxy holds configs for."""
@@ -204,10 +208,10 @@ class GroupConfigRoute:
         authz = authorization_for(self.policy, connection)
         if authz is None:
             return set()
-        # Leaders in scale-out read a group's configs from its coordinator as themselves
-        # (GroupConfigMirror): an instance's principal may describe any group's configs.
-        allowed = group_or_instance_allowed if operation is Operation.DESCRIBE_CONFIGS else group_allowed
-        return {i for i, r in enumerate(resources) if not await allowed(authz, api_key, r.resource_name, operation)}
+        # In scale-out, instances ask a group's coordinator as themselves (a leader's GroupConfigMirror,
+        # an instance passing on a client's request it authorized): an instance's principal passes.
+        return {i for i, r in enumerate(resources)
+                if not await group_or_instance_allowed(authz, api_key, r.resource_name, operation)}
 
     async def start(self, request: Request, connection: ClientConnection) -> None:
         header = request.header
@@ -222,24 +226,48 @@ class GroupConfigRoute:
                          error_message=GROUP_DENIED_MESSAGE, resource_type=resource.resource_type,
                          resource_name=resource.resource_name, configs=())
 
+        forwarder = self.configs.forwarder
+        if forwarder is not None and (header.client_id or "").startswith(PEER_CLIENT_ID_PREFIX):
+            forwarder = None  # another instance passing a request on: answered here, never passed again
+
+        def elsewhere(resource: Any) -> bool:
+            return (forwarder is not None and int(resource.resource_type) == GROUP_RESOURCE
+                    and forwarder.elsewhere(resource.resource_name))
+
+        def failed(resource: Any, code: ErrorCode, message: str) -> object:
+            return build(result_type, error_code=code, error_message=message, resource_type=resource.resource_type,
+                         resource_name=resource.resource_name, configs=())
+
         if header.api_key == DESCRIBE_CONFIGS:
-            local = [int(r.resource_type) == GROUP_RESOURCE and self.configs.holds(r.resource_name) for r in resources]
+            local = [int(r.resource_type) == GROUP_RESOURCE and (elsewhere(r) or self.configs.holds(r.resource_name))
+                     for r in resources]
             if not any(local):
                 await self.inner.start(request, connection)
                 return
             mine = [r for r, is_local in zip(resources, local) if is_local]
             refused = await self._refused(connection, header.api_key, mine, Operation.DESCRIBE_CONFIGS)
-            # Described now, in request order; nothing to wait for.
-            entries = constant([
-                refusal(r) if i in refused else
-                self.configs.describe(result_type, r, include_synonyms=bool(getattr(entity, "include_synonyms", False)),
-                                      include_documentation=bool(getattr(entity, "include_documentation", False)))
-                for i, r in enumerate(mine)
-            ])
+            synonyms = bool(getattr(entity, "include_synonyms", False))
+            documentation = bool(getattr(entity, "include_documentation", False))
+
+            def described(here: dict[int, object]) -> list:
+                return [refusal(r) if i in refused else here[i] if i in here else
+                        self.configs.describe(result_type, r, include_synonyms=synonyms,
+                                              include_documentation=documentation)
+                        for i, r in enumerate(mine)]
+
+            remote = [i for i, r in enumerate(mine) if i not in refused and elsewhere(r)]
+            if not remote:
+                entries = constant(described({}))  # described now, in request order; nothing to wait for
+            else:
+                async def with_coordinators() -> tuple:
+                    answers = await forwarder.forward(entity, [mine[i] for i in remote], response_field, failed)
+                    return tuple(described(dict(zip(remote, answers))))
+
+                entries = with_coordinators
         else:
             local = [
                 int(r.resource_type) == GROUP_RESOURCE
-                and await self.configs.serves_alteration(r.resource_name, [c.name for c in r.configs])
+                and (elsewhere(r) or await self.configs.serves_alteration(r.resource_name, [c.name for c in r.configs]))
                 for r in resources
             ]
             if not any(local):
@@ -247,15 +275,25 @@ class GroupConfigRoute:
                 return
             mine = [r for r, is_local in zip(resources, local) if is_local]
             refused = await self._refused(connection, header.api_key, mine, Operation.ALTER_CONFIGS)
-            outcomes = _alter_all(self.configs, [r for i, r in enumerate(mine) if i not in refused],
-                                  validate_only=bool(entity.validate_only),
-                                  replace_all=header.api_key == ALTER_CONFIGS)
-            outcomes += [(r, (ErrorCode.group_authorization_failed, GROUP_DENIED_MESSAGE, None))
-                         for i, r in enumerate(mine) if i in refused]
+            remote = [i for i, r in enumerate(mine) if i not in refused and elsewhere(r)]
+            outcomes = dict(zip(
+                [i for i in range(len(mine)) if i not in refused and i not in remote],
+                [outcome for _, outcome in _alter_all(
+                    self.configs, [r for i, r in enumerate(mine) if i not in refused and i not in remote],
+                    validate_only=bool(entity.validate_only), replace_all=header.api_key == ALTER_CONFIGS)]))
+            outcomes.update({i: (ErrorCode.group_authorization_failed, GROUP_DENIED_MESSAGE, None) for i in refused})
 
             async def altered() -> tuple:
+                forwarded: dict[int, object] = {}
+                if remote:
+                    answers = await forwarder.forward(entity, [mine[i] for i in remote], response_field, failed)
+                    forwarded = dict(zip(remote, answers))
                 results = []
-                for resource, (code, message, ticket) in outcomes:
+                for i, resource in enumerate(mine):
+                    if i in forwarded:
+                        results.append(forwarded[i])
+                        continue
+                    code, message, ticket = outcomes[i]
                     if code == ErrorCode.none:
                         code, message = await self.configs.durable(ticket)
                     results.append(build(result_type, error_code=code, error_message=message,
@@ -296,18 +334,31 @@ class ListConfigResourcesRoute:
                                    memoryview(request.frame)[request.body_offset:])
             types = {int(t) for t in entity.resource_types}
             if not types or GROUP_RESOURCE in types:  # empty: every type
-                await self.inner.start(request, AnswerView(connection, self._add_groups))
+                forwarder = self.configs.forwarder
+                if (header.client_id or "").startswith(PEER_CLIENT_ID_PREFIX):
+                    forwarder = None  # another instance asking: this instance's groups only
+
+                async def add_groups(request: Request, payload: bytes) -> bytes:
+                    elsewhere = set()
+                    if forwarder is not None:
+                        elsewhere = await forwarder.groups_configured_elsewhere(
+                            dataclasses.replace(entity, resource_types=(GROUP_RESOURCE,)))
+                    return self._add_groups(request, payload, elsewhere)
+
+                await self.inner.start(request, AnswerView(connection, add_groups))
                 return
         await self.inner.start(request, connection)
 
-    async def _add_groups(self, request: Request, payload: bytes) -> bytes:
+    def _add_groups(self, request: Request, payload: bytes, elsewhere: set[str]) -> bytes:
+        """The cluster's answer plus the groups configured here and (scale-out) at other instances."""
         header, response = decode_response(request.header.api_key, request.header.api_version, payload)
         if response.error_code != ErrorCode.none:
             return payload
         listed = {r.resource_name for r in response.config_resources if int(r.resource_type) == GROUP_RESOURCE}
         entry_type = item_type(type(response), "config_resources")
+        held = set(self.configs.coordinator.configured_group_ids()) | elsewhere
         extra = tuple(build(entry_type, resource_name=group_id, resource_type=GROUP_RESOURCE)
-                      for group_id in self.configs.coordinator.configured_group_ids() if group_id not in listed)
+                      for group_id in sorted(held - listed))
         return encode_response(header, dataclasses.replace(
             response, config_resources=tuple(response.config_resources) + extra))
 

@@ -61,6 +61,8 @@ INITIALIZE_SHARE_GROUP_STATE = 83
 DELETE_SHARE_GROUP_STATE = 86
 READ_SHARE_GROUP_STATE_SUMMARY = 87
 PEER_APIS = (INITIALIZE_SHARE_GROUP_STATE, DELETE_SHARE_GROUP_STATE, READ_SHARE_GROUP_STATE_SUMMARY)
+#: Client id prefix of the calls instances make to each other: answered where they arrive, never passed on.
+PEER_CLIENT_ID_PREFIX = "kafka-share-proxy-peer-"
 NO_STATE_START_OFFSET = -1
 
 TopicPartition = tuple[uuid.UUID, int]
@@ -359,6 +361,106 @@ class GroupConfigMirror:
                      instance=owner.instance_id, overrides=overrides)
 
 
+# ----- group configs asked at an instance that does not coordinate the group ----------------
+
+
+class GroupConfigForwarder:
+    """DescribeConfigs / (Incremental)AlterConfigs of GROUP resources, and ListConfigResources,
+    at any instance.
+
+    Kafka's Admin sends these to any node (the least loaded), not to the group's coordinator, and
+    a group's configs live with its coordinator (its state-topic record). So an instance passes the
+    GROUP resources of groups another instance coordinates to that instance, one call per
+    coordinator with the client's own request narrowed to them (same version and flags), and puts
+    the answers where the resources were; a listing of config resources adds the groups every
+    other live instance holds configs for. Calls from instances (client id
+    :data:`PEER_CLIENT_ID_PREFIX`) are answered where they arrive, so the calls cannot loop. A
+    group with no coordinator now (a hand-over), or an unreachable one, is answered
+    ``COORDINATOR_NOT_AVAILABLE`` for that resource.
+
+    `coordinator_of(group)` is the live instance coordinating the group (None while none does);
+    `others()` every other live instance."""
+
+    def __init__(self, self_slot: int, coordinator_of: Callable[[str], InstanceIdentity | None],
+                 others: Callable[[], Iterable[InstanceIdentity]], connect: Callable[[str, int], Awaitable[object]],
+                 *, timeout_s: float = 30.0) -> None:
+        self.self_slot = self_slot
+        self._coordinator_of = coordinator_of
+        self._others = others
+        self._connect = connect
+        self.timeout_s = timeout_s
+
+    def elsewhere(self, group_id: str) -> bool:
+        """Whether the group's configs are not this instance's to answer (another coordinates it, or none does)."""
+        owner = self._coordinator_of(group_id)
+        return owner is None or owner.slot != self.self_slot
+
+    async def forward(self, request, resources: list, response_field: str,
+                      failed: Callable[[object, ErrorCode, str], object]) -> list:
+        """The coordinators' results for `resources` (GROUP resources of `request`), in their order;
+        `failed(resource, code, message)` builds the result of one that could not be asked."""
+        results: list = [None] * len(resources)
+        by_owner: dict[int, tuple[InstanceIdentity, list[int]]] = {}
+        for i, resource in enumerate(resources):
+            owner = self._coordinator_of(resource.resource_name)
+            if owner is None or owner.slot == self.self_slot:
+                results[i] = failed(resource, ErrorCode.coordinator_not_available,
+                                    "No instance coordinates the group now (a hand-over); retry.")
+            else:
+                by_owner.setdefault(owner.slot, (owner, []))[1].append(i)
+
+        async def one(owner: InstanceIdentity, indexes: list[int]) -> None:
+            narrowed = dataclasses.replace(request, resources=tuple(resources[i] for i in indexes))
+            try:
+                answer = await self._call(owner, narrowed)
+                answered = {(int(r.resource_type), r.resource_name): r for r in getattr(answer, response_field)}
+            except (UpstreamError, OSError, trio.TooSlowError) as exc:
+                log.warning("group configs: the coordinating instance cannot be asked", instance=owner.instance_id,
+                            error=str(exc) or type(exc).__name__)
+                answered = {}
+            for i in indexes:
+                resource = resources[i]
+                found = answered.get((int(resource.resource_type), resource.resource_name))
+                results[i] = found if found is not None else failed(
+                    resource, ErrorCode.coordinator_not_available,
+                    f"The group's coordinating instance {owner.instance_id} did not answer; retry.")
+
+        async with trio.open_nursery() as nursery:
+            for owner, indexes in by_owner.values():
+                nursery.start_soon(one, owner, indexes)
+        return results
+
+    async def groups_configured_elsewhere(self, request, response_field: str = "config_resources") -> set[str]:
+        """The GROUP resources every other live instance lists for `request` (a ListConfigResources);
+        an instance that cannot be asked is left out (logged): a listing is best effort."""
+        found: set[str] = set()
+
+        async def one(owner: InstanceIdentity) -> None:
+            try:
+                answer = await self._call(owner, request)
+            except (UpstreamError, OSError, trio.TooSlowError) as exc:
+                log.warning("config resources: an instance cannot be asked; its groups are not listed",
+                            instance=owner.instance_id, error=str(exc) or type(exc).__name__)
+                return
+            if answer.error_code is ErrorCode.none:
+                found.update(r.resource_name for r in getattr(answer, response_field)
+                             if int(r.resource_type) == GROUP_RESOURCE_TYPE)
+
+        async with trio.open_nursery() as nursery:
+            for owner in self._others():
+                if owner.slot != self.self_slot:
+                    nursery.start_soon(one, owner)
+        return found
+
+    async def _call(self, owner: InstanceIdentity, request):
+        with trio.fail_after(self.timeout_s):
+            client = await self._connect(owner.host, owner.bootstrap_port)
+            try:
+                return await client.call(request)
+            finally:
+                await client.aclose()
+
+
 # ----- the in-flight describe across instances ----------------------------------------------
 
 
@@ -456,5 +558,6 @@ def _by_topic(partitions: list[TopicPartition], outcome: Mapping[TopicPartition,
     return list(topics.items())
 
 
-__all__ = ["PeerStateClient", "PeerStateServer", "GroupConfigMirror", "InFlightFanOut", "PeerSummary", "PeerFailure", "PEER_APIS",
+__all__ = ["PeerStateClient", "PeerStateServer", "GroupConfigMirror", "GroupConfigForwarder", "InFlightFanOut",
+           "PEER_CLIENT_ID_PREFIX", "PeerSummary", "PeerFailure", "PEER_APIS",
            "INITIALIZE_SHARE_GROUP_STATE", "DELETE_SHARE_GROUP_STATE", "READ_SHARE_GROUP_STATE_SUMMARY"]

@@ -28,7 +28,15 @@ from proxy.server import Proxy
 from proxy.upstream import UpstreamClient, open_upstream
 from proxy.share import metrics, observe, state_layout, state_store
 from proxy.share.admin_routes import admin_routes, peer_routes, register_admin_versions
-from proxy.share.peers import PEER_APIS, GroupConfigMirror, InFlightFanOut, PeerStateClient, PeerStateServer
+from proxy.share.peers import (
+    PEER_APIS,
+    PEER_CLIENT_ID_PREFIX,
+    GroupConfigForwarder,
+    GroupConfigMirror,
+    InFlightFanOut,
+    PeerStateClient,
+    PeerStateServer,
+)
 from proxy.share.authorization import AuthorizationPolicy
 from proxy.share.cluster import Cluster
 from proxy.share.dead_letters import DeadLetterCluster, DeadLetterSettings, DeadLetterWriter
@@ -258,6 +266,7 @@ class ScaleOut:
         self.member: OwnershipMember | None = None
         # Set by the runtime once the admin routes exist: the coordinator's side of the peer RPCs.
         self.group_admin: GroupAdmin | None = None
+        self.group_configs: GroupConfigs | None = None
         self.connect_peer = None
         self.in_flight_key = DEFAULT_DESCRIBE_IN_FLIGHT_KEY
 
@@ -290,6 +299,10 @@ class ScaleOut:
         if self.group_admin is not None and self.connect_peer is not None:
             self.group_admin.peers = PeerStateClient(
                 self.slot, routing.partition_owner, self.connect_peer, timeout_s=self.settings.state_write_timeout_ms / 1000)
+        if self.group_configs is not None and self.connect_peer is not None:
+            self.group_configs.forwarder = GroupConfigForwarder(
+                self.slot, routing.group_coordinator, lambda: member.map.instances, self.connect_peer,
+                timeout_s=self.settings.state_write_timeout_ms / 1000)
         if self.connect_peer is not None:
             self._mirror_group_configs(routing, nursery)
             self.service.in_flight_fan_out = InFlightFanOut(
@@ -518,9 +531,10 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
             stream = await open_upstream(HostPort(host, port), timeout=config.connect_timeout,
                                          max_frame_size=config.max_upstream_frame_size, security=security,
                                          authenticate=True)
-            return UpstreamClient(stream, client_id=f"kafka-share-proxy-peer-{settings.instance_id}")
+            return UpstreamClient(stream, client_id=f"{PEER_CLIENT_ID_PREFIX}{settings.instance_id}")
 
         service.scale_out.group_admin = group_admin
+        service.scale_out.group_configs = group_configs
         service.scale_out.connect_peer = connect_peer
         service.scale_out.in_flight_key = getattr(config, "describe_in_flight_api_key", DEFAULT_DESCRIBE_IN_FLIGHT_KEY)
     # The state topic is the proxy's: clients may read it, not write, delete or reconfigure it.

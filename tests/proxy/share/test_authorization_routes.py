@@ -9,6 +9,7 @@ codes *and* that the refused request left the share state as it was.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import sys
 import uuid
@@ -545,9 +546,11 @@ async def test_share_state_rpcs_are_served_to_proxy_instances_only(harness, nurs
     assert (partition.error_code, int(partition.start_offset)) == (ErrorCode.none, 0)
 
 
-async def test_an_instance_may_describe_any_groups_configs_and_in_flight_records(harness, nursery, autojump_clock):
-    """A leader mirrors a group's configs from its coordinator, and a coordinator asks leaders for
-    their in-flight records, each as itself: the client was authorized where it asked."""
+async def test_an_instance_may_describe_and_alter_any_groups_configs_and_describe_in_flight_records(
+        harness, nursery, autojump_clock):
+    """A leader mirrors a group's configs from its coordinator, an instance passes a client's config
+    request to the group's coordinator, and a coordinator asks leaders for their in-flight records,
+    each as itself: the client was authorized where it asked."""
     acls = reader()
     wire = await Wire(harness, acls).start(nursery)
     await empty_group(wire, harness)
@@ -570,14 +573,20 @@ async def test_an_instance_may_describe_any_groups_configs_and_in_flight_records
     [result] = (await wire.call(DESCRIBE_CONFIGS, 4, d)).results
     assert result.error_code == ErrorCode.none and result.configs
     assert (await wire.call(IN_FLIGHT_KEY, 0, ask, in_flight_api.responses[0])).error_code == ErrorCode.none
-    # Describing is all an instance's principal gets: altering a group's configs still needs ALTER_CONFIGS.
     a_schema = load_request_schema(INCREMENTAL_ALTER_CONFIGS, 1)
     am = module_of(a_schema)
     a = a_schema(resources=(am.AlterConfigsResource(resource_type=32, resource_name=GROUP, configs=(
         am.AlterableConfig(name="share.record.lock.duration.ms", config_operation=0, value="20000"),)),),
         validate_only=False)
     [result] = (await wire.call(INCREMENTAL_ALTER_CONFIGS, 1, a)).responses
+    assert result.error_code == ErrorCode.none
+    assert harness.service.coordinator.group_config_overrides(GROUP) == {"share.record.lock.duration.ms": "20000"}
+    acls.topics[STATE_TOPIC] = bits([Operation.READ, Operation.DESCRIBE])  # a client that may only read it
+    a = dataclasses.replace(a, resources=(dataclasses.replace(a.resources[0], configs=(
+        am.AlterableConfig(name="share.record.lock.duration.ms", config_operation=0, value="30000"),)),))
+    [result] = (await wire.call(INCREMENTAL_ALTER_CONFIGS, 1, a)).responses
     assert result.error_code == ErrorCode.group_authorization_failed
+    assert harness.service.coordinator.group_config_overrides(GROUP) == {"share.record.lock.duration.ms": "20000"}
 
 
 # ----- modes -------------------------------------------------------------------------------------

@@ -380,3 +380,53 @@ async def test_the_coordinator_describes_in_flight_records_of_a_partition_anothe
     refused = _led_here(describe_group_in_flight(coordinator.service, GROUP, {TOPIC_ID: [0]}, InFlightFilter(),
                                                  coordinated=False), Ownership(False, False))
     assert refused.topics[0].partitions[0].error is ErrorCode.not_leader_or_follower
+
+
+# ----- group configs asked at an instance that does not coordinate the group ----------------------
+
+
+async def test_config_requests_for_groups_coordinated_elsewhere_go_to_each_coordinator_narrowed(autojump_clock):
+    from kio.schema.describe_configs.v4 import request as dreq
+    from kio.schema.describe_configs.v4 import response as dres
+    from kio.static.primitive import i8
+
+    from proxy.share.peers import GroupConfigForwarder
+
+    third = InstanceIdentity("ksp-2", 2, "127.0.0.1", 19094, 32000)
+    coordinators = {"on-leader": LEADER, "on-third": third, "on-third-too": third, "orphan": None}
+    asked: dict = {}
+
+    def answering(owner):
+        async def answer(request):
+            asked.setdefault(owner.instance_id, []).append(
+                (request.include_synonyms, [r.resource_name for r in request.resources]))
+            if owner is third:
+                raise UpstreamError("connection refused")
+            return describe_configs_answer({r.resource_name: {"share.auto.offset.reset": ("latest", 8)}
+                                            for r in request.resources})
+        return answer
+
+    async def connect(host, port):
+        owner = next(o for o in (LEADER, third) if o.bootstrap_port == port)
+        return LoopbackPeer(answering(owner))
+
+    forwarder = GroupConfigForwarder(COORDINATOR.slot, coordinators.get, lambda: [COORDINATOR, LEADER, third], connect)
+    assert forwarder.elsewhere("on-leader") and forwarder.elsewhere("orphan")
+    assert not GroupConfigForwarder(LEADER.slot, coordinators.get, lambda: [], connect).elsewhere("on-leader")
+
+    request = dreq.DescribeConfigsRequest(include_synonyms=True, include_documentation=False, resources=tuple(
+        dreq.DescribeConfigsResource(resource_type=i8(32), resource_name=g, configuration_keys=None)
+        for g in ("orphan", "on-third", "on-leader", "on-third-too")))
+
+    def failed(resource, code, message):
+        return dres.DescribeConfigsResult(error_code=code, error_message=message, resource_type=resource.resource_type,
+                                          resource_name=resource.resource_name, configs=())
+
+    results = await forwarder.forward(request, list(request.resources), "results", failed)
+    assert [(r.resource_name, r.error_code) for r in results] == [
+        ("orphan", ErrorCode.coordinator_not_available), ("on-third", ErrorCode.coordinator_not_available),
+        ("on-leader", ErrorCode.none), ("on-third-too", ErrorCode.coordinator_not_available)]
+    assert [(c.name, c.value) for c in results[2].configs] == [("share.auto.offset.reset", "latest")]
+    assert "ksp-2 did not answer" in results[1].error_message and "hand-over" in results[0].error_message
+    # One call per coordinator, carrying only its groups and the client's own flags.
+    assert asked == {"ksp-1": [(True, ["on-leader"])], "ksp-2": [(True, ["on-third", "on-third-too"])]}
