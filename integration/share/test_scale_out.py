@@ -318,6 +318,61 @@ def test_kafka_share_groups_administers_a_group_whose_partition_another_instance
     assert "for the group's coordinator" in two.first.log_tail(lines=2000)  # the leader acted on both
 
 
+@pytest.mark.java
+def test_kafka_share_groups_administers_a_group_spread_over_three_instances(kafka, share_proxy, create_topic, names):
+    """Issue 15 step 5 with three instances (the design's test): the group's coordinator asks each
+    of the other two for the share-partitions it leads -- one call per instance -- to describe,
+    reset and delete the group's offsets, asked at any instance."""
+    from integration.share.test_share_group_tool import offsets, reset_plan, share_group_command
+
+    deployment = Instances(kafka, share_proxy, 3)
+    partitions = 6
+    homes = ServiceOwnership(STATE_PARTITIONS)
+    for attempt in range(5):
+        # The group coordinated by an instance such that both others lead some of the topic's
+        # partitions (homes hash the topic id, so a new topic is drawn until that holds).
+        topic = create_topic(f"{names.topic}-{attempt}", partitions=partitions)
+        topic_id = topic_id_of(kafka.bootstrap, topic)
+        leaders = {p: deployment.described[homes.home_of_partition(topic_id, p)] for p in range(partitions)}
+        coordinator_id = next((iid for iid in deployment.ids if len(set(leaders.values()) - {iid}) == 2), None)
+        if coordinator_id is not None:
+            break
+    assert coordinator_id is not None, f"five topics homed on one instance only: {leaders}"
+    group = group_homed_on(homes, deployment.mine[coordinator_id])
+    produce(kafka.bootstrap, topic, 60, partitions=partitions)  # 10 per partition
+    consumer = share_consumer(deployment.bootstrap, group, topic, EXPLICIT)
+    try:
+        consumed: list = []
+        deadline = time.monotonic() + 90
+        while len(consumed) < 60:  # each poll's records accepted before the next (explicit mode)
+            assert time.monotonic() < deadline, f"{len(consumed)} of 60 records in 90 s"
+            batch = [m for m in consumer.poll(0.5) if m.error() is None]
+            acknowledge_all(consumer, batch)
+            consumed += batch
+    finally:
+        consumer.close()
+    wait_until(lambda: {p: s.start_offset for p, s in durable_state(kafka.bootstrap, deployment.state_topic,
+                                                                    group).items()} == dict.fromkeys(range(6), 10),
+               30, "every leader's SPSO at 10")
+
+    expected = {(topic, p): ("10", "0") for p in range(partitions)}
+    for proxy in deployment.proxies.values():
+        assert offsets(proxy.bootstrap, group) == expected
+    coordinator = deployment.proxies[coordinator_id]
+    wait_until(lambda: describe_share_group(coordinator.bootstrap, group).group_state == "Empty", 30, "the group empty")
+    done = share_group_command(deployment.bootstrap, "--reset-offsets", "--group", group, "--topic", topic,
+                               "--to-earliest", "--execute")
+    assert reset_plan(done, group) == {(topic, p): 0 for p in range(partitions)}, done
+    assert {p: s.start_offset for p, s in durable_state(kafka.bootstrap, deployment.state_topic, group).items()} == \
+        dict.fromkeys(range(partitions), 0)  # written by each leader
+    assert offsets(deployment.bootstrap, group) == {(topic, p): ("0", "10") for p in range(partitions)}
+    deleted = share_group_command(deployment.bootstrap, "--delete-offsets", "--group", group, "--topic", topic)
+    assert any(line.split()[:2] == [topic, "Successful"] for line in deleted.splitlines()), deleted
+    assert durable_state(kafka.bootstrap, deployment.state_topic, group) == {}  # tombstoned by every leader
+    for iid in set(leaders.values()) - {coordinator_id}:
+        assert "for the group's coordinator" in deployment.proxies[iid].log_tail(lines=3000), iid
+
+
 def test_share_proxy_groups_in_flight_describes_records_another_instance_holds(kafka, share_proxy, create_topic,
                                                                              names):
     """Issue 15 step 5: `share-proxy groups --describe --in-flight` at any instance: one that does not
