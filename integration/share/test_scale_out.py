@@ -93,13 +93,13 @@ class Instances:
     owned, and each instance's owned-partition gauge agreeing with the ownership group.
     ``client_config``: how the test reaches a secured broker (its own AdminClient)."""
 
-    def __init__(self, kafka, share_proxy, count: int, client_config: dict | None = None) -> None:
+    def __init__(self, kafka, share_proxy, count: int, client_config: dict | None = None, extra: tuple = ()) -> None:
         self.kafka, self.client_config = kafka, client_config
         self.state_topic = f"__share_proxy_state_scale_{uuid.uuid4().hex[:12]}"
         self.ids = tuple(f"ksp-{i}" for i in range(count))
         self.ports = {iid: free_port() for iid in self.ids}
         self.common = ("--state-topic-partitions", str(STATE_PARTITIONS), "--ownership-session-timeout-ms", "6000",
-                       "--state-transactional-id-prefix", f"t-{uuid.uuid4().hex[:8]}")
+                       "--state-transactional-id-prefix", f"t-{uuid.uuid4().hex[:8]}", *extra)
         self.proxies = {iid: share_proxy(*self.common, "--instance-id", iid, "--metrics-port", str(port),
                                          *port_base_flags(kafka), state_topic=self.state_topic)
                         for iid, port in self.ports.items()}
@@ -126,8 +126,8 @@ class TwoInstances:
     that leads the topic's partition ("first"); 20 records consumed through it, 0-9 accepted and
     10-19 released (both confirmed)."""
 
-    def __init__(self, kafka, share_proxy, create_topic, names, *, cross: bool = False) -> None:
-        deployment = Instances(kafka, share_proxy, 2)
+    def __init__(self, kafka, share_proxy, create_topic, names, *, cross: bool = False, extra: tuple = ()) -> None:
+        deployment = Instances(kafka, share_proxy, 2, extra=extra)
         self.kafka, self.state_topic, self.ports = kafka, deployment.state_topic, deployment.ports
         self.common, self.proxies, self.mine = deployment.common, deployment.proxies, deployment.mine
         self.owners = deployment.owners
@@ -260,6 +260,55 @@ def test_a_member_heartbeats_at_the_coordinating_instance_and_fetches_at_the_lea
     assert seen == {"at_coordinator": ErrorCode.not_leader_or_follower, "acquired": list(range(20)),
                     "acknowledged": ErrorCode.none}
     assert durable_state(kafka.bootstrap, two.state_topic, two.group)[0].start_offset == 20
+
+
+def test_a_member_that_stops_heartbeating_loses_its_records_at_an_instance_that_does_not_coordinate(
+        kafka, share_proxy, create_topic, names):
+    """A member hangs: it stops heartbeating at its group's coordinator but keeps its connection to
+    the leading instance open. The coordinator fences it after the session timeout; the leader
+    learns that from the coordinator (ShareGroupDescribe, every --share-config-refresh-ms) and
+    releases the member's records for others, as a leader on the coordinator's instance does --
+    long before their acquisition locks (60 s here) would have expired."""
+    session_timeout_s, lock_s = 6, 60
+    two = TwoInstances(kafka, share_proxy, create_topic, names, cross=True, extra=(
+        "--share-min-session-timeout-ms", "1000", "--share-session-timeout-ms", str(session_timeout_s * 1000),
+        "--share-record-lock-duration-ms", str(lock_s * 1000)))
+    coordinator, leader = two.survivor, two.first
+
+    async def scenario() -> tuple[float, set[int]]:
+        hung = await WireMember(coordinator.bootstrap, two.group).connect()
+        hung_at_leader = await WireMember(leader.bootstrap, two.group, member_id=hung.member_id).connect()
+        other = await WireMember(coordinator.bootstrap, two.group).connect()
+        other_at_leader = await WireMember(leader.bootstrap, two.group, member_id=other.member_id).connect()
+        try:
+            await hung.join(two.topic)
+            held: set[int] = set()
+            with trio.fail_after(30):
+                while len(held) < 20:
+                    held |= acquired_offsets(await hung_at_leader.fetch(two.topic_id, max_records=20))
+            last_heartbeat = time.monotonic()  # from now on it only keeps its connections open
+            async with trio.open_nursery() as nursery:
+                await other.join(two.topic)
+                nursery.start_soon(other.keep_alive)
+                taken: set[int] = set()
+                with trio.fail_after(lock_s / 2):
+                    while len(taken) < 20:
+                        taken |= acquired_offsets(await other_at_leader.fetch(two.topic_id, max_records=20,
+                                                                              max_wait_ms=200))
+                took = time.monotonic() - last_heartbeat
+                await other_at_leader.acknowledge(two.topic_id, [(0, 19, ACK_ACCEPT)])
+                nursery.cancel_scope.cancel()
+            return took, taken
+        finally:
+            for member in (hung, hung_at_leader, other, other_at_leader):
+                await member.aclose()
+
+    took, taken = trio.run(scenario)
+    assert taken == set(range(20))
+    assert took < lock_s / 2, took
+    assert "member left the group at its coordinator; its records here released" in leader.log_tail(lines=3000)
+    print(f"\nscale-out: a hung member's records released at the leading instance {took:.1f} s after its "
+          f"last heartbeat (session timeout {session_timeout_s} s, lock {lock_s} s)")
 
 
 @pytest.mark.java

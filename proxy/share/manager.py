@@ -344,6 +344,25 @@ class ShareService:
             elif isinstance(event, AssignmentChanged):
                 pass  # assignments travel in heartbeat responses; nothing to do here
 
+    def holders_of_groups_coordinated_elsewhere(self) -> dict[str, set[str]]:
+        """Scale-out: group -> members holding records on share-partitions led here, for the groups
+        another instance coordinates (what :class:`proxy.share.peers.MembershipWatch` checks)."""
+        held: dict[str, set[str]] = {}
+        if self.ownership is None:
+            return held
+        for key in self.leaders.keys():
+            if self.ownership.coordinates(key[0]):
+                continue  # departures come as the coordinator's own events
+            leader = self.leaders.active(key)
+            if leader is not None and (members := leader.engine.members()):
+                held.setdefault(key[0], set()).update(members)
+        return held
+
+    def release_departed_member(self, group_id: str, member_id: str) -> None:
+        """A member left the group at its coordinator on another instance: release what it holds
+        here, as for a departure this instance's coordinator saw."""
+        self._release_member(group_id, member_id)
+
     def _release_member(self, group_id: str, member_id: str) -> None:
         """The member left the group: release what it holds anywhere in `group_id` (see
         :meth:`_release_on`)."""

@@ -45,6 +45,7 @@ import trio
 from kio.schema.delete_share_group_state.v0 import request as delete_request
 from kio.schema.describe_configs.v4 import request as describe_configs_request
 from kio.schema.delete_share_group_state.v0 import response as delete_response
+from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
 from kio.schema.initialize_share_group_state.v0 import request as initialize_request
 from kio.schema.initialize_share_group_state.v0 import response as initialize_response
@@ -60,6 +61,7 @@ log = structlog.get_logger(__name__)
 INITIALIZE_SHARE_GROUP_STATE = 83
 DELETE_SHARE_GROUP_STATE = 86
 READ_SHARE_GROUP_STATE_SUMMARY = 87
+SHARE_GROUP_DESCRIBE = 77
 PEER_APIS = (INITIALIZE_SHARE_GROUP_STATE, DELETE_SHARE_GROUP_STATE, READ_SHARE_GROUP_STATE_SUMMARY)
 #: Client id prefix of the calls instances make to each other: answered where they arrive, never passed on.
 PEER_CLIENT_ID_PREFIX = "kafka-share-proxy-peer-"
@@ -361,6 +363,86 @@ class GroupConfigMirror:
                      instance=owner.instance_id, overrides=overrides)
 
 
+# ----- members that left, learnt by leaders from the coordinator -----------------------------
+
+
+class MembershipWatch:
+    """Leaders learn from a group's coordinator which members left (the member notice of
+    docs/scale-out.md section c, pulled rather than pushed).
+
+    A leader on the coordinator's own instance releases a departed member's records at once (the
+    coordinator's MemberDeparted event). A leader elsewhere learns of a member killed outright from
+    its closed connections, and of one that hangs with them open only from its locks. So every
+    `interval_s` it asks each coordinating instance ShareGroupDescribe (a public API) for the groups
+    with records held here, and calls `release(group, member)` for each member that held records
+    here *before the call* and is not among the group's members in the answer -- as the
+    coordinator's own leaders do (ACQUIRED at once, IN_PROGRESS after the rebalance grace). Members
+    that appear after the call was sent are never judged by it; a group the coordinator no longer
+    knows (GROUP_ID_NOT_FOUND) has no members; any other error skips the group until the next round.
+
+    `holders()` maps each group coordinated elsewhere to the members holding records here;
+    `coordinator_of(group)` is the instance coordinating it (None: none now, or this one)."""
+
+    def __init__(self, holders: Callable[[], Mapping[str, set[str]]],
+                 coordinator_of: Callable[[str], InstanceIdentity | None],
+                 connect: Callable[[str, int], Awaitable[object]], release: Callable[[str, str], None], *,
+                 interval_s: float = 2.0, timeout_s: float = 5.0) -> None:
+        self._holders = holders
+        self._coordinator_of = coordinator_of
+        self._connect = connect
+        self._release = release
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            await trio.sleep(self.interval_s)
+            try:
+                await self.check()
+            except Exception as exc:  # noqa: BLE001 - a malformed answer must not stop the watch
+                log.warning("membership check failed", error=repr(exc))
+
+    async def check(self) -> None:
+        held = {group: set(members) for group, members in self._holders().items() if members}
+        by_coordinator: dict[int, tuple[InstanceIdentity, list[str]]] = {}
+        for group_id in held:
+            owner = self._coordinator_of(group_id)
+            if owner is not None:
+                by_coordinator.setdefault(owner.slot, (owner, []))[1].append(group_id)
+        async with trio.open_nursery() as nursery:
+            for owner, group_ids in by_coordinator.values():
+                nursery.start_soon(self._check_at, owner, sorted(group_ids), held)
+
+    async def _check_at(self, owner: InstanceIdentity, group_ids: list[str], held: Mapping[str, set[str]]) -> None:
+        request = load_request_schema(SHARE_GROUP_DESCRIBE, 1)(group_ids=tuple(group_ids),
+                                                               include_authorized_operations=False)
+        try:
+            with trio.fail_after(self.timeout_s):
+                client = await self._connect(owner.host, owner.bootstrap_port)
+                try:
+                    response = await client.call(request)
+                finally:
+                    await client.aclose()
+        except (UpstreamError, OSError, trio.TooSlowError) as exc:
+            log.warning("membership not readable from the coordinating instance", instance=owner.instance_id,
+                        groups=group_ids, error=str(exc) or type(exc).__name__)
+            return
+        for group in response.groups:
+            if group.group_id not in held:
+                continue
+            if group.error_code is ErrorCode.group_id_not_found:
+                live: set[str] = set()
+            elif group.error_code is ErrorCode.none:
+                live = {m.member_id for m in group.members}
+            else:
+                continue  # e.g. the coordinator moved: asked again next round
+            for member_id in sorted(held[group.group_id] - live):
+                log.info("member left the group at its coordinator; its records here released",
+                         group=group.group_id, member=member_id, instance=owner.instance_id)
+                self._release(group.group_id, member_id)
+
+
 # ----- group configs asked at an instance that does not coordinate the group ----------------
 
 
@@ -559,5 +641,6 @@ def _by_topic(partitions: list[TopicPartition], outcome: Mapping[TopicPartition,
 
 
 __all__ = ["PeerStateClient", "PeerStateServer", "GroupConfigMirror", "GroupConfigForwarder", "InFlightFanOut",
+           "MembershipWatch",
            "PEER_CLIENT_ID_PREFIX", "PeerSummary", "PeerFailure", "PEER_APIS",
            "INITIALIZE_SHARE_GROUP_STATE", "DELETE_SHARE_GROUP_STATE", "READ_SHARE_GROUP_STATE_SUMMARY"]

@@ -37,6 +37,7 @@ from proxy.share.enforce import (
     GROUP_DENIED_MESSAGE,
     authorization_for,
     group_allowed,
+    group_or_instance_allowed,
     topic_check,
     topics_allowed,
 )
@@ -146,7 +147,8 @@ async def authorized_describe(service: ShareService, authz, entity):
     TOPIC_AUTHORIZATION_FAILED without members; AuthorizedOperations from the probes."""
     permitted, refused = [], []
     for group_id in entity.group_ids:
-        allowed = await group_allowed(authz, SHARE_GROUP_DESCRIBE, group_id, Operation.DESCRIBE)
+        # An instance's principal passes: leaders ask coordinators who left (MembershipWatch).
+        allowed = await group_or_instance_allowed(authz, SHARE_GROUP_DESCRIBE, group_id, Operation.DESCRIBE)
         (permitted if allowed else refused).append(group_id)
     described = service.describe(dataclasses.replace(entity, group_ids=tuple(permitted),
                                                      include_authorized_operations=False))

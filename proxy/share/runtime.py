@@ -34,6 +34,7 @@ from proxy.share.peers import (
     GroupConfigForwarder,
     GroupConfigMirror,
     InFlightFanOut,
+    MembershipWatch,
     PeerStateClient,
     PeerStateServer,
 )
@@ -305,11 +306,20 @@ class ScaleOut:
                 timeout_s=self.settings.state_write_timeout_ms / 1000)
         if self.connect_peer is not None:
             self._mirror_group_configs(routing, nursery)
+            nursery.start_soon(MembershipWatch(
+                self.service.holders_of_groups_coordinated_elsewhere,
+                lambda group_id: self._coordinator_elsewhere(routing, group_id), self.connect_peer,
+                self.service.release_departed_member, interval_s=self.settings.share_config_refresh_ms / 1000).run)
             self.service.in_flight_fan_out = InFlightFanOut(
                 extensions.describe_in_flight(self.in_flight_key), routing.group_coordinator, routing.partition_owner,
                 self.connect_peer,
                 timeout_s=self.settings.state_write_timeout_ms / 1000)
         log.info("joined the ownership group", group=self.group_id, instance=identity.instance_id, slot=self.slot)
+
+    def _coordinator_elsewhere(self, routing: InstanceRouting, group_id: str) -> InstanceIdentity | None:
+        """The live instance coordinating `group_id` when it is another one; else None."""
+        owner = routing.group_coordinator(group_id)
+        return owner if owner is not None and owner.slot != self.slot else None
 
     def _mirror_group_configs(self, routing: InstanceRouting, nursery: trio.Nursery) -> None:
         """Leaders read the configs of groups coordinated elsewhere from their coordinators."""
@@ -318,12 +328,8 @@ class ScaleOut:
         def groups() -> set[str]:
             return {key[0] for key in service.leaders.keys() if not ownership.coordinates(key[0])}
 
-        def coordinator_of(group_id: str):
-            owner = routing.group_coordinator(group_id)
-            return owner if owner is not None and owner.slot != self.slot else None
-
         mirror = GroupConfigMirror(
-            groups, coordinator_of, self.connect_peer,
+            groups, lambda group_id: self._coordinator_elsewhere(routing, group_id), self.connect_peer,
             lambda group_id, overrides: coordinator.set_group_config(group_id, overrides, replace_all=True),
             coordinator.group_config_overrides, interval_s=self.settings.share_config_refresh_ms / 1000)
 

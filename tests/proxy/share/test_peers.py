@@ -4,9 +4,12 @@ cluster of test_manager, joined by a loopback that encodes every request and res
 
 from __future__ import annotations
 
+import datetime
+import sys
 import uuid
 
 from kio.schema.errors import ErrorCode
+from kio.static.primitive import i32
 
 from codec.registry import decode_entity, encode
 from proxy.errors import UpstreamError
@@ -430,3 +433,52 @@ async def test_config_requests_for_groups_coordinated_elsewhere_go_to_each_coord
     assert "ksp-2 did not answer" in results[1].error_message and "hand-over" in results[0].error_message
     # One call per coordinator, carrying only its groups and the client's own flags.
     assert asked == {"ksp-1": [(True, ["on-leader"])], "ksp-2": [(True, ["on-third", "on-third-too"])]}
+
+
+# ----- members that left, learnt by leaders from the coordinator ----------------------------------
+
+
+async def test_a_leader_releases_members_its_groups_coordinator_no_longer_lists(autojump_clock):
+    from kio.index import load_response_schema
+
+    from proxy.share.peers import MembershipWatch
+
+    response_type = load_response_schema(77, 1)
+    described = sys.modules[response_type.__module__]
+
+    def group(group_id, code, members=()):
+        return described.DescribedGroup(
+            error_code=code, error_message=None, group_id=group_id, group_state="Stable", group_epoch=i32(3),
+            assignment_epoch=i32(3), assignor_name="simple", authorized_operations=i32(-2147483648),
+            members=tuple(described.Member(member_id=m, rack_id=None, member_epoch=i32(3), client_id="c",
+                                           client_host="/h", subscribed_topic_names=("t",),
+                                           assignment=described.Assignment(topic_partitions=()))
+                          for m in members))
+
+    held = {"live": {"a", "b"}, "deleted": {"c"}, "moved": {"d"}, "idle": set()}
+    asked: list = []
+
+    async def answer(request):
+        asked.append(list(request.group_ids))
+        held["live"].add("joined-meanwhile")  # holds records now, but not when the call was sent
+        return response_type(throttle_time=datetime.timedelta(0), groups=(
+            group("live", ErrorCode.none, ["a"]), group("deleted", ErrorCode.group_id_not_found),
+            group("moved", ErrorCode.not_coordinator)))
+
+    async def connect(host, port):
+        assert (host, port) == (COORDINATOR.host, COORDINATOR.bootstrap_port)
+        return LoopbackPeer(answer)
+
+    released: list = []
+    watch = MembershipWatch(lambda: {g: set(m) for g, m in held.items()}, lambda g: COORDINATOR, connect,
+                            lambda g, m: released.append((g, m)))
+    await watch.check()
+    assert asked == [["deleted", "live", "moved"]]  # one call per coordinator; groups with holders only
+    assert released == [("live", "b"), ("deleted", "c")]  # a moved coordinator is asked next round
+
+    async def refused(host, port):
+        raise UpstreamError("connection refused")
+
+    released.clear()
+    await MembershipWatch(lambda: held, lambda g: COORDINATOR, refused, lambda g, m: released.append((g, m))).check()
+    assert released == []  # an unreachable coordinator releases nothing
