@@ -410,6 +410,7 @@ class DeadLetterWriter:
         self.cluster = cluster
         self.settings = settings
         self._active: set[SharePartitionKey] = set()
+        self._scopes: dict[SharePartitionKey, trio.CancelScope] = {}
         self._logged: set[tuple[str, str, str]] = set()
         self._wakeup = trio.Event()
         self._pending: set[SharePartitionKey] = set()
@@ -457,34 +458,51 @@ class DeadLetterWriter:
             self._active.add(key)
             nursery.start_soon(self._drain, key)
 
+    def cancel(self, keys: Iterable[SharePartitionKey]) -> None:
+        """Scale-out hand-over: stop the drains of share-partitions another instance now leads. A
+        round cut short writes no more letters and archives nothing here; the new owner's replay
+        finds the records ARCHIVING and dead-letters them (letters already produced are written
+        again: at least once, as after a crash)."""
+        for key in keys:
+            scope = self._scopes.get(key)
+            if scope is not None:
+                scope.cancel()
+
     async def _drain(self, key: SharePartitionKey) -> None:
-        backoff = self.settings.initial_backoff_s
-        previous: list[ArchivingRun] | None = None
+        scope = self._scopes[key] = trio.CancelScope()
         try:
-            while True:
-                leader = self.service.leaders.active(key)
-                if leader is None or not leader.engine.archiving_count:
-                    return
-                runs = leader.engine.archiving()
-                if not runs:
-                    return  # all staged: their commit announces them again
-                if runs == previous:
-                    # A round finished nothing (should not happen): never spin on it.
-                    await trio.sleep(backoff)
-                    backoff = min(self.settings.max_backoff_s, backoff * 2)
-                previous = runs
-                try:
-                    # The ARCHIVING state must be durable first: a crash then writes the letters again.
-                    await self.service.commits.durable(leader, leader.version)
-                    await self._write_round(leader, runs)
-                    backoff = self.settings.initial_backoff_s
-                except (TransientError, PersistError, UpstreamError) as exc:
-                    log.warning("dead-letter write not done; retrying", group=key[0], partition=key[2],
-                                error=str(exc), retry_in_s=backoff)
-                    await trio.sleep(backoff)
-                    backoff = min(self.settings.max_backoff_s, backoff * 2)
+            with scope:
+                await self._drain_rounds(key)
         finally:
             self._active.discard(key)
+            if self._scopes.get(key) is scope:
+                del self._scopes[key]
+
+    async def _drain_rounds(self, key: SharePartitionKey) -> None:
+        backoff = self.settings.initial_backoff_s
+        previous: list[ArchivingRun] | None = None
+        while True:
+            leader = self.service.leaders.active(key)
+            if leader is None or not leader.engine.archiving_count:
+                return
+            runs = leader.engine.archiving()
+            if not runs:
+                return  # all staged: their commit announces them again
+            if runs == previous:
+                # A round finished nothing (should not happen): never spin on it.
+                await trio.sleep(backoff)
+                backoff = min(self.settings.max_backoff_s, backoff * 2)
+            previous = runs
+            try:
+                # The ARCHIVING state must be durable first: a crash then writes the letters again.
+                await self.service.commits.durable(leader, leader.version)
+                await self._write_round(leader, runs)
+                backoff = self.settings.initial_backoff_s
+            except (TransientError, PersistError, UpstreamError) as exc:
+                log.warning("dead-letter write not done; retrying", group=key[0], partition=key[2],
+                            error=str(exc), retry_in_s=backoff)
+                await trio.sleep(backoff)
+                backoff = min(self.settings.max_backoff_s, backoff * 2)
 
     async def _write_round(self, leader: Leader, runs: list[ArchivingRun]) -> None:
         group_id, topic_id, partition = leader.key
@@ -570,6 +588,8 @@ class DeadLetterWriter:
         return found
 
     def _finish(self, leader: Leader, offsets: Iterable[int], *, dead_lettered: bool) -> None:
+        if leader.removed:
+            return  # handed over (or deleted) meanwhile: its new owner finishes these records
         for first, last in offset_ranges(offsets):
             delta = leader.engine.finish_archiving(first, last, dead_lettered=dead_lettered)
             if delta is not None:

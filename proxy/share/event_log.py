@@ -305,6 +305,21 @@ class EventLog:
 
         return settle
 
+    async def hand_over(self, timeout_s: float = 5.0) -> bool:
+        """Scale-out, share-partitions handed to another instance: publish what is buffered and wait
+        (at most `timeout_s`) until the producer has settled everything, so a handed-over
+        share-partition's events precede the new owner's on the event topic. False on time-out."""
+        if not self.topic_ready:
+            return True  # nothing can be produced yet; the buffer goes out once the topic exists
+        await self.flush_once()
+        with trio.move_on_after(timeout_s):
+            while self._in_producer > 0:
+                await trio.sleep(0.01)
+            return True
+        log.warning("event-log records of handed-over share-partitions not delivered in time; they may "
+                    "follow the new owner's", pending_events=self._in_producer, timeout_s=timeout_s)
+        return False
+
     async def aclose(self, timeout_s: float = 5.0) -> None:
         """Shutdown: hand over what is buffered (if the topic is there) and flush the producer."""
         if self.topic_ready:

@@ -60,7 +60,7 @@ from proxy.share.coordinator import (
     heartbeat_response,
 )
 from proxy.share.coordinator import TopicInfo as CoordinatorTopic
-from proxy.share.leaders import Leader, PartitionRegistry
+from proxy.share.leaders import Leader, PartitionRegistry, SharePartitionKey
 from proxy.share.ownership import ServiceOwnership
 from proxy.share.partition import AckRange, AcquireMode, ReleaseReason, ShareStateError, acquisition_mark
 from proxy.share.persister import PersistError, StateLogWriter
@@ -195,6 +195,9 @@ class ShareService:
         # Closed after the last state write, before the writer (e.g. the event log, which still
         # hears that write's committed changes).
         self.closers: list[Callable[[], Awaitable[None]]] = []
+        #: Scale-out: told the share-partitions being handed to another instance, first thing (e.g.
+        #: the dead-letter writer stops their drains).
+        self.hand_over_listeners: list[Callable[[list[SharePartitionKey]], None]] = []
 
     # ----- lifecycle -----------------------------------------------------------------
 
@@ -520,6 +523,8 @@ class ShareService:
         assert ownership is not None
         ownership.owned = ownership.owned - partitions
         leaving = [key for key in self.leaders.keys() if ownership.home_of_partition(key[1], key[2]) in partitions]
+        for listener in self.hand_over_listeners:
+            listener(leaving)
         if flush:
             dirty = [leader for key in leaving if (leader := self.leaders.active(key)) is not None
                      and leader.durable < leader.version]

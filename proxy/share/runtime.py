@@ -268,6 +268,7 @@ class ScaleOut:
         # Set by the runtime once the admin routes exist: the coordinator's side of the peer RPCs.
         self.group_admin: GroupAdmin | None = None
         self.group_configs: GroupConfigs | None = None
+        self.event_log: EventLog | None = None  # set when the event log is on
         self.connect_peer = None
         self.in_flight_key = DEFAULT_DESCRIBE_IN_FLIGHT_KEY
 
@@ -372,6 +373,9 @@ class ScaleOut:
 
     async def _revoked(self, partitions: frozenset[int]) -> None:
         await self.service.give_up(partitions, flush=True)
+        if self.event_log is not None:
+            # The flush above settled their last changes: their events go out before the new owner's.
+            await self.event_log.hand_over(timeout_s=self.settings.state_write_timeout_ms / 1000)
         await self._released(partitions)
 
     async def _lost(self, partitions: frozenset[int]) -> None:
@@ -494,7 +498,10 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
         await service.scale_out.check_slot()
     if settings.share_events_enable:
         # Subscribed before the service runs, so no settled change is missed.
-        _start_event_log(service, settings.event_log_settings(), bootstrap, cluster, nursery, client_config)
+        event_log = _start_event_log(service, settings.event_log_settings(), bootstrap, cluster, nursery,
+                                     client_config)
+        if service.scale_out is not None:
+            service.scale_out.event_log = event_log
     await nursery.start(service.run)
     # KIP-1191: ARCHIVING records (announced, or left by the replay just done) get their dead letters.
     dead_letters = DeadLetterWriter(
@@ -503,6 +510,7 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
         DeadLetterSettings(auto_create_topics=settings.dead_letter_auto_create_topics,
                            topic_name_prefix=settings.dead_letter_topic_name_prefix))
     nursery.start_soon(supervised, "dead-letters", dead_letters.run)
+    service.hand_over_listeners.append(dead_letters.cancel)
     # Share-group metrics: event counts from the change hook, gauges computed at scrape time.
     observe.register(service, per_partition=settings.metrics_per_partition)
     # Share operations authorized by the cluster's ACLs, asked on each client's own connection

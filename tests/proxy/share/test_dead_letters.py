@@ -215,3 +215,37 @@ async def test_a_failed_check_archives_regardless_without_writing(topic, dlq_par
     await run_until(service, dead_letters.run, lambda: leader.engine.archiving_count == 0)
     assert dlq.written == []
     assert leader.engine.record_state(1)[0] == RecordState.ARCHIVED
+
+
+async def test_a_hand_over_stops_a_drain_and_archives_nothing_here(nursery):
+    """Scale-out: a share-partition handed to another instance mid-round writes no more letters and
+    finishes nothing here (its new owner finds the records ARCHIVING and dead-letters them)."""
+    service, _writer, dlq = service_with("dlq.billing")
+    leader = reject(service, partition=1, first=0, last=4)
+    producing = trio.Event()
+    release = trio.Event()
+    produce = dlq.produce
+
+    async def held_produce(topic, letters):
+        producing.set()
+        await release.wait()
+        return await produce(topic, letters)
+
+    dlq.produce = held_produce
+    dead_letters = DeadLetterWriter(service, dlq, DeadLetterSettings(initial_backoff_s=0.01))
+    service.hand_over_listeners.append(dead_letters.cancel)
+    nursery.start_soon(service.commits.run)
+    nursery.start_soon(dead_letters.run)
+    with trio.fail_after(5):
+        await producing.wait()
+    assert dead_letters._scopes  # a drain is in its round
+    key = leader.key
+    for listener in service.hand_over_listeners:  # what give_up does first
+        listener([key])
+    service.leaders.remove(key)
+    release.set()
+    with trio.fail_after(5):
+        while dead_letters._scopes:
+            await trio.sleep(0.01)
+    assert dlq.written == []
+    assert leader.engine.archiving_count == 5  # left ARCHIVING for the new owner

@@ -233,3 +233,31 @@ async def test_a_broken_flush_never_reaches_the_hook():
         await log.flush_once()
     log.on_change(change(accepted(1, 1)))  # the hook still works
     assert log.held >= 1
+
+
+async def test_a_hand_over_publishes_the_buffer_and_waits_for_the_producer(nursery, autojump_clock):
+    """Scale-out: share-partitions handed to another instance have their events on the topic
+    before the rebalance completes (the new owner's follow them)."""
+    import trio
+
+    sink = Sink()
+    log = event_log(sink)
+    log.on_change(change(accepted(0, 3)))
+    done = trio.Event()
+    outcome: list[bool] = []
+
+    async def hand_over() -> None:
+        outcome.append(await log.hand_over(timeout_s=5))
+        done.set()
+
+    nursery.start_soon(hand_over)
+    await trio.sleep(1)
+    assert len(sink.records) == 1 and not done.is_set()  # produced, waiting for the broker
+    sink.deliver()
+    await done.wait()
+    assert outcome == [True] and log.held == 0
+
+    log.on_change(change(accepted(4, 4)))
+    started = trio.current_time()
+    assert await log.hand_over(timeout_s=5) is False  # never delivered: bounded, not stuck
+    assert trio.current_time() - started == pytest.approx(5, abs=0.1)
