@@ -19,26 +19,19 @@ import uuid
 
 import pytest
 import trio
-from confluent_kafka import AcknowledgeType, Producer
+from confluent_kafka import Producer
 from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
 
 from integration.kafka_fixtures import create_topic, unique_name
 from integration.security.tls_fixtures import Pki, listener_flags, tls_client
 from integration.security_fixtures import grant
-from integration.share.conftest import (
-    EXPLICIT,
-    ProxyStarter,
-    acknowledge_all,
-    poll_until,
-    share_consumer,
-    wait_until,
-)
+from integration.share.conftest import ProxyStarter, wait_until
 from integration.share.test_scale_out import (
     STATE_PARTITIONS,
     Instances,
+    accept_ten_release_ten,
     group_homed_on,
-    port_base_flags,
     topic_id_of,
 )
 from proxy.config import Secret, parse_host_port
@@ -115,13 +108,7 @@ def test_instances_behind_tls_and_sasl_listeners_administer_each_others_share_pa
 
         alice = {**tls_client(deployment.bootstrap, pki.ca_path), "security.protocol": "SASL_SSL",
                  "sasl.mechanism": SCRAM, "sasl.username": "alice", "sasl.password": "alice-secret"}
-        consumer = share_consumer(deployment.bootstrap, group, topic, {**alice, **EXPLICIT})
-        try:
-            records = sorted(poll_until(consumer, 20, timeout=90), key=lambda m: m.offset())
-            acknowledge_all(consumer, records[:10])
-            acknowledge_all(consumer, records[10:], lambda m: AcknowledgeType.RELEASE)
-        finally:
-            consumer.close()
+        accept_ten_release_ten(deployment.bootstrap, group, topic, alice)
 
         # The coordinator holds no state of the share-partition; it asks the leader, over TLS, as admin.
         wait_until(lambda: describe_offsets(coordinator.bootstrap, pki.ca_path, group, topic) == (ErrorCode.none, 10),

@@ -88,6 +88,18 @@ def group_homed_on(homes: ServiceOwnership, partitions: set[int]) -> str:
     raise AssertionError("no group id homed there")
 
 
+def accept_ten_release_ten(bootstrap: str, group: str, topic: str, config: dict | None = None) -> None:
+    """Consume records 0-19 of a one-partition topic: 0-9 accepted, 10-19 released (both confirmed)."""
+    consumer = share_consumer(bootstrap, group, topic, {**(config or {}), **EXPLICIT})
+    try:
+        records = sorted(poll_until(consumer, 20, timeout=60), key=lambda m: m.offset())
+        assert [m.delivery_count() for m in records] == [1] * 20
+        acknowledge_all(consumer, records[:10])
+        acknowledge_all(consumer, records[10:], lambda m: AcknowledgeType.RELEASE)
+    finally:
+        consumer.close()
+
+
 class Instances:
     """``count`` proxies with --instance-id on one fresh state topic, settled: every state partition
     owned, and each instance's owned-partition gauge agreeing with the ownership group.
@@ -143,14 +155,7 @@ class TwoInstances:
             self.group = group_homed_on(homes, self.mine[self.survivor_id])
             return
         self.group = group_homed_on(homes, self.mine[self.first_id])
-        consumer = share_consumer(self.first.bootstrap, self.group, self.topic, EXPLICIT)
-        try:
-            records = sorted(poll_until(consumer, 20, timeout=30), key=lambda m: m.offset())
-            assert [m.delivery_count() for m in records] == [1] * 20
-            acknowledge_all(consumer, records[:10])
-            acknowledge_all(consumer, records[10:], lambda m: AcknowledgeType.RELEASE)
-        finally:
-            consumer.close()
+        accept_ten_release_ten(self.first.bootstrap, self.group, self.topic)
 
     def heartbeat_error(self, bootstrap: str) -> ErrorCode:
         async def heartbeat() -> ErrorCode:
@@ -323,13 +328,7 @@ def test_kafka_share_groups_administers_a_group_whose_partition_another_instance
 
     two = TwoInstances(kafka, share_proxy, create_topic, names, cross=True)
     both = ",".join(proxy.bootstrap for proxy in two.proxies.values())
-    consumer = share_consumer(both, two.group, two.topic, EXPLICIT)
-    try:
-        records = sorted(poll_until(consumer, 20, timeout=60), key=lambda m: m.offset())
-        acknowledge_all(consumer, records[:10])
-        acknowledge_all(consumer, records[10:], lambda m: AcknowledgeType.RELEASE)
-    finally:
-        consumer.close()
+    accept_ten_release_ten(both, two.group, two.topic)
     wait_until(lambda: durable_state(kafka.bootstrap, two.state_topic, two.group)[0].start_offset == 10, 30,
                "the leader's SPSO at 10")
 

@@ -70,6 +70,34 @@ NO_STATE_START_OFFSET = -1
 TopicPartition = tuple[uuid.UUID, int]
 
 
+Connect = Callable[[str, int], Awaitable[object]]
+#: What a failed call to another instance raises (connection refused, broken, timed out).
+PEER_CALL_ERRORS = (UpstreamError, OSError, trio.TooSlowError)
+
+
+async def call_peer(connect: Connect, owner: InstanceIdentity, request, timeout_s: float,
+                    response_type: type | None = None):
+    """One request to another instance's bootstrap listener over a fresh connection (calls between
+    instances are rare: admin operations and refreshes), within `timeout_s`; raises PEER_CALL_ERRORS."""
+    with trio.fail_after(timeout_s):
+        client = await connect(owner.host, owner.bootstrap_port)
+        try:
+            return await (client.call(request) if response_type is None else client.call(request, response_type))
+        finally:
+            await client.aclose()
+
+
+def by_coordinator(groups: Iterable[str], coordinator_of: Callable[[str], InstanceIdentity | None]
+                   ) -> list[tuple[InstanceIdentity, list[str]]]:
+    """The groups per instance coordinating them (sorted), leaving out those with none."""
+    found: dict[int, tuple[InstanceIdentity, list[str]]] = {}
+    for group_id in groups:
+        owner = coordinator_of(group_id)
+        if owner is not None:
+            found.setdefault(owner.slot, (owner, []))[1].append(group_id)
+    return [(owner, sorted(group_ids)) for owner, group_ids in found.values()]
+
+
 @dataclass(frozen=True, slots=True)
 class PeerFailure:
     """A share-partition the owner could not be asked about, or refused."""
@@ -151,13 +179,9 @@ class PeerStateClient:
         async def one(owner: InstanceIdentity, topics: dict[uuid.UUID, list[int]]) -> None:
             asked = [(t, p) for t, ps in topics.items() for p in ps]
             try:
-                with trio.fail_after(self.timeout_s):
-                    client = await self._connect(owner.host, owner.bootstrap_port)
-                    try:
-                        response = await client.call(build(sorted((t, sorted(ps)) for t, ps in topics.items())))
-                    finally:
-                        await client.aclose()
-            except (UpstreamError, OSError, trio.TooSlowError) as exc:
+                request = build(sorted((t, sorted(ps)) for t, ps in topics.items()))
+                response = await call_peer(self._connect, owner, request, self.timeout_s)
+            except PEER_CALL_ERRORS as exc:
                 log.warning("peer share-state call failed", instance=owner.instance_id, host=owner.host,
                             port=owner.bootstrap_port, error=str(exc) or type(exc).__name__)
                 for tp in asked:
@@ -319,14 +343,9 @@ class GroupConfigMirror:
                 log.warning("group config refresh failed", error=repr(exc))
 
     async def refresh(self, groups: Iterable[str]) -> None:
-        by_coordinator: dict[int, tuple[InstanceIdentity, list[str]]] = {}
-        for group_id in groups:
-            owner = self._coordinator_of(group_id)
-            if owner is not None:
-                by_coordinator.setdefault(owner.slot, (owner, []))[1].append(group_id)
         async with trio.open_nursery() as nursery:
-            for owner, group_ids in by_coordinator.values():
-                nursery.start_soon(self._refresh_from, owner, sorted(group_ids))
+            for owner, group_ids in by_coordinator(groups, self._coordinator_of):
+                nursery.start_soon(self._refresh_from, owner, group_ids)
 
     async def _refresh_from(self, owner: InstanceIdentity, group_ids: list[str]) -> None:
         request = describe_configs_request.DescribeConfigsRequest(resources=tuple(
@@ -334,13 +353,8 @@ class GroupConfigMirror:
                                                              configuration_keys=None)
             for g in group_ids))
         try:
-            with trio.fail_after(self.timeout_s):
-                client = await self._connect(owner.host, owner.bootstrap_port)
-                try:
-                    response = await client.call(request)
-                finally:
-                    await client.aclose()
-        except (UpstreamError, OSError, trio.TooSlowError) as exc:
+            response = await call_peer(self._connect, owner, request, self.timeout_s)
+        except PEER_CALL_ERRORS as exc:
             log.warning("group configs not readable from their coordinator; keeping the last copy",
                         instance=owner.instance_id, groups=group_ids, error=str(exc) or type(exc).__name__)
             return
@@ -405,26 +419,16 @@ class MembershipWatch:
 
     async def check(self) -> None:
         held = {group: set(members) for group, members in self._holders().items() if members}
-        by_coordinator: dict[int, tuple[InstanceIdentity, list[str]]] = {}
-        for group_id in held:
-            owner = self._coordinator_of(group_id)
-            if owner is not None:
-                by_coordinator.setdefault(owner.slot, (owner, []))[1].append(group_id)
         async with trio.open_nursery() as nursery:
-            for owner, group_ids in by_coordinator.values():
-                nursery.start_soon(self._check_at, owner, sorted(group_ids), held)
+            for owner, group_ids in by_coordinator(held, self._coordinator_of):
+                nursery.start_soon(self._check_at, owner, group_ids, held)
 
     async def _check_at(self, owner: InstanceIdentity, group_ids: list[str], held: Mapping[str, set[str]]) -> None:
         request = load_request_schema(SHARE_GROUP_DESCRIBE, 1)(group_ids=tuple(group_ids),
                                                                include_authorized_operations=False)
         try:
-            with trio.fail_after(self.timeout_s):
-                client = await self._connect(owner.host, owner.bootstrap_port)
-                try:
-                    response = await client.call(request)
-                finally:
-                    await client.aclose()
-        except (UpstreamError, OSError, trio.TooSlowError) as exc:
+            response = await call_peer(self._connect, owner, request, self.timeout_s)
+        except PEER_CALL_ERRORS as exc:
             log.warning("membership not readable from the coordinating instance", instance=owner.instance_id,
                         groups=group_ids, error=str(exc) or type(exc).__name__)
             return
@@ -496,7 +500,7 @@ class GroupConfigForwarder:
             try:
                 answer = await self._call(owner, narrowed)
                 answered = {(int(r.resource_type), r.resource_name): r for r in getattr(answer, response_field)}
-            except (UpstreamError, OSError, trio.TooSlowError) as exc:
+            except PEER_CALL_ERRORS as exc:
                 log.warning("group configs: the coordinating instance cannot be asked", instance=owner.instance_id,
                             error=str(exc) or type(exc).__name__)
                 answered = {}
@@ -520,7 +524,7 @@ class GroupConfigForwarder:
         async def one(owner: InstanceIdentity) -> None:
             try:
                 answer = await self._call(owner, request)
-            except (UpstreamError, OSError, trio.TooSlowError) as exc:
+            except PEER_CALL_ERRORS as exc:
                 log.warning("config resources: an instance cannot be asked; its groups are not listed",
                             instance=owner.instance_id, error=str(exc) or type(exc).__name__)
                 return
@@ -535,12 +539,7 @@ class GroupConfigForwarder:
         return found
 
     async def _call(self, owner: InstanceIdentity, request):
-        with trio.fail_after(self.timeout_s):
-            client = await self._connect(owner.host, owner.bootstrap_port)
-            try:
-                return await client.call(request)
-            finally:
-                await client.aclose()
+        return await call_peer(self._connect, owner, request, self.timeout_s)
 
 
 # ----- the in-flight describe across instances ----------------------------------------------
@@ -567,12 +566,7 @@ class InFlightFanOut:
         self.timeout_s = timeout_s
 
     async def _call(self, owner: InstanceIdentity, request, version: int):
-        with trio.fail_after(self.timeout_s):
-            client = await self._connect(owner.host, owner.bootstrap_port)
-            try:
-                return await client.call(request, self.api.responses[version])
-            finally:
-                await client.aclose()
+        return await call_peer(self._connect, owner, request, self.timeout_s, self.api.responses[version])
 
     async def from_coordinator(self, request, version: int) -> object | PeerFailure:
         """The coordinating instance's whole answer, or why it could not be had."""
@@ -581,7 +575,7 @@ class InFlightFanOut:
             return PeerFailure(ErrorCode.coordinator_not_available, "No instance coordinates the group yet.")
         try:
             return await self._call(owner, request, version)
-        except (UpstreamError, OSError, trio.TooSlowError) as exc:
+        except PEER_CALL_ERRORS as exc:
             return PeerFailure(ErrorCode.coordinator_not_available,
                                f"Instance {owner.instance_id} coordinating the group did not answer: "
                                f"{str(exc) or type(exc).__name__}")
@@ -596,7 +590,7 @@ class InFlightFanOut:
                 topic_type(topic_id=t, partitions=tuple(sorted(ps))) for t, ps in sorted(topics.items(), key=str)))
             try:
                 response = await self._call(owner, asked, version)
-            except (UpstreamError, OSError, trio.TooSlowError) as exc:
+            except PEER_CALL_ERRORS as exc:
                 failure = PeerFailure(ErrorCode.coordinator_not_available,
                                       f"Instance {owner.instance_id} leading the share-partition did not answer: "
                                       f"{str(exc) or type(exc).__name__}")

@@ -299,8 +299,8 @@ class ScaleOut:
             Instance(self.slot, identity.host, identity.port_base), topic_id_of)
         self.service.leader_hint = routing.leader_hint
         if self.group_admin is not None and self.connect_peer is not None:
-            self.group_admin.peers = PeerStateClient(
-                self.slot, routing.partition_owner, self.connect_peer, timeout_s=self.settings.state_write_timeout_ms / 1000)
+            self.group_admin.peers = PeerStateClient(self.slot, routing.partition_owner, self.connect_peer,
+                                                     timeout_s=self.settings.state_write_timeout_ms / 1000)
         if self.group_configs is not None and self.connect_peer is not None:
             self.group_configs.forwarder = GroupConfigForwarder(
                 self.slot, routing.group_coordinator, lambda: member.map.instances, self.connect_peer,
