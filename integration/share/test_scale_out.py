@@ -547,6 +547,57 @@ def test_three_instances_serve_two_groups_exactly_once_and_share_the_work(kafka,
     print(f"\nthree instances: acquisitions per instance {acquired}; group b split {split_b}")
 
 
+@pytest.mark.java
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "kill-9"])
+def test_a_java_share_consumer_follows_its_partitions_and_group_to_another_instance(kafka, share_proxy, create_topic,
+                                                                                  names, stop_signal):
+    """Java's KafkaShareConsumer across a move (docs/scale-out.md "What stays uncertain"): mid-run,
+    the instance that both coordinates the consumer's group and leads some of its partitions is
+    stopped (SIGTERM: a clean hand-over; SIGKILL: declared dead after the ownership session). The
+    consumer, bootstrapped with all three instances, finds the new coordinator and leaders --
+    whose leader epochs are unchanged -- and finishes every record."""
+    partitions, records = 4, 20_000
+    deployment = Instances(kafka, share_proxy, 3)
+    ports, proxies, described = deployment.ports, deployment.proxies, deployment.described
+    homes = ServiceOwnership(STATE_PARTITIONS)
+    for attempt in range(5):  # a topic with a partition led where the group is coordinated
+        topic = create_topic(f"{names.topic}-{attempt}", partitions=partitions)
+        topic_id = topic_id_of(kafka.bootstrap, topic)
+        leaders = collections.Counter(described[homes.home_of_partition(topic_id, p)] for p in range(partitions))
+        if len(leaders) > 1:
+            break
+    victim = leaders.most_common(1)[0][0]
+    group = group_homed_on(homes, deployment.mine[victim])
+    produced = {v.decode() for v in produce(kafka.bootstrap, topic, records, partitions=partitions,
+                                            batch_records=250)}
+    java = subprocess.Popen(
+        driver_command("share-consume", bootstrap=deployment.bootstrap, group=group, topic=topic,
+                       ack_mode="explicit", commit="sync", max_poll_records=250, process_ms=20, count=records,
+                       linger_ms=2000, timeout_ms=150_000),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: sum(metric(scrape_metrics(ports[iid]), "ksp_share_records_acquired_total") or 0.0
+                               for iid in deployment.ids) >= records // 4, 90, "a quarter of the records acquired")
+        proxies[victim].stop(stop_signal)
+        moved_at = time.monotonic()
+        stdout, stderr = java.communicate(timeout=180)
+    finally:
+        if java.poll() is None:
+            java.kill()
+            java.wait()
+    assert java.returncode == 0, stderr[-4000:]
+    summary = json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
+    delivered = collections.Counter(d[3] for d in summary["deliveries"])
+    assert set(delivered) == produced, (
+        f"{len(produced - set(delivered))} records never delivered; finished {summary['finished']} after "
+        f"{time.monotonic() - moved_at:.1f} s; ack errors {summary['ack_errors'][:5]}; stderr {stderr[-3000:]}")
+    assert summary["finished"] >= records, summary["finished"]
+    again = sum(n - 1 for n in delivered.values())
+    print(f"\nJava across a move ({stop_signal.name}): all {records} records finished "
+          f"{time.monotonic() - moved_at:.1f} s after the stop; {again} deliveries again, "
+          f"{len(summary['ack_errors'])} acknowledgement errors reported")
+
+
 @pytest.mark.parametrize("failure", ["kill-9", "sigstop", "scale-in"])
 def test_an_instance_failing_mid_run_moves_its_partitions_and_loses_no_acknowledgement(kafka, share_proxy,
                                                                                       create_topic, names, failure):

@@ -14,11 +14,11 @@ A = InstanceIdentity("ksp-0", 0, "a.local", 9092, 19000)
 B = InstanceIdentity("ksp-1", 1, "b.local", 9092, 29000)
 
 
-def routing(owners: dict[int, InstanceIdentity], instances=(A, B)) -> InstanceRouting:
+def routing(owners: dict[int, InstanceIdentity], instances=(A, B), *, name_new_leader: bool = True) -> InstanceRouting:
     homes = ServiceOwnership(4)
     current = OwnerMap(owners, tuple(instances))
     return InstanceRouting(homes, lambda: current, Instance(0, "a.local", 19000),
-                           lambda name: TOPIC if name == "orders" else None)
+                           lambda name: TOPIC if name == "orders" else None, name_new_leader=name_new_leader)
 
 
 def test_a_partition_is_named_at_the_owner_of_its_home_and_at_this_instance_when_unowned():
@@ -51,6 +51,13 @@ def test_a_partition_refused_here_names_the_owning_instances_node_and_endpoint()
     assert led_elsewhere.leader_hint((TOPIC, 3), 1, 7) == (vnode(1, 1), 7, ("b.local", 29001))
     assert routing({}).leader_hint((TOPIC, 3), 1, 7) == (-1, -1, None)  # nobody else owns it yet
     assert routing({home: A}).leader_hint((TOPIC, 3), 1, 7) == (-1, -1, None)  # this instance owns it
+
+
+def test_by_default_a_partition_refused_here_names_no_leader_so_clients_refresh_metadata():
+    """A move keeps the upstream epoch; Java ignores an equal-epoch hint without refreshing."""
+    home = ServiceOwnership(4).home_of_partition(TOPIC, 3)
+    assert routing({home: B}, name_new_leader=False).leader_hint((TOPIC, 3), 1, 7) == (-1, -1, None)
+    assert InstanceRouting.__init__.__kwdefaults__ == {"name_new_leader": False}
 
 
 def test_share_responses_carry_the_hint_as_current_leader_and_node_endpoint():
