@@ -54,7 +54,7 @@ from proxy.share.commit import CommitPipeline
 from proxy.share.coordinator import ShareGroupCoordinator
 from proxy.share.authorization import AuthorizationPolicy, Operation
 from proxy.share.enforce import GROUP_DENIED_MESSAGE, authorization_for, group_or_instance_allowed
-from proxy.share.peers import PEER_CLIENT_ID_PREFIX
+from proxy.share.peers import is_peer_call
 from proxy.share.group_config import GroupConfigError, altered_overrides, describe_group_config, is_share_group_key
 
 log = structlog.get_logger(__name__)
@@ -226,9 +226,8 @@ class GroupConfigRoute:
                          error_message=GROUP_DENIED_MESSAGE, resource_type=resource.resource_type,
                          resource_name=resource.resource_name, configs=())
 
-        forwarder = self.configs.forwarder
-        if forwarder is not None and (header.client_id or "").startswith(PEER_CLIENT_ID_PREFIX):
-            forwarder = None  # another instance passing a request on: answered here, never passed again
+        # Another instance passing a request on is answered here, never passed again.
+        forwarder = None if is_peer_call(header) else self.configs.forwarder
 
         def elsewhere(resource: Any) -> bool:
             return (forwarder is not None and int(resource.resource_type) == GROUP_RESOURCE
@@ -276,11 +275,10 @@ class GroupConfigRoute:
             mine = [r for r, is_local in zip(resources, local) if is_local]
             refused = await self._refused(connection, header.api_key, mine, Operation.ALTER_CONFIGS)
             remote = [i for i, r in enumerate(mine) if i not in refused and elsewhere(r)]
-            outcomes = dict(zip(
-                [i for i in range(len(mine)) if i not in refused and i not in remote],
-                [outcome for _, outcome in _alter_all(
-                    self.configs, [r for i, r in enumerate(mine) if i not in refused and i not in remote],
-                    validate_only=bool(entity.validate_only), replace_all=header.api_key == ALTER_CONFIGS)]))
+            here = [i for i in range(len(mine)) if i not in refused and i not in remote]
+            outcomes = {i: outcome for i, (_, outcome) in zip(here, _alter_all(
+                self.configs, [mine[i] for i in here], validate_only=bool(entity.validate_only),
+                replace_all=header.api_key == ALTER_CONFIGS))}
             outcomes.update({i: (ErrorCode.group_authorization_failed, GROUP_DENIED_MESSAGE, None) for i in refused})
 
             async def altered() -> tuple:
@@ -334,9 +332,8 @@ class ListConfigResourcesRoute:
                                    memoryview(request.frame)[request.body_offset:])
             types = {int(t) for t in entity.resource_types}
             if not types or GROUP_RESOURCE in types:  # empty: every type
-                forwarder = self.configs.forwarder
-                if (header.client_id or "").startswith(PEER_CLIENT_ID_PREFIX):
-                    forwarder = None  # another instance asking: this instance's groups only
+                # Another instance asking gets this instance's groups only.
+                forwarder = None if is_peer_call(header) else self.configs.forwarder
 
                 async def add_groups(request: Request, payload: bytes) -> bytes:
                     elsewhere = set()

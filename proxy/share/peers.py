@@ -65,6 +65,11 @@ SHARE_GROUP_DESCRIBE = 77
 PEER_APIS = (INITIALIZE_SHARE_GROUP_STATE, DELETE_SHARE_GROUP_STATE, READ_SHARE_GROUP_STATE_SUMMARY)
 #: Client id prefix of the calls instances make to each other: answered where they arrive, never passed on.
 PEER_CLIENT_ID_PREFIX = "kafka-share-proxy-peer-"
+
+
+def is_peer_call(header) -> bool:
+    """Whether a request (its header) is another instance's call (client id :data:`PEER_CLIENT_ID_PREFIX`)."""
+    return (header.client_id or "").startswith(PEER_CLIENT_ID_PREFIX)
 NO_STATE_START_OFFSET = -1
 
 TopicPartition = tuple[uuid.UUID, int]
@@ -636,5 +641,5 @@ def _by_topic(partitions: list[TopicPartition], outcome: Mapping[TopicPartition,
 
 __all__ = ["PeerStateClient", "PeerStateServer", "GroupConfigMirror", "GroupConfigForwarder", "InFlightFanOut",
            "MembershipWatch",
-           "PEER_CLIENT_ID_PREFIX", "PeerSummary", "PeerFailure", "PEER_APIS",
+           "PEER_CLIENT_ID_PREFIX", "is_peer_call", "PeerSummary", "PeerFailure", "PEER_APIS",
            "INITIALIZE_SHARE_GROUP_STATE", "DELETE_SHARE_GROUP_STATE", "READ_SHARE_GROUP_STATE_SUMMARY"]

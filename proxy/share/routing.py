@@ -31,14 +31,8 @@ class InstanceRouting:
     """What this instance tells clients about where things are (see the module docstring)."""
 
     def __init__(self, ownership: ServiceOwnership, owner_map: Callable[[], OwnerMap], self_instance: Instance,
-                 topic_id_of: Callable[[str], uuid.UUID | None], *, name_new_leader: bool = False) -> None:
+                 topic_id_of: Callable[[str], uuid.UUID | None]) -> None:
         self.ownership = ownership
-        # Off: a NOT_LEADER_OR_FOLLOWER for a share-partition another instance leads carries no
-        # CurrentLeader, so clients refresh metadata. A move keeps the upstream leader epoch, and
-        # Java's KafkaShareConsumer (4.x) ignores a hint whose epoch is not newer *without*
-        # refreshing metadata: after a kill -9 it kept fetching from the dead instance until
-        # metadata.max.age.ms (integration/share/test_scale_out.py, the Java-follows test).
-        self.name_new_leader = name_new_leader
         self._owner_map = owner_map
         self.self_instance = self_instance
         self._topic_id_of = topic_id_of
@@ -85,17 +79,13 @@ class InstanceRouting:
         return None if owner is None else owner.slot
 
     def leader_hint(self, tp: tuple[uuid.UUID, int], leader: int, epoch: int) -> tuple[int, int, tuple[str, int] | None]:
-        """Where a share-partition refused here (NOT_LEADER_OR_FOLLOWER) is led: (-1, -1, None), so
-        the client refreshes metadata (see ``name_new_leader``); with ``name_new_leader``, the owning
-        instance's node for the upstream ``leader``, the upstream epoch (unchanged, as Metadata), and
-        that node's endpoint -- (-1, -1, None) still while no other instance owns it."""
-        if not self.name_new_leader:
-            return -1, -1, None
-        slot = self.owner_slot(None, tp[0], tp[1])
-        owner = next((i for i in self.instances() if i.slot == slot), None)
-        if slot == self.slot or owner is None or leader < 0:
-            return -1, -1, None
-        return owner.node_for(leader), epoch, (owner.host, owner.port_for(leader))
+        """The CurrentLeader of a share-partition refused here (NOT_LEADER_OR_FOLLOWER): none,
+        (-1, -1, None), so the client refreshes metadata, which names the owning instance. Naming
+        the owner here would carry the upstream leader epoch unchanged (a move does not bump it), and
+        Java's KafkaShareConsumer (4.x) ignores a hint whose epoch is not newer *without* refreshing
+        metadata: after a kill -9 it kept fetching from the dead instance until metadata.max.age.ms
+        (integration/share/test_scale_out.py, the Java-follows test)."""
+        return -1, -1, None
 
     # ----- the three responses -----------------------------------------------------------------
 

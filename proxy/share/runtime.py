@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
@@ -306,10 +307,10 @@ class ScaleOut:
                 self.slot, routing.group_coordinator, lambda: member.map.instances, self.connect_peer,
                 timeout_s=self.settings.state_write_timeout_ms / 1000)
         if self.connect_peer is not None:
-            self._mirror_group_configs(routing, nursery)
+            coordinator_elsewhere = functools.partial(self._coordinator_elsewhere, routing)
+            self._mirror_group_configs(coordinator_elsewhere, nursery)
             nursery.start_soon(MembershipWatch(
-                self.service.holders_of_groups_coordinated_elsewhere,
-                lambda group_id: self._coordinator_elsewhere(routing, group_id), self.connect_peer,
+                self.service.holders_of_groups_coordinated_elsewhere, coordinator_elsewhere, self.connect_peer,
                 self.service.release_departed_member, interval_s=self.settings.share_config_refresh_ms / 1000).run)
             self.service.in_flight_fan_out = InFlightFanOut(
                 extensions.describe_in_flight(self.in_flight_key), routing.group_coordinator, routing.partition_owner,
@@ -322,7 +323,8 @@ class ScaleOut:
         owner = routing.group_coordinator(group_id)
         return owner if owner is not None and owner.slot != self.slot else None
 
-    def _mirror_group_configs(self, routing: InstanceRouting, nursery: trio.Nursery) -> None:
+    def _mirror_group_configs(self, coordinator_elsewhere: Callable[[str], InstanceIdentity | None],
+                              nursery: trio.Nursery) -> None:
         """Leaders read the configs of groups coordinated elsewhere from their coordinators."""
         service, ownership, coordinator = self.service, self.service.ownership, self.service.coordinator
 
@@ -330,7 +332,7 @@ class ScaleOut:
             return {key[0] for key in service.leaders.keys() if not ownership.coordinates(key[0])}
 
         mirror = GroupConfigMirror(
-            groups, lambda group_id: self._coordinator_elsewhere(routing, group_id), self.connect_peer,
+            groups, coordinator_elsewhere, self.connect_peer,
             lambda group_id, overrides: coordinator.set_group_config(group_id, overrides, replace_all=True),
             coordinator.group_config_overrides, interval_s=self.settings.share_config_refresh_ms / 1000)
 

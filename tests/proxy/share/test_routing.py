@@ -7,18 +7,18 @@ import uuid
 
 from proxy.share.ownership import InstanceIdentity, OwnerMap, ServiceOwnership
 from proxy.share.routing import InstanceRouting
-from proxy.vnodes import Instance, vnode
+from proxy.vnodes import Instance
 
 TOPIC = uuid.UUID(int=42)
 A = InstanceIdentity("ksp-0", 0, "a.local", 9092, 19000)
 B = InstanceIdentity("ksp-1", 1, "b.local", 9092, 29000)
 
 
-def routing(owners: dict[int, InstanceIdentity], instances=(A, B), *, name_new_leader: bool = True) -> InstanceRouting:
+def routing(owners: dict[int, InstanceIdentity], instances=(A, B)) -> InstanceRouting:
     homes = ServiceOwnership(4)
     current = OwnerMap(owners, tuple(instances))
     return InstanceRouting(homes, lambda: current, Instance(0, "a.local", 19000),
-                           lambda name: TOPIC if name == "orders" else None, name_new_leader=name_new_leader)
+                           lambda name: TOPIC if name == "orders" else None)
 
 
 def test_a_partition_is_named_at_the_owner_of_its_home_and_at_this_instance_when_unowned():
@@ -44,23 +44,14 @@ def test_every_live_instance_is_listed_with_this_one_always_among_them():
     assert routing({}, instances=(A, B)).instances()[1] == Instance(1, "b.local", 29000)
 
 
-def test_a_partition_refused_here_names_the_owning_instances_node_and_endpoint():
-    homes = ServiceOwnership(4)
-    home = homes.home_of_partition(TOPIC, 3)
-    led_elsewhere = routing({home: B})
-    assert led_elsewhere.leader_hint((TOPIC, 3), 1, 7) == (vnode(1, 1), 7, ("b.local", 29001))
-    assert routing({}).leader_hint((TOPIC, 3), 1, 7) == (-1, -1, None)  # nobody else owns it yet
-    assert routing({home: A}).leader_hint((TOPIC, 3), 1, 7) == (-1, -1, None)  # this instance owns it
-
-
-def test_by_default_a_partition_refused_here_names_no_leader_so_clients_refresh_metadata():
+def test_a_partition_refused_here_names_no_leader_so_clients_refresh_metadata():
     """A move keeps the upstream epoch; Java ignores an equal-epoch hint without refreshing."""
     home = ServiceOwnership(4).home_of_partition(TOPIC, 3)
-    assert routing({home: B}, name_new_leader=False).leader_hint((TOPIC, 3), 1, 7) == (-1, -1, None)
-    assert InstanceRouting.__init__.__kwdefaults__ == {"name_new_leader": False}
+    for owners in ({home: B}, {}, {home: A}):  # led elsewhere, by nobody yet, here
+        assert routing(owners).leader_hint((TOPIC, 3), 1, 7) == (-1, -1, None)
 
 
-def test_share_responses_carry_the_hint_as_current_leader_and_node_endpoint():
+def test_share_responses_refused_here_carry_no_current_leader_and_no_node_endpoint():
     from proxy.share.cluster import PartitionInfo, TopicInfo
     from proxy.share.manager import NOT_LED_HERE, AcknowledgeOutcome, FetchOutcome
     from proxy.share.reader import Fetched
@@ -75,10 +66,10 @@ def test_share_responses_carry_the_hint_as_current_leader_and_node_endpoint():
     fetched = share_fetch_response(FetchOutcome(fetched={(TOPIC, 3): Fetched(error=NOT_LED_HERE[0])}), 1,
                                    Cluster(), hint=hint)
     (partition,) = fetched.responses[0].partitions
-    assert (int(partition.current_leader.leader_id), int(partition.current_leader.leader_epoch)) == (vnode(1, 1), 7)
-    assert [(int(e.node_id), e.host, int(e.port)) for e in fetched.node_endpoints] == [(vnode(1, 1), "b.local", 29001)]
+    assert (int(partition.current_leader.leader_id), int(partition.current_leader.leader_epoch)) == (-1, -1)
+    assert fetched.node_endpoints == ()
     acknowledged = share_acknowledge_response(AcknowledgeOutcome(acknowledgements={(TOPIC, 3): NOT_LED_HERE}), 1,
                                               Cluster(), hint)
     (partition,) = acknowledged.responses[0].partitions
-    assert int(partition.current_leader.leader_id) == vnode(1, 1)
-    assert [int(e.node_id) for e in acknowledged.node_endpoints] == [vnode(1, 1)]
+    assert int(partition.current_leader.leader_id) == -1
+    assert acknowledged.node_endpoints == ()
