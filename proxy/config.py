@@ -138,7 +138,7 @@ class ProxyConfig:
     # Share groups (KIP-932), served by the proxy itself.
     disable_share_groups: bool = False
     state_topic: str = "__share_proxy_state"
-    state_topic_partitions: int = 3
+    state_topic_partitions: int = 12  # at most this many instances share work (scale-out)
     state_topic_replication_factor: int | None = None  # None: min(3, brokers)
     state_topic_min_insync_replicas: int | None = None  # None: min(2, replication factor)
     share_auto_offset_reset: str = "latest"
@@ -296,7 +296,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("metrics_per_partition", parse_bool, "export share-group series per share-partition (group, topic, partition labels) too, not only per group", flag_is_switch=True),
     Option("disable_share_groups", parse_bool, "do not serve share groups (pure pass-through proxy)", flag_is_switch=True),
     Option("state_topic", str, "compacted topic holding durable share state, created if missing (default __share_proxy_state; Kafka 4.x reserves __share_group_state for itself)", "TOPIC"),
-    Option("state_topic_partitions", int, "partitions of a newly created state topic (default 3)", "N"),
+    Option("state_topic_partitions", int, "partitions of a newly created state topic (default 12); with --instance-id, at most this many instances lead share-partitions", "N"),
     Option("state_topic_replication_factor", parse_optional_int, "replication factor of a newly created state topic (default min(3, brokers in the cluster))", "N"),
     Option("state_topic_min_insync_replicas", parse_optional_int, "min.insync.replicas of a newly created state topic (default min(2, its replication factor))", "N"),
     Option("share_auto_offset_reset", str, "where a new share group starts reading: latest, earliest or by_duration:<ISO-8601> (share.auto.offset.reset default, default latest)", "STRATEGY"),

@@ -219,8 +219,10 @@ class OwnershipMember:
         heartbeat_interval_ms: int = 1_000,
         refresh_s: float = 2.0,
         client_config: Mapping[str, str] | None = None,
+        partitions: int | None = None,
     ) -> None:
         self.state_topic = state_topic
+        self.partitions = partitions  # the state topic's, when known: for the idle warning
         self.identity = identity
         self.group_id = group_id or f"{DEFAULT_GROUP_PREFIX}.{state_topic}"
         self._handlers = {"gained": on_gained, "revoked": on_revoked, "lost": on_lost}
@@ -245,6 +247,7 @@ class OwnershipMember:
         self._token: trio.lowlevel.TrioToken | None = None
         self._admin: AdminClient | None = None
         self._refresh_now = trio.Event()
+        self._idle = False
 
     # ----- the owner map ---------------------------------------------------------------------
 
@@ -259,7 +262,23 @@ class OwnershipMember:
         self.map = owner_map(members, self.state_topic)
         self._map_changed.set()
         self._map_changed = trio.Event()
+        self._warn_when_idle()
         return self.map
+
+    def _warn_when_idle(self) -> None:
+        """Say once, when it starts, that this instance can own nothing: the group has more
+        instances than the state topic has partitions (each partition has one owner), so this one
+        leads no share-partition and coordinates no group until another instance leaves."""
+        idle = (self.partitions is not None and len(self.map.instances) > self.partitions
+                and any(i.slot == self.identity.slot for i in self.map.instances)
+                and not self.map.owned_by(self.identity.slot))
+        if idle and not self._idle:
+            log.warning("instance owns no state partition: more instances than state-topic partitions",
+                        instance=self.identity.instance_id, instances=len(self.map.instances),
+                        state_topic=self.state_topic, partitions=self.partitions,
+                        hint="a state topic's partitions cap the instances that share work; "
+                             "create it with more (--state-topic-partitions) before deploying")
+        self._idle = idle
 
     async def wait_for_map(self, predicate: Callable[[OwnerMap], bool]) -> OwnerMap:
         """Wait until the owner map satisfies ``predicate`` (tests and start-up)."""

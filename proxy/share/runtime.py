@@ -82,7 +82,7 @@ class ShareSettings:
     """Broker-level share-group settings (Kafka's ``group.share.*`` names in comments)."""
 
     state_topic: str = "__share_proxy_state"
-    state_topic_partitions: int = 3
+    state_topic_partitions: int = 12
     state_topic_replication_factor: int | None = None  # None: min(3, brokers)
     state_topic_min_insync_replicas: int | None = None  # None: min(2, replication factor)
     max_share_sessions: int = 2000  # group.share.max.share.sessions
@@ -285,7 +285,8 @@ class ScaleOut:
         self.member = OwnershipMember(
             self.bootstrap, self.settings.state_topic, identity, group_id=self.group_id,
             on_gained=self._gained, on_revoked=self._revoked, on_lost=self._lost,
-            session_timeout_ms=self.settings.ownership_session_timeout_ms, client_config=self.client_config)
+            session_timeout_ms=self.settings.ownership_session_timeout_ms, client_config=self.client_config,
+            partitions=self.partitions)
         await nursery.start(self.member.run)
         member, cluster = self.member, self.service.cluster
 

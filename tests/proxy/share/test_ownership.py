@@ -9,7 +9,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.share.ownership import MAX_SLOT, InstanceIdentity, owner_map, slot_conflict, slot_of_instance
+from structlog.testing import capture_logs
+
+from proxy.share.ownership import (
+    MAX_SLOT,
+    InstanceIdentity,
+    OwnershipMember,
+    owner_map,
+    slot_conflict,
+    slot_of_instance,
+)
 
 names = st.text(st.characters(blacklist_characters=";=", blacklist_categories=("Cs",)), min_size=1, max_size=20)
 
@@ -62,3 +71,34 @@ def test_a_slot_claimed_by_another_instance_is_a_conflict_but_not_by_this_instan
     assert slot_conflict([member(InstanceIdentity("ksp-1", 1, "old.local", 9092, 19000))], me) is None
     other = InstanceIdentity("other-1", 1, "c.local", 9092, 19000)
     assert slot_conflict([member(other)], me) == other
+
+
+async def test_an_instance_that_can_own_nothing_says_so_once_and_again_when_it_recurs():
+    """Four instances, three state partitions: the fourth leads nothing (scale-out's cap)."""
+    ids = [InstanceIdentity(f"ksp-{n}", n, "h.local", 9092, 19000) for n in range(4)]
+    me = ids[3]
+    crowded = [member(ids[0], ("state", 0)), member(ids[1], ("state", 1)), member(ids[2], ("state", 2)),
+               member(me)]
+    after_one_left = [member(ids[0], ("state", 0)), member(ids[1], ("state", 1)), member(me, ("state", 2))]
+    described = iter([crowded, crowded, after_one_left, crowded])
+    instance = OwnershipMember("unused:9092", "state", me, on_gained=None, on_revoked=None, on_lost=None,
+                               partitions=3)
+    instance._describe_members = lambda: next(described)
+    with capture_logs() as logged:
+        for _ in range(4):
+            await instance.refresh()
+    warnings = [e for e in logged if e["log_level"] == "warning"]
+    assert [(w["instances"], w["partitions"]) for w in warnings] == [(4, 3), (4, 3)]  # runs 1 and 4, not 2
+    assert "more instances than state-topic partitions" in warnings[0]["event"]
+
+
+async def test_an_instance_with_partitions_or_an_unknown_partition_count_does_not_warn():
+    ids = [InstanceIdentity(f"ksp-{n}", n, "h.local", 9092, 19000) for n in range(3)]
+    crowded = [member(ids[0], ("state", 0)), member(ids[1], ("state", 1)), member(ids[2])]
+    for me, partitions in ((ids[0], 2), (ids[2], None)):
+        instance = OwnershipMember("unused:9092", "state", me, on_gained=None, on_revoked=None, on_lost=None,
+                                   partitions=partitions)
+        instance._describe_members = lambda: crowded
+        with capture_logs() as logged:
+            await instance.refresh()
+        assert not [e for e in logged if e["log_level"] == "warning"]
