@@ -19,6 +19,10 @@ STATE_PARTITION_OWNED = Gauge("ksp_share_state_partition_owned",
 STATE_LANES_FENCED = Counter("ksp_share_state_lanes_fenced",
                              "State-topic partitions this instance stopped writing because another producer took "
                              "over their transactional id (--state-fencing transactional)")
+PEER_CALLS = Counter("ksp_peer_calls", "Calls this instance made to other instances (scale-out: admin, config "
+                     "mirror, membership watch)")
+PEER_CONNECTIONS_OPENED = Counter("ksp_peer_connections_opened",
+                                  "Connections this instance opened to other instances (kept for the next call)")
 ACKNOWLEDGEMENTS = Counter("ksp_share_acknowledged_partitions", "Per-partition acknowledgements applied")
 ACKNOWLEDGEMENTS_ROLLED_BACK = Counter("ksp_share_acknowledgements_rolled_back",
                                        "Staged acknowledgements rolled back because their state write failed")

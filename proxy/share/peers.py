@@ -15,9 +15,9 @@ ReadShareGroupStateSummary (v1)  87  DescribeShareGroupOffsets: start offset, de
 
 The owner answers each partition it does not lead ``NOT_COORDINATOR`` (the ownership moved; the
 admin client retries). A share-partition with no state answers start offset -1, as Kafka's share
-coordinator does. Calls go over a fresh connection each (admin operations are rare), with the
-proxy's own time-out; an unreachable owner gives ``COORDINATOR_NOT_AVAILABLE`` for its partitions
-(retriable), never a silent success.
+coordinator does. Calls have the proxy's own time-out; an unreachable owner gives ``COORDINATOR_NOT_AVAILABLE`` for its partitions
+(retriable), never a silent success. Connections are kept for the next call (:class:`PeerConnections`):
+the config mirror and the membership watch ask every coordinating instance every refresh.
 
 A leader also keeps a copy of the configs of groups coordinated elsewhere
 (:class:`GroupConfigMirror`: DescribeConfigs at the coordinator, before the group's first
@@ -35,6 +35,7 @@ that client first.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -54,6 +55,7 @@ from kio.schema.read_share_group_state_summary.v1 import response as summary_res
 from kio.static.primitive import i8, i32, i64
 
 from proxy.errors import UpstreamError
+from proxy.share.metrics import PEER_CALLS, PEER_CONNECTIONS_OPENED
 from proxy.share.ownership import InstanceIdentity
 
 log = structlog.get_logger(__name__)
@@ -82,14 +84,96 @@ PEER_CALL_ERRORS = (UpstreamError, OSError, trio.TooSlowError)
 
 async def call_peer(connect: Connect, owner: InstanceIdentity, request, timeout_s: float,
                     response_type: type | None = None):
-    """One request to another instance's bootstrap listener over a fresh connection (calls between
-    instances are rare: admin operations and refreshes), within `timeout_s`; raises PEER_CALL_ERRORS."""
+    """One request to another instance's bootstrap listener over a connection from `connect`
+    (closed after the call; :class:`PeerConnections` makes that keep it), within `timeout_s`;
+    raises PEER_CALL_ERRORS."""
+    PEER_CALLS.inc()
     with trio.fail_after(timeout_s):
         client = await connect(owner.host, owner.bootstrap_port)
         try:
             return await (client.call(request) if response_type is None else client.call(request, response_type))
         finally:
             await client.aclose()
+
+
+class PeerConnections:
+    """Connections to other instances, kept open for the next call.
+
+    The config mirror and the membership watch call every coordinating instance every
+    ``--share-config-refresh-ms``; a fresh connection per call was a TCP handshake each time, and a
+    TLS handshake and a SASL authentication at a broker too behind secured listeners.
+    :meth:`connect` has the signature of a :data:`Connect`: the client it gives goes back to the
+    idle connections when closed after a call that succeeded, and is really closed after a failed
+    or cancelled one (its stream may be mid-frame). A kept connection the other side has closed
+    meanwhile (it restarted, or its SASL session ended) fails its next call, which is then sent
+    once more over a fresh connection.
+    """
+
+    def __init__(self, connect: Connect, idle_per_instance: int = 2) -> None:
+        self._connect = connect
+        self._idle_per_instance = idle_per_instance
+        self._idle: dict[tuple[str, int], list] = {}
+        self.opened = 0  # connections made: what reuse saves shows here (tests, debugging)
+
+    async def connect(self, host: str, port: int) -> _KeptClient:
+        idle = self._idle.get((host, port))
+        while idle:
+            client = idle.pop()
+            if not client.session_expired():
+                return _KeptClient(self, (host, port), client, reused=True)
+            await _close_quietly(client)
+        return _KeptClient(self, (host, port), await self._open(host, port), reused=False)
+
+    async def _open(self, host: str, port: int):
+        self.opened += 1
+        PEER_CONNECTIONS_OPENED.inc()
+        return await self._connect(host, port)
+
+    async def _put_back(self, address: tuple[str, int], client) -> None:
+        idle = self._idle.setdefault(address, [])
+        if len(idle) < self._idle_per_instance:
+            idle.append(client)
+        else:
+            await _close_quietly(client)
+
+    async def aclose(self) -> None:
+        idle, self._idle = self._idle, {}
+        for clients in idle.values():
+            for client in clients:
+                await _close_quietly(client)
+
+
+class _KeptClient:
+    """A client lent by :class:`PeerConnections` for one call; ``aclose`` gives it back."""
+
+    def __init__(self, pool: PeerConnections, address: tuple[str, int], client, *, reused: bool) -> None:
+        self._pool, self._address, self._client, self._reused = pool, address, client, reused
+        self._healthy = False
+
+    async def call(self, request, *response_type):
+        try:
+            response = await self._client.call(request, *response_type)
+        except UpstreamError:
+            if not self._reused:
+                raise
+            # A kept connection the other side closed while it was idle: once more, afresh.
+            await _close_quietly(self._client)
+            self._client, self._reused = await self._pool._open(*self._address), False
+            response = await self._client.call(request, *response_type)
+        self._healthy = True
+        return response
+
+    async def aclose(self) -> None:
+        if self._healthy:
+            self._healthy = False
+            await self._pool._put_back(self._address, self._client)
+        else:
+            await _close_quietly(self._client)
+
+
+async def _close_quietly(client) -> None:
+    with trio.CancelScope(shield=True), contextlib.suppress(*PEER_CALL_ERRORS, trio.BrokenResourceError):
+        await client.aclose()
 
 
 def by_coordinator(groups: Iterable[str], coordinator_of: Callable[[str], InstanceIdentity | None]

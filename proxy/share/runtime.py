@@ -36,6 +36,7 @@ from proxy.share.peers import (
     GroupConfigMirror,
     InFlightFanOut,
     MembershipWatch,
+    PeerConnections,
     PeerStateClient,
     PeerStateServer,
 )
@@ -271,6 +272,7 @@ class ScaleOut:
         self.group_configs: GroupConfigs | None = None
         self.event_log: EventLog | None = None  # set when the event log is on
         self.connect_peer = None
+        self.peer_connections: PeerConnections | None = None
         self.in_flight_key = DEFAULT_DESCRIBE_IN_FLIGHT_KEY
 
     async def check_slot(self) -> None:
@@ -348,6 +350,8 @@ class ScaleOut:
         """Leave the group: owned partitions are flushed and handed over (on_revoked) first."""
         if self.member is not None:
             await self.member.aclose()
+        if self.peer_connections is not None:
+            await self.peer_connections.aclose()
 
     async def _gained(self, partitions: frozenset[int]) -> None:
         topic = self.settings.state_topic
@@ -552,7 +556,8 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
 
         service.scale_out.group_admin = group_admin
         service.scale_out.group_configs = group_configs
-        service.scale_out.connect_peer = connect_peer
+        service.scale_out.peer_connections = PeerConnections(connect_peer)
+        service.scale_out.connect_peer = service.scale_out.peer_connections.connect
         service.scale_out.in_flight_key = getattr(config, "describe_in_flight_api_key", DEFAULT_DESCRIBE_IN_FLIGHT_KEY)
     # The state topic is the proxy's: clients may read it, not write, delete or reconfigure it.
     state_topic_names = frozenset({settings.state_topic})

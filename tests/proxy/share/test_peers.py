@@ -8,6 +8,9 @@ import datetime
 import sys
 import uuid
 
+import pytest
+import trio
+
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i32
 
@@ -20,8 +23,10 @@ from proxy.share.peers import (
     DELETE_SHARE_GROUP_STATE,
     INITIALIZE_SHARE_GROUP_STATE,
     READ_SHARE_GROUP_STATE_SUMMARY,
+    PeerConnections,
     PeerStateClient,
     PeerStateServer,
+    call_peer,
 )
 from tests.proxy.share.test_manager import ACCEPT, GROUP, TOPIC_ID, TP, acquired, start_service
 
@@ -482,3 +487,93 @@ async def test_a_leader_releases_members_its_groups_coordinator_no_longer_lists(
     released.clear()
     await MembershipWatch(lambda: held, lambda g: COORDINATOR, refused, lambda g, m: released.append((g, m))).check()
     assert released == []  # an unreachable coordinator releases nothing
+
+
+class KeptPeerClient:
+    """A connection to another instance that can be closed by the far side or its SASL session end."""
+
+    def __init__(self, number: int) -> None:
+        self.number, self.closed, self.dropped_by_peer, self.expired = number, False, False, False
+
+    async def call(self, request, *args):
+        if self.closed or self.dropped_by_peer:
+            raise UpstreamError("upstream closed the connection")
+        if request == "fail":
+            raise UpstreamError("broken mid-frame")
+        if request == "hang":
+            await trio.sleep_forever()
+        return (self.number, request)
+
+    def session_expired(self) -> bool:
+        return self.expired
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+def kept_connections(idle_per_instance: int = 2) -> tuple[PeerConnections, list[KeptPeerClient]]:
+    made: list[KeptPeerClient] = []
+
+    async def connect(host: str, port: int) -> KeptPeerClient:
+        made.append(KeptPeerClient(len(made)))
+        return made[-1]
+
+    return PeerConnections(connect, idle_per_instance), made
+
+
+PEER = InstanceIdentity("ksp-1", 1, "b.local", 9092, 19000)
+OTHER_PEER = InstanceIdentity("ksp-2", 2, "c.local", 9092, 19000)
+
+
+async def test_calls_to_an_instance_reuse_one_connection_and_each_instance_has_its_own():
+    pool, made = kept_connections()
+    for _ in range(3):
+        assert await call_peer(pool.connect, PEER, "describe", 1.0) == (0, "describe")
+    assert await call_peer(pool.connect, OTHER_PEER, "describe", 1.0) == (1, "describe")
+    assert pool.opened == 2 and not any(c.closed for c in made)
+    await pool.aclose()
+    assert all(c.closed for c in made)
+
+
+async def test_a_failed_or_cancelled_call_closes_its_connection_and_the_next_call_opens_another():
+    pool, made = kept_connections()
+    with pytest.raises(UpstreamError):
+        await call_peer(pool.connect, PEER, "fail", 1.0)
+    with pytest.raises(trio.TooSlowError):
+        await call_peer(pool.connect, PEER, "hang", 0.05)
+    assert [c.closed for c in made] == [True, True]  # neither stream is left mid-frame for reuse
+    assert await call_peer(pool.connect, PEER, "describe", 1.0) == (2, "describe")
+
+
+async def test_a_kept_connection_closed_by_the_other_side_is_replaced_within_the_call():
+    pool, made = kept_connections()
+    await call_peer(pool.connect, PEER, "describe", 1.0)
+    made[0].dropped_by_peer = True  # the other instance restarted while the connection was idle
+    assert await call_peer(pool.connect, PEER, "describe", 1.0) == (1, "describe")
+    assert made[0].closed and pool.opened == 2
+    assert await call_peer(pool.connect, PEER, "describe", 1.0) == (1, "describe")  # the fresh one is kept
+
+
+async def test_a_fresh_connection_that_fails_is_not_retried():
+    pool, made = kept_connections()
+    with pytest.raises(UpstreamError):
+        await call_peer(pool.connect, PEER, "fail", 1.0)
+    assert pool.opened == 1
+
+
+async def test_a_connection_whose_sasl_session_ended_is_not_reused():
+    pool, made = kept_connections()
+    await call_peer(pool.connect, PEER, "describe", 1.0)
+    made[0].expired = True
+    assert await call_peer(pool.connect, PEER, "describe", 1.0) == (1, "describe")
+    assert made[0].closed
+
+
+async def test_concurrent_calls_take_separate_connections_and_at_most_the_idle_cap_is_kept():
+    pool, made = kept_connections(idle_per_instance=2)
+    clients = [await pool.connect(PEER.host, PEER.bootstrap_port) for _ in range(3)]
+    for client in clients:
+        await client.call("describe")
+    for client in clients:
+        await client.aclose()
+    assert pool.opened == 3 and [c.closed for c in made] == [False, False, True]
