@@ -24,6 +24,7 @@ from confluent_kafka import AcknowledgeType, TopicCollection
 from confluent_kafka.admin import AdminClient
 from kio.schema.errors import ErrorCode
 
+from codec.share_events import EventKind
 from integration.java.build import driver_command
 from integration.share.test_crash_safety import CrashRun, _ranges
 from integration.share.conftest import (
@@ -204,6 +205,38 @@ def test_two_instances_split_the_state_and_one_takes_over_when_the_other_stops(k
                     *port_base_flags(kafka), state_topic=two.state_topic)
 
 
+def test_the_event_log_keeps_one_history_per_record_across_a_hand_over(kafka, share_proxy, create_topic, names):
+    """Both instances publish to one event topic. The first accepts 0-9 and releases 10-19, then
+    leaves (SIGTERM): it publishes its events and waits for them before the rebalance completes
+    (EventLog.hand_over), so on the event topic each record's history reads as one instance's
+    after the other's -- the new owner's acquisitions come after the old owner's releases."""
+    from integration.share.test_event_log import events_topic, per_offset, read_events
+
+    topic_name = events_topic()
+    two = TwoInstances(kafka, share_proxy, create_topic, names, extra=("--share-events-topic", topic_name))
+    two.first.stop(signal.SIGTERM)
+    wait_until(lambda: two.owners() == {p: two.survivor_id for p in range(STATE_PARTITIONS)}, 30,
+               "the survivor to own every state partition")
+    two.consume_the_rest_at(two.survivor.bootstrap, delivery_count=2)
+
+    def complete(batches) -> bool:
+        history = per_offset(batches, two.group)
+        return all(len(history[o]) == (2 if o < 10 else 4) for o in range(20))
+
+    history = per_offset(read_events(kafka.bootstrap, topic_name, enough=complete), two.group)
+    first_member = history[0][0].member_id
+    second_member = history[10][2].member_id
+    assert first_member != second_member
+    for offset in range(20):
+        expected = [(EventKind.ACQUIRED, first_member, 1)]
+        if offset < 10:
+            expected.append((EventKind.ACCEPTED, first_member, 1))
+        else:
+            expected += [(EventKind.RELEASED, first_member, 1), (EventKind.ACQUIRED, second_member, 2),
+                         (EventKind.ACCEPTED, second_member, 2)]
+        assert [(e.kind, e.member_id, e.delivery_count) for e in history[offset]] == expected, offset
+
+
 def test_an_instance_frozen_past_its_session_loses_its_partitions_and_rejoins(kafka, share_proxy, create_topic,
                                                                              names):
     two = TwoInstances(kafka, share_proxy, create_topic, names)
@@ -312,8 +345,14 @@ def test_a_member_that_stops_heartbeating_loses_its_records_at_an_instance_that_
     assert taken == set(range(20))
     assert took < lock_s / 2, took
     assert "member left the group at its coordinator; its records here released" in leader.log_tail(lines=3000)
+    # The leader asked the coordinator every 2 s (config mirror and membership watch) over
+    # connections it kept: a connection per call would open one per call.
+    samples = scrape_metrics(two.ports[two.first_id])
+    calls, opened = metric(samples, "ksp_peer_calls_total"), metric(samples, "ksp_peer_connections_opened_total")
+    assert calls >= 4 and opened <= 2, (calls, opened)
     print(f"\nscale-out: a hung member's records released at the leading instance {took:.1f} s after its "
-          f"last heartbeat (session timeout {session_timeout_s} s, lock {lock_s} s)")
+          f"last heartbeat (session timeout {session_timeout_s} s, lock {lock_s} s); {calls:.0f} calls to the "
+          f"coordinator over {opened:.0f} connection(s)")
 
 
 @pytest.mark.java
