@@ -462,3 +462,62 @@ def test_a_proxy_killed_between_archiving_and_the_dlq_write_loses_none(node_one,
     assert read_topic(bootstrap, dlq, DLQ_PARTITIONS) == []  # no write got through before the kill
     restarted = node_one_proxies(state_topic=proxy.state_topic)
     assert_dead_lettered_once(bootstrap, source, dlq, restarted.state_topic, names.group)
+
+
+
+def test_records_archiving_at_an_instance_are_dead_lettered_once_after_their_partitions_move(
+        node_one, node_two, node_one_proxies, names):
+    """Scale-out hand-over (issue 15) with the old owner alive: the DLQ broker is down and one
+    rejected record per source partition is ARCHIVING at the only instance. A second instance
+    joins and takes some state partitions over. When broker 2 returns each letter is written
+    once: by the new owner for the records that moved (its replay finds them ARCHIVING), by the
+    first for the rest. (This does not catch a missing cancel of the first's drains on hand-over:
+    its round in flight fails at the delivery time-out long before broker 2 is back, and its next
+    round finds the share-partition gone. That window is unit-tested, tests/proxy/share.)"""
+    from integration.share.test_scale_out import STATE_PARTITIONS, Instances, port_base_flags, topic_id_of
+    from proxy.share.ownership import ServiceOwnership
+
+    partitions, homes = 6, ServiceOwnership(STATE_PARTITIONS)
+    bootstrap = node_one.bootstrap
+    node_two.stop()  # (a previous test's restart) -- state and transaction topics on broker 1
+    deployment = Instances(node_one, node_one_proxies, 1, extra=("--state-write-timeout-ms", "5000"))
+    first = deployment.proxies["ksp-0"]
+    # Source partitions homed on at least 4 of the 6 state partitions: whichever 3 the second
+    # instance takes, at least one holds a rejected record.
+    for attempt in range(20):
+        source = create_topic_on(bootstrap, f"{names.topic}-{attempt}", [[1]] * partitions)
+        topic_id = topic_id_of(bootstrap, source)
+        if len({homes.home_of_partition(topic_id, p) for p in range(partitions)}) >= 4:
+            break
+    produce_keyed(bootstrap, source, partitions)
+    read_topic(bootstrap, source, partitions)
+    node_two.start()
+    dlq = create_topic_on(bootstrap, f"dlq.{names.topic}", [[2]] * DLQ_PARTITIONS,
+                          {"errors.deadletterqueue.group.enable": "true"} if is_kafka_44(node_one) else {})
+    dlq_group(first.bootstrap, names.group, dlq, copy=True)
+    node_two.stop()
+    wait_for_leader(bootstrap, dlq, -1)
+
+    reject = {(p, 1) for p in range(partitions)}
+    consume_rejecting(first.bootstrap, names.group, source, reject, set(), partitions * RECORDS_PER_PARTITION)
+    wait_until(lambda: archiving_durably(bootstrap, deployment.state_topic, names.group) == reject, 30,
+               lambda: f"ARCHIVING: {archiving_durably(bootstrap, deployment.state_topic, names.group)}")
+    wait_until(lambda: "dead-letter write not done; retrying" in first.log_tail(lines=3000), 30,
+               lambda: f"a failed dead-letter write:\n{first.log_tail()}", interval=0.5)
+
+    node_one_proxies(*deployment.common, "--instance-id", "ksp-1", "--metrics-port", str(free_port()),
+                     *port_base_flags(node_one), state_topic=deployment.state_topic)
+    wait_until(lambda: set(deployment.owners().values()) == {"ksp-0", "ksp-1"}, 45, "the second instance to own some")
+    owners = deployment.owners()
+    moved = {r for r in reject if owners[homes.home_of_partition(topic_id, r[0])] == "ksp-1"}
+    assert moved, owners  # guaranteed by the homes chosen above
+
+    node_two.start()
+    wait_for_leader(bootstrap, dlq, 2)
+    wait_for_dead_letters(bootstrap, dlq, len(reject))
+    wait_until(lambda: all_finished(bootstrap, deployment.state_topic, names.group), 30,
+               "ARCHIVED with the SPSO past them")
+    letters = read_topic(bootstrap, dlq, DLQ_PARTITIONS)  # after both instances settled: duplicates show here
+    offsets = sorted((int(dict(m.headers())["__dlq.errors.partition"]), int(dict(m.headers())["__dlq.errors.offset"]))
+                     for m in letters)
+    assert offsets == sorted(reject), (offsets, moved)
