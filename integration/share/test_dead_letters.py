@@ -399,6 +399,18 @@ def archiving_durably(bootstrap: str, state_topic: str, group: str) -> set[tuple
             for offset in range(batch.first_offset, batch.last_offset + 1)}
 
 
+def dlq_on_broker_two_stopped(node_one: LocalKafka, node_two: LocalKafka, proxy_bootstrap: str, names) -> str:
+    """The group's DLQ topic (copying records), created on broker 2 only, broker 2 then stopped:
+    every dead-letter write fails until it is started again."""
+    node_two.start()
+    dlq = create_topic_on(node_one.bootstrap, f"dlq.{names.topic}", [[2]] * DLQ_PARTITIONS,
+                          {"errors.deadletterqueue.group.enable": "true"} if is_kafka_44(node_one) else {})
+    dlq_group(proxy_bootstrap, names.group, dlq, copy=True)
+    node_two.stop()
+    wait_for_leader(node_one.bootstrap, dlq, -1)
+    return dlq
+
+
 def rejected_while_the_dlq_broker_is_down(node_one: LocalKafka, node_two: LocalKafka, proxies: ProxyStarter,
                                           names, metrics_port: int):
     """A proxy whose group rejected REJECT while the DLQ topic's only broker (2) is down, the records
@@ -410,12 +422,7 @@ def rejected_while_the_dlq_broker_is_down(node_one: LocalKafka, node_two: LocalK
     source = create_topic_on(bootstrap, names.topic, [[1]] * SOURCE_PARTITIONS)
     produce_keyed(bootstrap, source)
     read_topic(bootstrap, source, SOURCE_PARTITIONS)  # __consumer_offsets (the readers' coordinator) on broker 1 too
-    node_two.start()
-    dlq = create_topic_on(bootstrap, f"dlq.{names.topic}", [[2]] * DLQ_PARTITIONS,
-                          {"errors.deadletterqueue.group.enable": "true"} if is_kafka_44(node_one) else {})
-    dlq_group(proxy.bootstrap, names.group, dlq, copy=True)
-    node_two.stop()
-    wait_for_leader(bootstrap, dlq, -1)
+    dlq = dlq_on_broker_two_stopped(node_one, node_two, proxy.bootstrap, names)
 
     consume_rejecting(proxy.bootstrap, names.group, source, REJECT, set(), SOURCE_PARTITIONS * RECORDS_PER_PARTITION)
     wait_until(lambda: archiving_durably(bootstrap, proxy.state_topic, names.group) == REJECT, 30,
@@ -491,12 +498,7 @@ def test_records_archiving_at_an_instance_are_dead_lettered_once_after_their_par
             break
     produce_keyed(bootstrap, source, partitions)
     read_topic(bootstrap, source, partitions)
-    node_two.start()
-    dlq = create_topic_on(bootstrap, f"dlq.{names.topic}", [[2]] * DLQ_PARTITIONS,
-                          {"errors.deadletterqueue.group.enable": "true"} if is_kafka_44(node_one) else {})
-    dlq_group(first.bootstrap, names.group, dlq, copy=True)
-    node_two.stop()
-    wait_for_leader(bootstrap, dlq, -1)
+    dlq = dlq_on_broker_two_stopped(node_one, node_two, first.bootstrap, names)
 
     reject = {(p, 1) for p in range(partitions)}
     consume_rejecting(first.bootstrap, names.group, source, reject, set(), partitions * RECORDS_PER_PARTITION)
