@@ -15,9 +15,10 @@ ReadShareGroupStateSummary (v1)  87  DescribeShareGroupOffsets: start offset, de
 
 The owner answers each partition it does not lead ``NOT_COORDINATOR`` (the ownership moved; the
 admin client retries). A share-partition with no state answers start offset -1, as Kafka's share
-coordinator does. Calls have the proxy's own time-out; an unreachable owner gives ``COORDINATOR_NOT_AVAILABLE`` for its partitions
-(retriable), never a silent success. Connections are kept for the next call (:class:`PeerConnections`):
-the config mirror and the membership watch ask every coordinating instance every refresh.
+coordinator does. Calls have the proxy's own time-out; an unreachable owner gives
+``COORDINATOR_NOT_AVAILABLE`` for its partitions (retriable), never a silent success. Connections
+are kept for the next call (:class:`PeerConnections`): the config mirror and the membership watch
+ask every coordinating instance every refresh.
 
 A leader also keeps a copy of the configs of groups coordinated elsewhere
 (:class:`GroupConfigMirror`: DescribeConfigs at the coordinator, before the group's first
