@@ -26,6 +26,7 @@ from integration.share.conftest import (
     produce,
     share_consumer,
 )
+from proxy.config import ProxyConfig
 from proxy.share import state_store
 from proxy.share.persister import replay_state_topic, route_partition
 
@@ -87,7 +88,9 @@ def test_a_layout1_state_topic_is_migrated_on_start_and_serves_the_same_state(ka
     topic = create_topic(names.topic, partitions=2)
     produce(kafka.bootstrap, topic, 2 * RECORDS_PER_PARTITION, partitions=2)
     first_proxy = share_proxy()
-    assert markers(kafka.bootstrap, first_proxy.state_topic) == [(0, ProxyStateLayoutValue(layout=2, partitions=3))]
+    # A new state topic: the default partition count, marked layout 2.
+    assert markers(kafka.bootstrap, first_proxy.state_topic) == [
+        (0, ProxyStateLayoutValue(layout=2, partitions=ProxyConfig(upstream=kafka.bootstrap).state_topic_partitions))]
     consumer = share_consumer(first_proxy.bootstrap, names.group, topic, EXPLICIT)
     try:
         first = poll_until(consumer, 2 * RECORDS_PER_PARTITION)
