@@ -80,6 +80,11 @@ def owned_by_metrics(port: int) -> set[int]:
             if metric(samples, "ksp_share_state_partition_owned", partition=str(p)) == 1}
 
 
+def known_owners(port: int) -> float | None:
+    """State partitions an instance's owner map names an owner for (its own view of the group)."""
+    return metric(scrape_metrics(port), "ksp_ownership_known_owners")
+
+
 def group_homed_on(homes: ServiceOwnership, partitions: set[int]) -> str:
     """A group id whose home state partition is one of ``partitions``."""
     for attempt in range(10_000):
@@ -124,6 +129,11 @@ class Instances:
         wait_until(lambda: all(owned_by_metrics(self.ports[iid]) == self.mine[iid] for iid in self.ids), 15,
                    lambda: f"metrics to agree with the group: {self.mine} vs "
                            f"{ {iid: owned_by_metrics(p) for iid, p in self.ports.items()} }")
+        # ...and every instance's own owner map to name an owner for every state partition: until
+        # then an instance routes and forwards as if the partitions it has not seen move were unowned.
+        wait_until(lambda: all(known_owners(port) == STATE_PARTITIONS for port in self.ports.values()), 15,
+                   lambda: f"every instance to know every owner: "
+                           f"{ {iid: known_owners(p) for iid, p in self.ports.items()} }")
 
     def owners(self) -> dict[int, str]:
         return owners(self.kafka.bootstrap, self.state_topic, self.client_config)

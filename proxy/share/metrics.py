@@ -16,6 +16,9 @@ STATE_PRODUCER_RECREATED = Counter("ksp_share_state_producer_recreated",
 STATE_PARTITION_OWNED = Gauge("ksp_share_state_partition_owned",
                               "1 for each state-topic partition this instance owns in scale-out mode (--instance-id), "
                               "0 once given up", ["partition"])
+OWNER_MAP_KNOWN = Gauge("ksp_ownership_known_owners",
+                        "State-topic partitions this instance's owner map names an owner for (scale-out); "
+                        "below the partition count while a hand-over is under way")
 STATE_LANES_FENCED = Counter("ksp_share_state_lanes_fenced",
                              "State-topic partitions this instance stopped writing because another producer took "
                              "over their transactional id (--state-fencing transactional)")

@@ -40,6 +40,7 @@ from confluent_kafka.admin import AdminClient
 
 from proxy.errors import ConfigError
 from proxy.share import state_store
+from proxy.share.metrics import OWNER_MAP_KNOWN
 from proxy.share.persister import route_partition
 
 log = structlog.get_logger(__name__)
@@ -47,6 +48,8 @@ log = structlog.get_logger(__name__)
 CLIENT_ID_VERSION = 1
 MAX_SLOT = 2046  # vnode ids ((slot + 1) << 20 | broker) must stay positive int32s
 DEFAULT_GROUP_PREFIX = "ksp-owners"
+# While a rebalance leaves state partitions without an owner in the map, it is described this often.
+UNSETTLED_REFRESH_S = 0.2
 
 
 class OwnershipError(ConfigError):
@@ -260,10 +263,20 @@ class OwnershipMember:
         """Describe the group and rebuild the owner map (a worker thread: the Admin call blocks)."""
         members = await trio.to_thread.run_sync(self._describe_members, abandon_on_cancel=True)
         self.map = owner_map(members, self.state_topic)
+        OWNER_MAP_KNOWN.set(len(self.map.owners))
         self._map_changed.set()
         self._map_changed = trio.Event()
         self._warn_when_idle()
         return self.map
+
+    def next_refresh_s(self) -> float:
+        """How long until the owner map is described again: the refresh interval, but quickly
+        while some state partition has no owner in it (a rebalance under way). A revoking member
+        describes the group before the others' new assignments show, and until it describes
+        again it answers FindCoordinator, and forwards, as if no instance owned those partitions."""
+        if self.partitions is not None and len(self.map.owners) < self.partitions:
+            return min(self._refresh_s, UNSETTLED_REFRESH_S)
+        return self._refresh_s
 
     def _warn_when_idle(self) -> None:
         """Say once, when it starts, that this instance can own nothing: the group has more
@@ -301,7 +314,7 @@ class OwnershipMember:
         self._thread.start()
         task_status.started()
         while True:
-            with trio.move_on_after(self._refresh_s):
+            with trio.move_on_after(self.next_refresh_s()):
                 await self._refresh_now.wait()
             self._refresh_now = trio.Event()
             try:

@@ -13,6 +13,7 @@ from structlog.testing import capture_logs
 
 from proxy.share.ownership import (
     MAX_SLOT,
+    UNSETTLED_REFRESH_S,
     InstanceIdentity,
     OwnershipMember,
     owner_map,
@@ -102,3 +103,22 @@ async def test_an_instance_with_partitions_or_an_unknown_partition_count_does_no
         with capture_logs() as logged:
             await instance.refresh()
         assert not [e for e in logged if e["log_level"] == "warning"]
+
+
+async def test_the_owner_map_is_described_again_quickly_while_a_partition_has_no_owner():
+    """A revoking member's describe can come before the others' new assignments show: it must not
+    go on answering "no owner" for a whole refresh interval."""
+    a, b = (InstanceIdentity(f"ksp-{n}", n, "h.local", 9092, 19000) for n in range(2))
+    mid_rebalance = [member(a, ("state", 3), ("state", 4), ("state", 5)), member(b)]
+    settled = [member(a, ("state", 3), ("state", 4), ("state", 5)), member(b, ("state", 0), ("state", 1), ("state", 2))]
+    described = iter([mid_rebalance, settled])
+    instance = OwnershipMember("unused:9092", "state", a, on_gained=None, on_revoked=None, on_lost=None,
+                               refresh_s=2.0, partitions=6)
+    instance._describe_members = lambda: next(described)
+    await instance.refresh()
+    assert instance.next_refresh_s() == UNSETTLED_REFRESH_S
+    await instance.refresh()
+    assert instance.next_refresh_s() == 2.0
+    unknown_count = OwnershipMember("unused:9092", "state", a, on_gained=None, on_revoked=None, on_lost=None,
+                                    refresh_s=2.0)
+    assert unknown_count.next_refresh_s() == 2.0
