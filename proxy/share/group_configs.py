@@ -237,6 +237,13 @@ class GroupConfigRoute:
             return build(result_type, error_code=code, error_message=message, resource_type=resource.resource_type,
                          resource_name=resource.resource_name, configs=())
 
+        async def forwarded(mine: list, remote: list[int]) -> dict[int, object]:
+            """The coordinating instances' results for ``mine[i]``, i in ``remote``, by i."""
+            if not remote:
+                return {}
+            answers = await forwarder.forward(entity, [mine[i] for i in remote], response_field, failed)
+            return dict(zip(remote, answers))
+
         if header.api_key == DESCRIBE_CONFIGS:
             local = [int(r.resource_type) == GROUP_RESOURCE and (elsewhere(r) or self.configs.holds(r.resource_name))
                      for r in resources]
@@ -259,8 +266,7 @@ class GroupConfigRoute:
                 entries = constant(described({}))  # described now, in request order; nothing to wait for
             else:
                 async def with_coordinators() -> tuple:
-                    answers = await forwarder.forward(entity, [mine[i] for i in remote], response_field, failed)
-                    return tuple(described(dict(zip(remote, answers))))
+                    return tuple(described(await forwarded(mine, remote)))
 
                 entries = with_coordinators
         else:
@@ -282,14 +288,11 @@ class GroupConfigRoute:
             outcomes.update({i: (ErrorCode.group_authorization_failed, GROUP_DENIED_MESSAGE, None) for i in refused})
 
             async def altered() -> tuple:
-                forwarded: dict[int, object] = {}
-                if remote:
-                    answers = await forwarder.forward(entity, [mine[i] for i in remote], response_field, failed)
-                    forwarded = dict(zip(remote, answers))
+                answered = await forwarded(mine, remote)
                 results = []
                 for i, resource in enumerate(mine):
-                    if i in forwarded:
-                        results.append(forwarded[i])
+                    if i in answered:
+                        results.append(answered[i])
                         continue
                     code, message, ticket = outcomes[i]
                     if code == ErrorCode.none:

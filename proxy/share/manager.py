@@ -188,8 +188,6 @@ class ShareService:
         # Scale-out (issue 15): which share-partitions and groups this instance serves; None: all.
         self.ownership: ServiceOwnership | None = None
         self.scale_out = None  # runtime.ScaleOut with --instance-id: the ownership group member
-        # Scale-out: where a partition refused here is led (routes' leader hints); None: one instance.
-        self.leader_hint = None
         # Scale-out: DescribeShareGroupInFlight across instances (peers.InFlightFanOut); None: one instance.
         self.in_flight_fan_out = None
         # Closed after the last state write, before the writer (e.g. the event log, which still

@@ -73,11 +73,12 @@ PEER_CLIENT_ID_PREFIX = "kafka-share-proxy-peer-"
 def is_peer_call(header) -> bool:
     """Whether a request (its header) is another instance's call (client id :data:`PEER_CLIENT_ID_PREFIX`)."""
     return (header.client_id or "").startswith(PEER_CLIENT_ID_PREFIX)
+
+
 NO_STATE_START_OFFSET = -1
 
 TopicPartition = tuple[uuid.UUID, int]
-
-
+#: Opens a client to another instance's listener (host, port); its ``call`` sends one request.
 Connect = Callable[[str, int], Awaitable[object]]
 #: What a failed call to another instance raises (connection refused, broken, timed out).
 PEER_CALL_ERRORS = (UpstreamError, OSError, trio.TooSlowError)
@@ -214,7 +215,7 @@ class PeerStateClient:
     client (:class:`proxy.upstream.UpstreamClient` in production, a fake in unit tests)."""
 
     def __init__(self, self_slot: int, owner_of: Callable[[uuid.UUID, int], InstanceIdentity | None],
-                 connect: Callable[[str, int], Awaitable[object]], *, timeout_s: float = 30.0) -> None:
+                 connect: Connect, *, timeout_s: float = 30.0) -> None:
         self.self_slot = self_slot
         self._owner_of = owner_of
         self._connect = connect
@@ -406,7 +407,7 @@ class GroupConfigMirror:
     `apply(group, overrides)` replaces the group's overrides (raises on an invalid set)."""
 
     def __init__(self, groups: Callable[[], Iterable[str]], coordinator_of: Callable[[str], InstanceIdentity | None],
-                 connect: Callable[[str, int], Awaitable[object]], apply: Callable[[str, dict[str, str]], None],
+                 connect: Connect, apply: Callable[[str, dict[str, str]], None],
                  current: Callable[[str], Mapping[str, object]], *, interval_s: float = 2.0,
                  timeout_s: float = 5.0) -> None:
         self._groups = groups
@@ -489,7 +490,7 @@ class MembershipWatch:
 
     def __init__(self, holders: Callable[[], Mapping[str, set[str]]],
                  coordinator_of: Callable[[str], InstanceIdentity | None],
-                 connect: Callable[[str, int], Awaitable[object]], release: Callable[[str, str], None], *,
+                 connect: Connect, release: Callable[[str, str], None], *,
                  interval_s: float = 2.0, timeout_s: float = 5.0) -> None:
         self._holders = holders
         self._coordinator_of = coordinator_of
@@ -558,7 +559,7 @@ class GroupConfigForwarder:
     `others()` every other live instance."""
 
     def __init__(self, self_slot: int, coordinator_of: Callable[[str], InstanceIdentity | None],
-                 others: Callable[[], Iterable[InstanceIdentity]], connect: Callable[[str, int], Awaitable[object]],
+                 others: Callable[[], Iterable[InstanceIdentity]], connect: Connect,
                  *, timeout_s: float = 30.0) -> None:
         self.self_slot = self_slot
         self._coordinator_of = coordinator_of
@@ -648,7 +649,7 @@ class InFlightFanOut:
 
     def __init__(self, api, coordinator_of: Callable[[str], InstanceIdentity | None],
                  leader_of: Callable[[uuid.UUID, int], InstanceIdentity | None],
-                 connect: Callable[[str, int], Awaitable[object]], *, timeout_s: float = 30.0) -> None:
+                 connect: Connect, *, timeout_s: float = 30.0) -> None:
         self.api = api
         self._coordinator_of = coordinator_of
         self._leader_of = leader_of
@@ -725,6 +726,6 @@ def _by_topic(partitions: list[TopicPartition], outcome: Mapping[TopicPartition,
 
 
 __all__ = ["PeerStateClient", "PeerStateServer", "GroupConfigMirror", "GroupConfigForwarder", "InFlightFanOut",
-           "MembershipWatch",
+           "MembershipWatch", "PeerConnections", "Connect", "call_peer",
            "PEER_CLIENT_ID_PREFIX", "is_peer_call", "PeerSummary", "PeerFailure", "PEER_APIS",
            "INITIALIZE_SHARE_GROUP_STATE", "DELETE_SHARE_GROUP_STATE", "READ_SHARE_GROUP_STATE_SUMMARY"]

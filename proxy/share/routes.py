@@ -111,7 +111,7 @@ def share_routes(service: ShareService, policy: AuthorizationPolicy | None = Non
             outcome = await service.share_fetch(entity, version, connection.id, node_id=connection.node_id,
                                                 max_bytes_cap=cap, check_topics=check)
         return share_fetch_response(outcome, version, service.cluster, service.advertised_endpoint,
-                                    service.leader_hint)
+                                    scale_out=service.ownership is not None)
 
     async def share_acknowledge(entity, request: Request, connection: ClientConnection):
         version = request.header.api_version
@@ -123,7 +123,7 @@ def share_routes(service: ShareService, policy: AuthorizationPolicy | None = Non
         check = None if authz is None else topic_check(authz, service.cluster, SHARE_ACKNOWLEDGE)
         outcome = await service.share_acknowledge(entity, version, connection.id, node_id=connection.node_id,
                                                   check_topics=check)
-        return share_acknowledge_response(outcome, version, service.cluster, service.leader_hint)
+        return share_acknowledge_response(outcome, version)
 
     return {
         SHARE_GROUP_HEARTBEAT: ServeLocally(_serve(heartbeat)),
@@ -208,26 +208,16 @@ def _ms(ms: int) -> datetime.timedelta:
     return datetime.timedelta(milliseconds=ms)
 
 
-LeaderHint = Callable[[tuple, int, int], tuple[int, int, tuple[str, int] | None]]
-"""Scale-out: (topic id, partition), upstream leader, its epoch -> the node leading the
-share-partition (the owning instance's vnode, or -1), its epoch, and that node's endpoint."""
-
-
-def _not_leader_hint(tp, info, hint: LeaderHint | None, moved: set[int], endpoints: dict[int, tuple[str, int]]):
-    """The CurrentLeader of a partition answered NOT_LEADER_OR_FOLLOWER, noting its endpoint."""
-    if hint is None:
-        moved.add(info.leader_id)
-        return info.leader_id, info.leader_epoch
-    leader_id, leader_epoch, endpoint = hint(tp, info.leader_id, info.leader_epoch)
-    if endpoint is not None:
-        endpoints[leader_id] = endpoint
-    return leader_id, leader_epoch
-
-
-def share_fetch_response(outcome: FetchOutcome, version: int, cluster, advertised_endpoint=None,
-                         hint: LeaderHint | None = None):
-    """The ShareFetch response (`version`) for what the service did; ``hint`` (scale-out) names the
-    instance leading a partition answered NOT_LEADER_OR_FOLLOWER."""
+def share_fetch_response(outcome: FetchOutcome, version: int, cluster, advertised_endpoint=None, *,
+                         scale_out: bool = False):
+    """The ShareFetch response (`version`) for what the service did. A partition answered
+    NOT_LEADER_OR_FOLLOWER names its upstream leader (KIP-951: the broker moved it) -- but with
+    ``scale_out`` no leader at all, so the client refreshes metadata, which names the instance
+    leading it: naming that instance here would carry the upstream leader epoch unchanged (a move
+    between instances does not bump it), and Java's KafkaShareConsumer (4.x) ignores a hint whose
+    epoch is not newer *without* refreshing metadata -- after a kill -9 it kept fetching from the
+    dead instance until metadata.max.age.ms (integration/share/test_scale_out.py, the Java-follows
+    test)."""
     response_type = DEFAULT_REGISTRY.response_type(SHARE_FETCH, version)
     if outcome.error is not ErrorCode.none:
         return response_type(
@@ -240,7 +230,6 @@ def share_fetch_response(outcome: FetchOutcome, version: int, cluster, advertise
     fetched, ack_results = outcome.fetched, outcome.acknowledgements
     by_topic: dict[uuid.UUID, list] = {}
     moved_leaders: set[int] = set()
-    hinted: dict[int, tuple[str, int]] = {}
     for tp in sorted(set(fetched) | set(ack_results), key=response_order):  # clients hand records out so
         part = fetched.get(tp) or Fetched()
         ack_code, ack_message = ack_results.get(tp, (ErrorCode.none, None))
@@ -248,7 +237,10 @@ def share_fetch_response(outcome: FetchOutcome, version: int, cluster, advertise
         info = topic.partitions.get(tp[1]) if topic else None
         leader = (info.leader_id, info.leader_epoch) if info else (-1, -1)
         if part.error is ErrorCode.not_leader_or_follower and info is not None and info.leader_id >= 0:
-            leader = _not_leader_hint(tp, info, hint, moved_leaders, hinted)
+            if scale_out:
+                leader = (-1, -1)
+            else:
+                moved_leaders.add(info.leader_id)
         by_topic.setdefault(tp[0], []).append(partition_type(
             partition_index=tp[1],
             error_code=part.error,
@@ -268,14 +260,13 @@ def share_fetch_response(outcome: FetchOutcome, version: int, cluster, advertise
         error_message=None,
         acquisition_lock_timeout=_ms(outcome.lock_ms),
         responses=tuple(topic_type(topic_id=t, partitions=tuple(ps)) for t, ps in by_topic.items()),
-        node_endpoints=_node_endpoints(types["NodeEndpoint"], moved_leaders, advertised_endpoint, hinted),
+        node_endpoints=_node_endpoints(types["NodeEndpoint"], moved_leaders, advertised_endpoint),
     )
 
 
-def _node_endpoints(endpoint_type, node_ids, advertised_endpoint, hinted=None) -> tuple:
-    """KIP-951 leader hints for moved partitions, with the proxy's endpoints for those nodes (and,
-    scale-out, the owning instances' endpoints ``hinted`` by node)."""
-    found = dict(hinted or {})
+def _node_endpoints(endpoint_type, node_ids, advertised_endpoint) -> tuple:
+    """KIP-951 leader hints for moved partitions, with the proxy's endpoints for those nodes."""
+    found: dict[int, tuple[str, int]] = {}
     if advertised_endpoint is not None:
         for node_id in node_ids:
             try:
@@ -286,10 +277,9 @@ def _node_endpoints(endpoint_type, node_ids, advertised_endpoint, hinted=None) -
                  for node_id in sorted(found))
 
 
-def share_acknowledge_response(outcome: AcknowledgeOutcome, version: int, cluster=None,
-                               hint: LeaderHint | None = None):
-    """The ShareAcknowledge response (`version`) for what the service did; with ``hint`` (scale-out)
-    a partition answered NOT_LEADER_OR_FOLLOWER names the instance leading it."""
+def share_acknowledge_response(outcome: AcknowledgeOutcome, version: int):
+    """The ShareAcknowledge response (`version`) for what the service did. A partition answered
+    NOT_LEADER_OR_FOLLOWER names no leader: the client refreshes metadata."""
     response_type = DEFAULT_REGISTRY.response_type(SHARE_ACKNOWLEDGE, version)
     types = nested_types(response_type)
     partition_type, topic_type, leader_type = (
@@ -297,24 +287,17 @@ def share_acknowledge_response(outcome: AcknowledgeOutcome, version: int, cluste
     )
     by_topic: dict[uuid.UUID, list] = {}
     results = sorted(outcome.acknowledgements.items(), key=lambda kv: (str(kv[0][0]), kv[0][1]))
-    hinted: dict[int, tuple[str, int]] = {}
     for (topic_id, partition), (ack_code, ack_message) in results:
-        leader = (-1, -1)
-        if ack_code is ErrorCode.not_leader_or_follower and hint is not None and cluster is not None:
-            topic = cluster.topic_by_id(topic_id)
-            info = topic.partitions.get(partition) if topic else None
-            if info is not None and info.leader_id >= 0:
-                leader = _not_leader_hint((topic_id, partition), info, hint, set(), hinted)
         by_topic.setdefault(topic_id, []).append(partition_type(
             partition_index=partition, error_code=ack_code, error_message=ack_message,
-            current_leader=leader_type(leader_id=leader[0], leader_epoch=leader[1]),
+            current_leader=leader_type(leader_id=-1, leader_epoch=-1),
         ))
     extra = ({"acquisition_lock_timeout": _ms(outcome.lock_ms)}
              if _has_field(response_type, "acquisition_lock_timeout") else {})
     return response_type(
         throttle_time=_ms(0), error_code=outcome.error, error_message=outcome.message,
         responses=tuple(topic_type(topic_id=t, partitions=tuple(ps)) for t, ps in by_topic.items()),
-        node_endpoints=_node_endpoints(types["NodeEndpoint"], (), None, hinted), **extra,
+        node_endpoints=(), **extra,
     )
 
 

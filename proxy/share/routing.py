@@ -78,15 +78,6 @@ class InstanceRouting:
         owner = self.group_coordinator(key)
         return None if owner is None else owner.slot
 
-    def leader_hint(self, tp: tuple[uuid.UUID, int], leader: int, epoch: int) -> tuple[int, int, tuple[str, int] | None]:
-        """The CurrentLeader of a share-partition refused here (NOT_LEADER_OR_FOLLOWER): none,
-        (-1, -1, None), so the client refreshes metadata, which names the owning instance. Naming
-        the owner here would carry the upstream leader epoch unchanged (a move does not bump it), and
-        Java's KafkaShareConsumer (4.x) ignores a hint whose epoch is not newer *without* refreshing
-        metadata: after a kill -9 it kept fetching from the dead instance until metadata.max.age.ms
-        (integration/share/test_scale_out.py, the Java-follows test)."""
-        return -1, -1, None
-
     # ----- the three responses -----------------------------------------------------------------
 
     def metadata(self, api_version: int, payload: bytes) -> bytes:

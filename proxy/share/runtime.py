@@ -32,6 +32,7 @@ from proxy.share.admin_routes import admin_routes, peer_routes, register_admin_v
 from proxy.share.peers import (
     PEER_APIS,
     PEER_CLIENT_ID_PREFIX,
+    Connect,
     GroupConfigForwarder,
     GroupConfigMirror,
     InFlightFanOut,
@@ -271,7 +272,6 @@ class ScaleOut:
         self.group_admin: GroupAdmin | None = None
         self.group_configs: GroupConfigs | None = None
         self.event_log: EventLog | None = None  # set when the event log is on
-        self.connect_peer = None
         self.peer_connections: PeerConnections | None = None
         self.in_flight_key = DEFAULT_DESCRIBE_IN_FLIGHT_KEY
 
@@ -296,29 +296,27 @@ class ScaleOut:
             info = cluster.snapshot.topics_by_name.get(name)
             return None if info is None else info.topic_id
 
-        # From now on Metadata / FindCoordinator / DescribeCluster name the owning instances, and a
-        # ShareFetch / ShareAcknowledge refused here names the instance that leads the partition.
+        # From now on Metadata / FindCoordinator / DescribeCluster name the owning instances (a
+        # ShareFetch / ShareAcknowledge refused here names no leader: the client asks Metadata).
         routing = self.proxy.endpoint_rewrite.routing = InstanceRouting(
             self.service.ownership, lambda: member.map,
             Instance(self.slot, identity.host, identity.port_base), topic_id_of)
-        self.service.leader_hint = routing.leader_hint
-        if self.group_admin is not None and self.connect_peer is not None:
-            self.group_admin.peers = PeerStateClient(self.slot, routing.partition_owner, self.connect_peer,
-                                                     timeout_s=self.settings.state_write_timeout_ms / 1000)
-        if self.group_configs is not None and self.connect_peer is not None:
-            self.group_configs.forwarder = GroupConfigForwarder(
-                self.slot, routing.group_coordinator, lambda: member.map.instances, self.connect_peer,
-                timeout_s=self.settings.state_write_timeout_ms / 1000)
-        if self.connect_peer is not None:
+        if self.peer_connections is not None:
+            connect, timeout_s = self.peer_connections.connect, self.settings.state_write_timeout_ms / 1000
+            if self.group_admin is not None:
+                self.group_admin.peers = PeerStateClient(self.slot, routing.partition_owner, connect,
+                                                         timeout_s=timeout_s)
+            if self.group_configs is not None:
+                self.group_configs.forwarder = GroupConfigForwarder(
+                    self.slot, routing.group_coordinator, lambda: member.map.instances, connect, timeout_s=timeout_s)
             coordinator_elsewhere = functools.partial(self._coordinator_elsewhere, routing)
-            self._mirror_group_configs(coordinator_elsewhere, nursery)
+            self._mirror_group_configs(coordinator_elsewhere, connect, nursery)
             nursery.start_soon(MembershipWatch(
-                self.service.holders_of_groups_coordinated_elsewhere, coordinator_elsewhere, self.connect_peer,
+                self.service.holders_of_groups_coordinated_elsewhere, coordinator_elsewhere, connect,
                 self.service.release_departed_member, interval_s=self.settings.share_config_refresh_ms / 1000).run)
             self.service.in_flight_fan_out = InFlightFanOut(
                 extensions.describe_in_flight(self.in_flight_key), routing.group_coordinator, routing.partition_owner,
-                self.connect_peer,
-                timeout_s=self.settings.state_write_timeout_ms / 1000)
+                connect, timeout_s=timeout_s)
         log.info("joined the ownership group", group=self.group_id, instance=identity.instance_id, slot=self.slot)
 
     def _coordinator_elsewhere(self, routing: InstanceRouting, group_id: str) -> InstanceIdentity | None:
@@ -327,7 +325,7 @@ class ScaleOut:
         return owner if owner is not None and owner.slot != self.slot else None
 
     def _mirror_group_configs(self, coordinator_elsewhere: Callable[[str], InstanceIdentity | None],
-                              nursery: trio.Nursery) -> None:
+                              connect: Connect, nursery: trio.Nursery) -> None:
         """Leaders read the configs of groups coordinated elsewhere from their coordinators."""
         service, ownership, coordinator = self.service, self.service.ownership, self.service.coordinator
 
@@ -335,7 +333,7 @@ class ScaleOut:
             return {key[0] for key in service.leaders.keys() if not ownership.coordinates(key[0])}
 
         mirror = GroupConfigMirror(
-            groups, coordinator_elsewhere, self.connect_peer,
+            groups, coordinator_elsewhere, connect,
             lambda group_id, overrides: coordinator.set_group_config(group_id, overrides, replace_all=True),
             coordinator.group_config_overrides, interval_s=self.settings.share_config_refresh_ms / 1000)
 
@@ -557,7 +555,6 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
         service.scale_out.group_admin = group_admin
         service.scale_out.group_configs = group_configs
         service.scale_out.peer_connections = PeerConnections(connect_peer)
-        service.scale_out.connect_peer = service.scale_out.peer_connections.connect
         service.scale_out.in_flight_key = getattr(config, "describe_in_flight_api_key", DEFAULT_DESCRIBE_IN_FLIGHT_KEY)
     # The state topic is the proxy's: clients may read it, not write, delete or reconfigure it.
     state_topic_names = frozenset({settings.state_topic})

@@ -44,13 +44,6 @@ def test_every_live_instance_is_listed_with_this_one_always_among_them():
     assert routing({}, instances=(A, B)).instances()[1] == Instance(1, "b.local", 29000)
 
 
-def test_a_partition_refused_here_names_no_leader_so_clients_refresh_metadata():
-    """A move keeps the upstream epoch; Java ignores an equal-epoch hint without refreshing."""
-    home = ServiceOwnership(4).home_of_partition(TOPIC, 3)
-    for owners in ({home: B}, {}, {home: A}):  # led elsewhere, by nobody yet, here
-        assert routing(owners).leader_hint((TOPIC, 3), 1, 7) == (-1, -1, None)
-
-
 def test_share_responses_refused_here_carry_no_current_leader_and_no_node_endpoint():
     from proxy.share.cluster import PartitionInfo, TopicInfo
     from proxy.share.manager import NOT_LED_HERE, AcknowledgeOutcome, FetchOutcome
@@ -61,15 +54,18 @@ def test_share_responses_refused_here_carry_no_current_leader_and_no_node_endpoi
         def topic_by_id(self, topic_id):
             return TopicInfo("orders", TOPIC, {3: PartitionInfo(leader_id=1, leader_epoch=7)})
 
-    homes = ServiceOwnership(4)
-    hint = routing({homes.home_of_partition(TOPIC, 3): B}).leader_hint
     fetched = share_fetch_response(FetchOutcome(fetched={(TOPIC, 3): Fetched(error=NOT_LED_HERE[0])}), 1,
-                                   Cluster(), hint=hint)
+                                   Cluster(), scale_out=True)
     (partition,) = fetched.responses[0].partitions
     assert (int(partition.current_leader.leader_id), int(partition.current_leader.leader_epoch)) == (-1, -1)
     assert fetched.node_endpoints == ()
-    acknowledged = share_acknowledge_response(AcknowledgeOutcome(acknowledgements={(TOPIC, 3): NOT_LED_HERE}), 1,
-                                              Cluster(), hint)
+    # One instance: the upstream broker moved the partition (KIP-951), named with the proxy's endpoint.
+    one = share_fetch_response(FetchOutcome(fetched={(TOPIC, 3): Fetched(error=NOT_LED_HERE[0])}), 1,
+                               Cluster(), lambda node_id: ("proxy.local", 9092 + node_id))
+    (partition,) = one.responses[0].partitions
+    assert (int(partition.current_leader.leader_id), int(partition.current_leader.leader_epoch)) == (1, 7)
+    assert [(int(e.node_id), e.host, int(e.port)) for e in one.node_endpoints] == [(1, "proxy.local", 9093)]
+    acknowledged = share_acknowledge_response(AcknowledgeOutcome(acknowledgements={(TOPIC, 3): NOT_LED_HERE}), 1)
     (partition,) = acknowledged.responses[0].partitions
     assert int(partition.current_leader.leader_id) == -1
     assert acknowledged.node_endpoints == ()
