@@ -1618,20 +1618,22 @@ class SharePartition:
     def _acknowledge(self, member_id: str, ranges: Sequence[AckRange], *, now: int) -> StateDelta | None:
         self._now = now
         self._validate_ack_ranges(ranges)
-        # Pass 1: validate everything before touching anything (atomic per partition).
-        for ack in ranges:
-            self._check_ack(member_id, ack, now)
+        # Pass 1: validate everything before touching anything (atomic per partition). Adjacent
+        # ranges are joined first (the same offsets with the same types), and each joined range's
+        # batches, looked up here, are the ones pass 2 moves: nothing adds or drops a batch between.
+        planned = []
+        for ack in _joined(ranges):
+            first = max(ack.first_offset, self._start)
+            if first <= ack.last_offset:
+                planned.append((ack, first, self._check_ack(member_id, ack, first, now)))
         # Pass 2: apply.
         changes = _Changes()
         renewals = _Renewals(self, member_id, now)
-        for ack in _joined(ranges):
-            first = max(ack.first_offset, self._start)
+        for ack, first, batches in planned:
             last = ack.last_offset
-            if first > last:
-                continue
             types = ack.acknowledge_types
             single = _ACK_ROWS[types[0]] if len(types) == 1 else None
-            for batch in list(self._batches_from(first, last)):
+            for batch in batches:
                 if batch.offsets is None and batch.first_offset >= first and batch.last_offset <= last:
                     # A uniform batch taking one type moves whole (also inside a range with a type
                     # per offset, e.g. adjacent ranges joined): no per-offset split and merge back.
@@ -1653,7 +1655,13 @@ class SharePartition:
                     while end < stop and offsets[end + 1 - base] is holder and (
                             single is not None or _ACK_ROWS[types[end + 1 - ack.first_offset]] is row):
                         end += 1
-                    self._apply_span(batch, offset, end, row, member_id, renewals.lock_for(holder, row), changes)
+                    # _apply_span inlined (this loop runs once per range or span a client sends).
+                    lock_id = renewals.lock_for(holder, row)
+                    holder = self._own_span(batch, offset, end)
+                    self._transit(holder, row, member_id, lock_id, offset, end)
+                    self._note(changes, holder, row, offset, end, member_id)
+                    if holder.state is _AVAILABLE and offset < self._available_hint:
+                        self._available_hint = offset
                     offset = end + 1
         renewals.arm()
         return self._finish(changes)
@@ -1815,16 +1823,15 @@ class SharePartition:
                     raise ShareStateError(INVALID_REQUEST, f"unknown acknowledge type {ack_type}")
             previous_last = ack.last_offset
 
-    def _check_ack(self, member_id: str, ack: AckRange, now: int) -> None:
-        """Every offset of ``ack`` at or above SPSO is Acquired by the member and may take its type."""
-        first = max(ack.first_offset, self._start)
+    def _check_ack(self, member_id: str, ack: AckRange, first: int, now: int) -> list[_InFlightBatch]:
+        """Every offset of ``ack`` from ``first`` (its first at or above SPSO) on is Acquired by the
+        member and may take its type; the batches holding them."""
         last = ack.last_offset
-        if first > last:
-            return
         if last >= self._end:
             raise ShareStateError(INVALID_RECORD_STATE, f"offset {max(first, self._end)} was not acquired")
         types = ack.acknowledge_types
-        for batch in self._batches_from(first, last):
+        batches = list(self._batches_from(first, last))
+        for batch in batches:
             lo = max(first, batch.first_offset)
             hi = min(last, batch.last_offset)
             if batch.offsets is None:
@@ -1832,9 +1839,18 @@ class SharePartition:
                 for ack_type in used:
                     self._check_holder(batch, member_id, ack_type, lo, now)
             else:
-                for offset, holder in batch.holders(lo, hi):
-                    self._check_holder(holder, member_id, types[0 if len(types) == 1 else offset - ack.first_offset],
-                                       offset, now)
+                # Offsets sharing one state object and taking one type pass or fail alike: checked
+                # once per such run (at its first offset, the one an error names).
+                offsets, base = batch.offsets, batch.first_offset
+                single = types[0] if len(types) == 1 else None
+                checked, checked_type = None, None
+                for offset in range(lo, hi + 1):
+                    holder = offsets[offset - base]
+                    ack_type = single if single is not None else types[offset - ack.first_offset]
+                    if holder is not checked or ack_type != checked_type:
+                        self._check_holder(holder, member_id, ack_type, offset, now)
+                        checked, checked_type = holder, ack_type
+        return batches
 
     def _check_holder(
         self, holder: _InFlightBatch | _OffsetState, member_id: str, ack_type: int, offset: int, now: int
@@ -2065,28 +2081,6 @@ class SharePartition:
         if holder.state is _AVAILABLE and offset < self._available_hint:
             self._available_hint = offset
         return holder
-
-    def _apply_span(
-        self,
-        batch: _InFlightBatch,
-        first: int,
-        last: int,
-        row: _Row,
-        member_id: str | None,
-        lock_id: int,
-        changes: _Changes,
-    ) -> None:
-        """Move offsets [first, last] of a per-offset batch, which share one state object, together
-        (as many single-offset moves would: one transition, one run in the changes)."""
-        if first == last:
-            self._apply_offset(batch, first, row, member_id, lock_id, changes)
-            return
-        holder = self._own_span(batch, first, last)
-        acting = member_id if member_id is not None else holder.member_id  # (the former holder)
-        self._transit(holder, row, member_id, lock_id, first, last)
-        self._note(changes, holder, row, first, last, acting)
-        if holder.state is _AVAILABLE and first < self._available_hint:
-            self._available_hint = first
 
     # ----- per-offset state: shared while equal, merged back (see _InFlightBatch) -----------------
 
