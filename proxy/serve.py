@@ -19,6 +19,7 @@ import sys
 import structlog
 import trio
 
+from proxy.allocator import retain_freed_memory
 from proxy.config import ProxyConfig, configure_parser, load_config
 from proxy.errors import ConfigError, ProxyError, UpstreamAuthenticationError, UpstreamError, UpstreamTlsError
 from proxy.health import READINESS, HealthEndpoints, Liveness, UpstreamProbe, serve_health
@@ -42,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     configure_logging(config.log_level, config.log_json)
     log = structlog.get_logger("proxy.serve")
+    if config.heap_retain_bytes and not retain_freed_memory(config.heap_retain_bytes):
+        log.info("heap_retain_bytes has no effect here: the C library is not glibc")
     try:
         trio.run(serve, config)
     except FATAL_AT_START as error:

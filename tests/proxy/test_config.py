@@ -106,6 +106,7 @@ def test_switch_flag_and_boolean_environment():
         (["--upstream", "k:1", "--state-topic-replication-factor", "0"], {}),
         (["--upstream", "k:1", "--state-topic-min-insync-replicas", "0"], {}),
         (["--upstream", "k:1", "--state-topic-partitions", "0"], {}),
+        (["--upstream", "k:1", "--heap-retain-bytes", "-1"], {}),
     ],
 )
 def test_invalid_configuration_is_a_config_error(argv, environ):
@@ -143,6 +144,12 @@ def test_connection_byte_budget_from_flag_environment_and_file(tmp_path):
     assert parse(["--config", str(config_file)]).max_connection_bytes == 3000
     with pytest.raises(ConfigError):
         parse(["--upstream", "k:1", "--max-connection-bytes", "0"])
+
+
+def test_heap_retain_bytes_defaults_to_128_mib_and_zero_turns_it_off():
+    assert parse(["--upstream", "k:1"]).heap_retain_bytes == 128 * 1024 * 1024
+    assert parse(["--upstream", "k:1", "--heap-retain-bytes", "0"]).heap_retain_bytes == 0
+    assert parse(["--upstream", "k:1"], environ={"KSP_HEAP_RETAIN_BYTES": "1048576"}).heap_retain_bytes == 1048576
 
 
 def test_max_connections_option():
