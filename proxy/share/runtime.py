@@ -119,6 +119,7 @@ class ShareSettings:
     auto_offset_reset: str = "latest"  # share.auto.offset.reset default for new groups
     metadata_refresh_ms: int = 10_000  # new topics/partitions reach assignments within this
     state_write_timeout_ms: int = 30_000  # the state producer's delivery timeout
+    state_linger_ms: int = 1  # the state producer's linger.ms
     # Cumulative ShareUpdates between snapshots (--state-deltas, proxy.share.state_delta), and at most
     # this many updates per snapshot (--state-snapshot-every).
     state_deltas: bool = True
@@ -432,10 +433,11 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
     if settings.state_fencing == "transactional" or scale_out:
         writer = TransactionalStateWriter(bootstrap, transactional_id_prefix=settings.state_transactional_id_prefix,
                                           delivery_timeout_ms=settings.state_write_timeout_ms,
+                                          linger_ms=settings.state_linger_ms,
                                           client_config=client_config, owned_only=scale_out)
     else:
         writer = StateLogWriter(bootstrap, delivery_timeout_ms=settings.state_write_timeout_ms,
-                                client_config=client_config)
+                                linger_ms=settings.state_linger_ms, client_config=client_config)
     writer.start()
     delay = 0.5
     replay_started = trio.current_time()

@@ -107,6 +107,7 @@ def test_switch_flag_and_boolean_environment():
         (["--upstream", "k:1", "--state-topic-min-insync-replicas", "0"], {}),
         (["--upstream", "k:1", "--state-topic-partitions", "0"], {}),
         (["--upstream", "k:1", "--heap-retain-bytes", "-1"], {}),
+        (["--upstream", "k:1", "--state-linger-ms", "-1"], {}),
     ],
 )
 def test_invalid_configuration_is_a_config_error(argv, environ):
