@@ -180,7 +180,7 @@ class StateLogWriter:
         *,
         client_config: Mapping[str, str] | None = None,
         delivery_timeout_ms: int = 30_000,
-        linger_ms: int = 1,
+        linger_ms: int = 0,
         producer_factory: Callable[[dict[str, object]], Producer] = Producer,
     ) -> None:
         config = _client_config(bootstrap, client_config)

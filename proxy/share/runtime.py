@@ -119,7 +119,7 @@ class ShareSettings:
     auto_offset_reset: str = "latest"  # share.auto.offset.reset default for new groups
     metadata_refresh_ms: int = 10_000  # new topics/partitions reach assignments within this
     state_write_timeout_ms: int = 30_000  # the state producer's delivery timeout
-    state_linger_ms: int = 1  # the state producer's linger.ms
+    state_linger_ms: int = 0  # the state producer's linger.ms
     # Cumulative ShareUpdates between snapshots (--state-deltas, proxy.share.state_delta), and at most
     # this many updates per snapshot (--state-snapshot-every).
     state_deltas: bool = True

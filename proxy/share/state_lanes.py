@@ -86,7 +86,7 @@ class TransactionalStateWriter:
         transactional_id_prefix: str = DEFAULT_TRANSACTIONAL_ID_PREFIX,
         client_config: Mapping[str, str] | None = None,
         delivery_timeout_ms: int = 30_000,
-        linger_ms: int = 1,
+        linger_ms: int = 0,
         producer_factory: Callable[[dict[str, object]], Producer] = Producer,
         partition_reader: Callable[[str], int] | None = None,
         owned_only: bool = False,
