@@ -25,7 +25,6 @@ M_MMAP_THRESHOLD = -3
 #: Blocks above this still get their own mapping (glibc's largest dynamic threshold on 64-bit):
 #: a rare huge frame is returned to the kernel at once rather than held in the heap.
 MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024
-DEFAULT_HEAP_RETAIN_BYTES = 128 * 1024 * 1024
 
 
 def retain_freed_memory(retain_bytes: int) -> bool:

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(config.log_level, config.log_json)
     log = structlog.get_logger("proxy.serve")
     if config.heap_retain_bytes and not retain_freed_memory(config.heap_retain_bytes):
-        log.info("heap_retain_bytes has no effect here: the C library is not glibc")
+        log.info("heap_retain_bytes not applied: the C library is not glibc, or mallopt refused")
     try:
         trio.run(serve, config)
     except FATAL_AT_START as error:
