@@ -479,21 +479,32 @@ class Reader:
 
     def _read_size(self, leader: Leader, records: int, max_bytes: int) -> int:
         """Bytes to read for `records` (and the members queued behind this read), from the
-        partition's learned bytes per record, no more than the record-lock limit lets be acquired."""
-        read_bytes = min(max_bytes, self.max_fetch_bytes_per_partition)
+        partition's learned bytes per record, no more than the record-lock limit lets be acquired;
+        plus, when the read starts at redeliveries inside the window, the window's bytes."""
+        cap = self.max_fetch_bytes_per_partition
+        read_bytes = min(max_bytes, cap)
+        window_bytes = 0
         if leader.bytes_per_record:
             # Read for the members queued behind this read too; they take from the cache.
             records *= 1 + leader.readers_waiting
             engine = leader.engine
-            if engine.next_fetch_offset() >= engine.end_offset:  # only new records: the lock limit bounds them
+            start = engine.next_fetch_offset()
+            if start >= engine.end_offset:  # only new records: the lock limit bounds them
                 records = min(records, max(engine.config.max_record_locks - engine.in_flight_count, 0))
+            else:
+                # Redeliveries first: the read brings back the window's batches from `start` on --
+                # mostly records already acknowledged -- before any new one. Sized for those as
+                # well, it serves this partition's redeliveries and new records in one response,
+                # where a read sized for new records alone held the window's batch only and the
+                # response was topped up from the next partition (a state write more per commit).
+                window_bytes = int((engine.end_offset - start) * leader.bytes_per_record * 1.25)
             wanted = records * leader.bytes_per_record * 1.25
             read_bytes = min(read_bytes, max(MIN_FETCH_BYTES, int(wanted)))
         else:
             read_bytes = min(read_bytes, FIRST_FETCH_BYTES)
         # Never less than the partition's log batches: a broker answers a partition whose next
         # batch exceeds its PartitionMaxBytes with nothing, unless it comes first in the response.
-        return max(read_bytes, min(leader.batch_bytes, self.max_fetch_bytes_per_partition), 1)
+        return min(max(read_bytes, min(leader.batch_bytes, cap), 1) + window_bytes, cap)
 
     async def _read_many(
         self, candidates: list[_Held], records: int, max_bytes: int,
