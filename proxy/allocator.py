@@ -5,8 +5,9 @@ Why: every frame the proxy reads or builds is a fresh Python ``bytes`` of up to 
 a freed block of that size goes back to the kernel -- blocks above the mmap threshold are
 unmapped, and free memory at the top of the heap beyond the trim threshold is trimmed -- so the
 next frame's buffer is new memory again and every one of its 4 KiB pages costs a page fault on
-first touch. On the project's VMs that made a 1 MB receive-join-build cycle cost 2.5 ms where the
-copies themselves take 0.15 ms (docs/benchmarks.md, "Freed memory kept for reuse").
+first touch. On the project's VMs that made a 1 MB receive-join-build cycle cost 1.9-2.5 ms where
+the copies themselves take 0.12-0.16 ms (``integration.bench.alloc_bench``; docs/benchmarks.md,
+"Freed memory kept for reuse").
 
 With ``--heap-retain-bytes N`` (default 128 MiB) the proxy asks glibc (``mallopt``) to serve
 blocks up to 32 MiB from its heap and to keep up to N bytes of freed memory for reuse instead of
