@@ -126,7 +126,7 @@ class ProxyConfig:
     max_upstream_frame_size: int = 1024 * 1024 * 1024
     max_in_flight: int = 64
     max_connection_bytes: int = 16 * 1024 * 1024
-    stream_responses_from: int = 0
+    stream_responses_from: int = 128 * 1024
     heap_retain_bytes: int = 128 * 1024 * 1024
     max_connections: int = 1000
     connect_timeout: float = 10.0

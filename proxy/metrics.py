@@ -23,6 +23,10 @@ RESPONSES_STREAMED = Counter(
     "ksp_responses_streamed",
     "Large upstream responses written to the client as they arrived (cut-through) instead of gathered whole",
 )
+RESPONSES_SPLICED = Counter(
+    "ksp_responses_spliced",
+    "Of the streamed responses, those moved socket to socket inside the kernel (splice), never copied through the proxy",
+)
 CONNECTIONS_REFUSED = Counter(
     "ksp_client_connections_refused",
     "Client connections closed as soon as accepted because --max-connections were open",

@@ -20,6 +20,8 @@ it is steadier than a rate.
 rounds alternating over all paths. ``--tls-proxy`` adds every proxy once more with TLS listeners
 (``proxy-tls``, ``before-tls``; a fresh CA, the clients verify it; upstream plaintext): the cost
 of terminating TLS, and the before/after over TLS.
+``--variant gather="--stream-responses-from 0"`` starts one more proxy from the current tree with
+those extra ``serve`` arguments: a setting against the current defaults, in the same rounds.
 ``--profile DIR`` runs the current proxy under cProfile (``DIR/proxy.prof`` at exit).
 
     .venv/bin/python -m integration.bench.passthrough --records 200000 --size 1024
@@ -33,6 +35,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shlex
 import statistics
 import sys
 import tempfile
@@ -280,10 +283,13 @@ def start_proxies(stack: ExitStack, kafka: LocalKafka, scratch: Path, args: argp
         if args.profile else ()
     if profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
-    # name -> (launcher, environment): the current tree (the venv's share-proxy) and the others.
-    kinds: dict[str, tuple[tuple[str, ...], dict[str, str] | None]] = {"proxy": (profile, None)}
+    # name -> (launcher, environment, extra serve arguments): the current tree (the venv's
+    # share-proxy), the other trees, and the current tree with other settings.
+    kinds: dict[str, tuple[tuple[str, ...], dict[str, str] | None, tuple[str, ...]]] = {"proxy": (profile, None, ())}
     for name, tree in args.compare:
-        kinds[name] = ((python, "-P", "-m", "proxy.cli"), dict(os.environ, PYTHONPATH=tree))
+        kinds[name] = ((python, "-P", "-m", "proxy.cli"), dict(os.environ, PYTHONPATH=tree), ())
+    for name, extra in args.variant:
+        kinds[name] = ((), None, extra)
     variants: list[tuple[str, tuple[str, ...], dict[str, str]]] = [(name, (), {}) for name in kinds]
     if args.tls_proxy:
         from proxy.localkafka.certs import Certificates
@@ -295,9 +301,10 @@ def start_proxies(stack: ExitStack, kafka: LocalKafka, scratch: Path, args: argp
         variants += [(f"{name}-tls", listener, client) for name in kinds]
     paths = [Target("direct", kafka.bootstrap)]
     for name, listener_args, client_config in variants:
-        launcher, env = kinds[name.removesuffix("-tls")]
+        launcher, env, extra = kinds[name.removesuffix("-tls")]
         started = stack.enter_context(ProxyProcess(upstream=kafka.bootstrap, log_path=scratch / f"{name}.log",
-                                                   extra_args=(*common, *listener_args), launcher=launcher, env=env))
+                                                   extra_args=(*common, *extra, *listener_args), launcher=launcher,
+                                                   env=env))
         assert started.process is not None
         paths.append(Target(name, started.bootstrap, client_config, pid=started.process.pid))
     return paths
@@ -379,8 +386,9 @@ def report(measurements: list[Measurement], args: argparse.Namespace, notes: Seq
                 lines.append(f"| {connections} | {operation} | {name} | {medians[name]:,.0f} | {_spread(rates)} "
                              f"| {throughput:,.1f} | {cpu} | {each} |")
             pairs = [(name, "direct") for name in path_names if name != "direct"]
-            pairs += [("proxy", name) for name, _tree in args.compare]
-            pairs += [("proxy-tls", f"{name}-tls") for name, _tree in args.compare]
+            others = [name for name, _ in (*args.compare, *args.variant)]
+            pairs += [("proxy", name) for name in others]
+            pairs += [("proxy-tls", f"{name}-tls") for name in others]
             pairs += [("proxy-tls", "proxy")]  # what terminating TLS costs
             for top, bottom in pairs:
                 if top not in medians or bottom not in medians:
@@ -397,6 +405,13 @@ def report(measurements: list[Measurement], args: argparse.Namespace, notes: Seq
                             f"| {connections} | {operation} | CPU/record {top}/{bottom} | "
                             f"| **{statistics.median(cpu_ratios):.2f}** | {_spread(cpu_ratios, '{:.2f}')} |")
     return "\n".join(lines + ratio_lines)
+
+
+def _named_variant(text: str) -> tuple[str, tuple[str, ...]]:
+    name, _, extra = text.partition("=")
+    if not name or name in ("direct", "proxy") or name.endswith("-tls") or not extra.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=\"SERVE ARGUMENTS\", not {text!r}")
+    return name, tuple(shlex.split(extra))
 
 
 def _connection_counts(text: str) -> list[int]:
@@ -442,6 +457,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="comma-separated client counts, e.g. 1,8,64 (default 1)")
     parser.add_argument("--compare", type=_named_tree, action="append", default=[], metavar="NAME=TREE",
                         help="also measure a proxy run from another source tree (repeatable)")
+    parser.add_argument("--variant", type=_named_variant, action="append", default=[], metavar='NAME="ARGS"',
+                        help="also measure the current tree with these extra serve arguments (repeatable)")
     parser.add_argument("--operations", type=lambda text: [op for op in ("produce", "consume") if op in text.split(",")],
                         default=["produce", "consume"], help="produce,consume (default both); consume reads what "
                         "was produced directly, so it always produces there")

@@ -1,11 +1,14 @@
-"""The connection loop on in-memory streams: ordering, pipelining, bad input."""
+"""The connection loop on in-memory streams (and loopback TCP where the kernel's part matters):
+ordering, pipelining, bad input, cut-through."""
 
 from __future__ import annotations
 
 import functools
-import os
 import itertools
+import os
+import socket
 
+import pytest
 import trio
 import trio.testing
 from structlog.testing import capture_logs
@@ -16,7 +19,7 @@ from proxy import metrics
 from proxy.apiversions import ApiVersionTable, VersionRange
 from proxy.connection import STREAM_SEND_BYTES, ClientConnection, Forward, Request, ServeLocally
 from proxy.errors import UpstreamError
-from proxy.upstream import FramedStream
+from proxy.upstream import FramedStream, SplicePipe
 
 METADATA, PRODUCE, FETCH, LOCAL_API = 3, 0, 1, 78
 
@@ -42,9 +45,12 @@ class Harness:
         lockstep: bool = False,
         api_versions: ApiVersionTable | None = None,
         stream_from: int = 0,
+        tcp: bool = False,
     ):
         # lockstep: a send blocks until the other side reads, as a full TCP window does.
-        self._pair = trio.testing.lockstep_stream_pair if lockstep else trio.testing.memory_stream_pair
+        # tcp: real loopback sockets on both sides, so cut-through splices (proxy.upstream.SplicePipe).
+        self._pair = tcp_stream_pair if tcp else (
+            trio.testing.lockstep_stream_pair if lockstep else trio.testing.memory_stream_pair)
         self.client_side, proxy_side = self._pair()
         self.client = FramedStream(self.client_side, 1 << 20)
         self.broker: FramedStream | None = None
@@ -70,11 +76,25 @@ class Harness:
         self.broker_connected.set()
         return FramedStream(proxy_end, 1 << 20)
 
+    async def aclose(self) -> None:
+        """Close the test's ends (the connection closes its own): sockets must not leak."""
+        await self.client_side.aclose()
+        if self.broker is not None:
+            await self.broker.aclose()
+
     async def broker_receive(self) -> bytes:
         await self.broker_connected.wait()
         frame = await self.broker.receive_frame()
         assert frame is not None
         return frame
+
+
+def tcp_stream_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
+    """Two ends of a loopback TCP connection as trio streams."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        near = socket.create_connection(listener.getsockname())
+        far, _ = listener.accept()
+    return tuple(trio.SocketStream(trio.socket.from_stdlib_socket(end)) for end in (near, far))
 
 
 def correlation_of(request_frame: bytes) -> int:
@@ -456,10 +476,12 @@ async def fetch_answered_in_part(h: Harness, size: int) -> bytes:
     return answer
 
 
-async def test_a_large_response_the_writer_waits_for_reaches_the_client_before_its_last_byte_arrives():
+@pytest.mark.parametrize("tcp", [False, True], ids=["memory", "tcp-spliced"])
+async def test_a_large_response_the_writer_waits_for_reaches_the_client_before_its_last_byte_arrives(tcp):
     size = 1000 * KIB
-    h = Harness(max_frame_size=1 << 20, stream_from=STREAM)
+    h = Harness(max_frame_size=1 << 20, stream_from=STREAM, tcp=tcp)
     streamed_before = metrics.RESPONSES_STREAMED._value.get()
+    spliced_before = metrics.RESPONSES_SPLICED._value.get()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(h.connection.serve)
         answer = await fetch_answered_in_part(h, size)
@@ -475,12 +497,16 @@ async def test_a_large_response_the_writer_waits_for_reaches_the_client_before_i
         await h.broker.send_frame(response(2, b"small"))
         assert await h.client.receive_frame() == response(2, b"small")
         await h.client_side.aclose()
+    await h.aclose()
     assert metrics.RESPONSES_STREAMED._value.get() == streamed_before + 1
+    # Between two plain sockets the kernel moved the bytes (splice), never the process.
+    assert metrics.RESPONSES_SPLICED._value.get() == spliced_before + (1 if tcp else 0)
     assert h.connection.budget.held == 0
 
 
-async def test_pipelined_large_responses_arrive_whole_and_in_order_streamed_or_not():
-    h = Harness(max_frame_size=1 << 20, stream_from=STREAM)
+@pytest.mark.parametrize("tcp", [False, True], ids=["memory", "tcp-spliced"])
+async def test_pipelined_large_responses_arrive_whole_and_in_order_streamed_or_not(tcp):
+    h = Harness(max_frame_size=1 << 20, stream_from=STREAM, tcp=tcp)
     bodies = {cid: os.urandom(size) for cid, size in ((1, 300 * KIB), (2, 10), (3, 500 * KIB), (4, 200 * KIB))}
     async with trio.open_nursery() as nursery:
         nursery.start_soon(h.connection.serve)
@@ -492,6 +518,7 @@ async def test_pipelined_large_responses_arrive_whole_and_in_order_streamed_or_n
             await h.broker.send_frame(response(cid, body))
         assert [await h.client.receive_frame() for _ in bodies] == [response(cid, b) for cid, b in bodies.items()]
         await h.client_side.aclose()
+    await h.aclose()
 
 
 async def test_a_large_response_with_a_transform_is_gathered_and_transformed():
@@ -509,8 +536,9 @@ async def test_a_large_response_with_a_transform_is_gathered_and_transformed():
         await h.client_side.aclose()
 
 
-async def test_upstream_closing_inside_a_streamed_response_closes_the_client_connection():
-    h = Harness(max_frame_size=1 << 20, stream_from=STREAM)
+@pytest.mark.parametrize("tcp", [False, True], ids=["memory", "tcp-spliced"])
+async def test_upstream_closing_inside_a_streamed_response_closes_the_client_connection(tcp):
+    h = Harness(max_frame_size=1 << 20, stream_from=STREAM, tcp=tcp)
     failures_before = metrics.UPSTREAM_FAILURES._value.get()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(h.connection.serve)
@@ -520,7 +548,43 @@ async def test_upstream_closing_inside_a_streamed_response_closes_the_client_con
         await h.broker.stream.aclose()
         with trio.fail_after(5):
             await h.connection.closed.wait()
+    await h.aclose()
     assert metrics.UPSTREAM_FAILURES._value.get() == failures_before + 1
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_a_client_closing_inside_a_spliced_response_closes_only_its_connection_and_its_pipe():
+    fds_before = open_fds()
+    h = Harness(max_frame_size=1 << 20, stream_from=STREAM, tcp=True)
+    failures_before = metrics.UPSTREAM_FAILURES._value.get()
+    spliced_before = metrics.RESPONSES_SPLICED._value.get()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(h.connection.serve)
+        answer = await fetch_answered_in_part(h, 1000 * KIB)
+        with trio.fail_after(5):
+            await receive_at_least(h.client_side, STREAM_SEND_BYTES)
+        await h.client_side.aclose()
+        # The broker goes on sending what the client will never read.
+        with trio.move_on_after(1):
+            await h.broker.stream.send_all(answer[STREAM_SEND_BYTES + 100 * KIB:])
+        with trio.fail_after(5):
+            await h.connection.closed.wait()
+    await h.aclose()
+    assert metrics.RESPONSES_SPLICED._value.get() == spliced_before + 1
+    assert metrics.UPSTREAM_FAILURES._value.get() == failures_before  # the client left; upstream was fine
+    assert open_fds() == fds_before  # both sockets and the splice pipe's two ends
+
+
+async def test_a_splice_pipe_holds_what_one_large_read_does():
+    pipe = SplicePipe()
+    try:
+        # The kernel may cap it (fs.pipe-max-size) but never below its default of 64 KiB.
+        assert 64 * KIB <= pipe.capacity <= 1 << 20
+    finally:
+        pipe.close()
 
 
 async def test_without_stream_from_a_large_response_is_gathered_whole():
