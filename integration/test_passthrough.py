@@ -7,6 +7,7 @@ they would against the broker, and never learn the broker's own address.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Iterator
 
@@ -224,3 +225,40 @@ def test_serve_prints_ready_and_exits_zero_on_sigterm(kafka: LocalKafka, tmp_pat
         exit_code = running.stop()
     assert exit_code == 0, running.log_text()[-3000:]
 
+
+
+def test_large_fetch_responses_are_spliced_through_and_arrive_intact(kafka: LocalKafka, tmp_path) -> None:
+    """Default settings, plaintext: Fetch responses of 128 KiB or more pass socket to socket
+    inside the kernel (splice) -- and every byte of every record arrives as the broker has it."""
+    from integration.share.conftest import metric, scrape_metrics
+    from proxy.localkafka.broker import free_port
+
+    topic = create_topic(kafka.bootstrap, unique_name("spliced"), partitions=PARTITIONS)
+    count, size = 8_000, 2048
+    values = {index: hashlib.sha256(str(index).encode()).digest() * (size // 32) for index in range(count)}
+    producer = Producer({"bootstrap.servers": kafka.bootstrap, "linger.ms": 20, "batch.size": 1 << 20})
+    for index, value in values.items():
+        producer.produce(topic, key=str(index).encode(), value=value)
+        if index % 1000 == 999:
+            producer.poll(0)
+    assert producer.flush(60) == 0
+    port = free_port()
+    with ProxyProcess(upstream=kafka.bootstrap, log_path=tmp_path / "serve.log",
+                      extra_args=("--metrics-port", str(port))) as proxy:
+        before = metric(scrape_metrics(port), "ksp_responses_spliced_total") or 0.0
+        consumer = Consumer({"bootstrap.servers": proxy.bootstrap, "group.id": unique_name("spliced"),
+                             "enable.auto.commit": False})
+        received: dict[int, bytes] = {}
+        try:
+            consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+            deadline = time.monotonic() + 60
+            while len(received) < count and time.monotonic() < deadline:
+                for message in consumer.consume(num_messages=1000, timeout=0.5):
+                    assert message.error() is None, message.error()
+                    received[int(message.key())] = message.value()
+        finally:
+            consumer.close()
+        spliced = (metric(scrape_metrics(port), "ksp_responses_spliced_total") or 0.0) - before
+    assert received == values
+    # 16 MB in Fetch responses of up to 1 MiB per partition (the client's default): many spliced.
+    assert spliced >= 5, spliced

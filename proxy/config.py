@@ -110,6 +110,11 @@ def parse_sasl_mechanism(text: Any) -> str | None:
     return value.strip().upper() if value else None
 
 
+#: The default cut-through size where responses are spliced (docs/benchmarks.md, "Spliced
+#: cut-through"): a Fetch response this large is no longer gathered before its first byte goes out.
+SPLICED_STREAM_FROM = 128 * 1024
+
+
 def parse_optional_int(text: str | int | None) -> int | None:
     if text is None or (isinstance(text, str) and text.strip() in ("", "none")):
         return None
@@ -126,7 +131,7 @@ class ProxyConfig:
     max_upstream_frame_size: int = 1024 * 1024 * 1024
     max_in_flight: int = 64
     max_connection_bytes: int = 16 * 1024 * 1024
-    stream_responses_from: int = 128 * 1024
+    stream_responses_from: int | None = None  # None: SPLICED_STREAM_FROM where splice applies, else off
     heap_retain_bytes: int = 128 * 1024 * 1024
     max_connections: int = 1000
     connect_timeout: float = 10.0
@@ -235,6 +240,15 @@ class ProxyConfig:
         return self.listener_ssl_certificate_location is not None
 
     @property
+    def effective_stream_responses_from(self) -> int:
+        """Cut-through from this response size (0: off). By default on where the bytes can be
+        spliced (plaintext listeners and upstream); over TLS the process must copy them, and
+        streaming copied pieces measured mixed against gathering (docs/benchmarks.md)."""
+        if self.stream_responses_from is not None:
+            return self.stream_responses_from
+        return 0 if self.listener_tls or self.upstream_tls else SPLICED_STREAM_FROM
+
+    @property
     def upstream_tls(self) -> bool:
         return self.upstream_security_protocol in ("SSL", "SASL_SSL")
 
@@ -287,7 +301,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_upstream_frame_size", int, "largest response frame accepted from a broker, in bytes (default 1073741824)", "BYTES"),
     Option("max_in_flight", int, "requests a client may pipeline on one connection before the proxy stops reading it (default 64)", "N"),
     Option("max_connection_bytes", int, "bytes of requests and responses one client connection may hold before the proxy stops reading it (default 16777216); a single larger frame still passes, alone", "BYTES"),
-    Option("stream_responses_from", int, "pass upstream responses of at least this many bytes to the client as they arrive (cut-through) when nothing earlier is still being written; 0 (default) gathers every response whole first (docs/proxy.md, docs/benchmarks.md: measured mixed)", "BYTES"),
+    Option("stream_responses_from", parse_optional_int, "pass upstream responses of at least this many bytes to the client as they arrive (cut-through) when nothing earlier is still being written, socket to socket in the kernel (splice) where both sides are plaintext; 0 gathers every response whole first; default 131072 with plaintext listeners and upstream, 0 with TLS on either side (docs/proxy.md)", "BYTES"),
     Option("heap_retain_bytes", int, "freed memory the C allocator (glibc) keeps for reuse instead of returning it to the OS, and large buffers (up to 32 MiB) served from its heap: a frame's buffer then reuses memory instead of faulting in fresh pages (measured: a 1 MB receive-and-build cycle 1.9-2.5 -> 0.12-0.16 ms, integration.bench.alloc_bench); resident memory stays near its recent peak. 0 leaves glibc's defaults (default 134217728; docs/proxy.md)", "BYTES"),
     Option("max_connections", int, "client connections open at once, over all listeners; more are closed as soon as they are accepted (default 1000)", "N"),
     Option("connect_timeout", float, "seconds to wait for an upstream broker connection (default 10)", "SECONDS"),
@@ -495,7 +509,7 @@ def _validate(config: ProxyConfig) -> None:
         raise ConfigError("state_linger_ms must be 0 or positive")
     if config.heap_retain_bytes < 0:
         raise ConfigError("heap_retain_bytes must be 0 (glibc's defaults) or positive")
-    if config.stream_responses_from < 0:
+    if config.stream_responses_from is not None and config.stream_responses_from < 0:
         raise ConfigError("stream_responses_from must be 0 (off) or positive")
     if config.share_upstream_connections <= 0 or config.share_long_poll_connections <= 0:
         raise ConfigError("share connection pools need at least one connection per broker")

@@ -26,11 +26,13 @@ Slots enter the order channel *before* their frame is sent upstream, so a fast
 broker response always finds its slot. Produce with acks=0 gets no slot: the
 broker never answers it. Bytes that are only forwarded are never decoded.
 
-**Cut-through** (off unless ``stream_from`` > 0, ``--stream-responses-from``; measured mixed, see
-docs/benchmarks.md). A large upstream response (typically a Fetch) that
+**Cut-through** (``stream_from`` > 0, ``--stream-responses-from``; by default on where both sides
+are plaintext sockets). A large upstream response (typically a Fetch) that
 the writer is already waiting for, and that needs no transform, is not gathered whole: the
 upstream reader writes its prefix and its pieces to the client as they arrive, then completes
-the slot with nothing left to write. Only the writer writes to the client otherwise, and it is
+the slot with nothing left to write. Between two plain sockets the pieces never enter the
+process: they are spliced socket -> pipe -> socket (:class:`proxy.upstream.SplicePipe`); over TLS
+they are received and written as copies (measured mixed against gathering, docs/benchmarks.md). Only the writer writes to the client otherwise, and it is
 parked on exactly this slot, so the two never write at once. Gathering first (store and forward)
 makes every large Fetch wait for its last byte before its first goes out; streaming instead costs
 more writes per response. Any other response, and one that arrives while the writer is still
@@ -119,8 +121,8 @@ SASL_WAIT_TIMEOUT_S = 30.0
 #: the channel has room for: each a trip round trio's run loop saved), so without this a client
 #: that pipelines a burst (acks=0 Produce has no max_in_flight bound) could hold the loop.
 FRAMES_PER_YIELD = 32
-#: A streamed response (``stream_from`` > 0, --stream-responses-from; cut-through, see the theory
-#: of operation) is written out whenever this much of it has arrived, and at its end.
+#: A streamed response that cannot be spliced (TLS; see the theory of operation) is written out
+#: whenever this much of it has arrived, and at its end.
 STREAM_SEND_BYTES = 512 * 1024
 
 
@@ -293,9 +295,6 @@ class ClientConnection:
         self._calls_failed: str | None = None
         self._calls_waiting = 0
         self._upstream_closed = False
-        #: Cut-through between plain sockets moves bytes with splice(2) through this pipe, made
-        #: at the first streamed response and closed with the connection.
-        self._splice: SplicePipe | None = None
         #: Per-connection state of the authorization module (proxy.share.authorization), created
         #: on first use and dropped with the connection: a reconnect starts with nothing cached.
         self.authorization = None
@@ -353,8 +352,6 @@ class ClientConnection:
                 await trio.aclose_forcefully(self.client)
                 if self._upstream is not None:
                     await trio.aclose_forcefully(self._upstream)
-                if self._splice is not None:
-                    self._splice.close()
             self.closed.set()
 
     def _bad_input(self, reason: str, group: BaseExceptionGroup) -> None:
@@ -539,15 +536,23 @@ class ClientConnection:
         """Write a response to the client as it arrives (cut-through), then complete its slot."""
         pending = self._answered(frame.head)
         metrics.RESPONSES_STREAMED.inc()
-        if self._splice is None and self._upstream is not None and can_splice(self._upstream, self.client):
-            self._splice = SplicePipe()
-        if self._splice is not None:
-            metrics.RESPONSES_SPLICED.inc()
-            await self.client.send_bytes(encode_size_prefix(frame.size), frame.head)
+        pipe = None
+        if self._upstream is not None and can_splice(self._upstream, self.client):
             try:
-                await frame.splice_to(self.client, self._splice)
-            except (EOFError, OSError) as exc:
-                raise UpstreamError(f"upstream connection broke: {exc}") from exc
+                pipe = SplicePipe()
+            except OSError as exc:  # out of file descriptors: copy this one
+                self.log.warning("cannot open a splice pipe; copying the response", error=str(exc))
+        if pipe is not None:
+            # A pipe per response, not per connection: pipes then exist only while bytes pass,
+            # and the kernel's per-user pipe budget (fs.pipe-user-pages-soft) covers as many
+            # responses in flight as possible.
+            with pipe:
+                metrics.RESPONSES_SPLICED.inc()
+                await self.client.send_bytes(encode_size_prefix(frame.size), frame.head)
+                try:
+                    await frame.splice_to(self.client, pipe)
+                except (EOFError, OSError) as exc:
+                    raise UpstreamError(f"upstream connection broke: {exc}") from exc
             pending.streamed = True
             pending.complete(None)
             return

@@ -384,7 +384,7 @@ class Proxy:
             api_versions=self.api_versions,
             max_in_flight=self.config.max_in_flight,
             max_bytes=self.config.max_connection_bytes,
-            stream_from=self.config.stream_responses_from,
+            stream_from=self.config.effective_stream_responses_from,
             listener=name,
             node_id=node_id,
             peer=peer,

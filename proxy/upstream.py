@@ -136,14 +136,16 @@ class StreamedFrame:
 _SPLICE_FLAGS = getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_NONBLOCK", 0)
 #: A spliced frame goes through the scheduler at least once per this many moves without a wait.
 _SPLICES_PER_YIELD = 16
-#: What a splice pipe asks the kernel to hold (F_SETPIPE_SZ; capped by
-#: /proc/sys/fs/pipe-max-size, 1 MiB by default): as much as one read of a frame in progress.
+#: What a splice pipe asks the kernel to hold (F_SETPIPE_SZ; capped by fs.pipe-max-size, 1 MiB by
+#: default, and refused past fs.pipe-user-pages-soft, when the kernel's default size stays): as
+#: much as one read of a frame in progress.
 SPLICE_PIPE_BYTES = MAX_RECEIVE
 
 
 class SplicePipe:
-    """A kernel pipe through which a connection splices its streamed frames (Linux): two file
-    descriptors and up to :data:`SPLICE_PIPE_BYTES` of kernel buffer, empty between frames."""
+    """A kernel pipe through which one streamed frame is spliced (Linux): two file descriptors and
+    up to :data:`SPLICE_PIPE_BYTES` of kernel buffer. A context manager: closed when the frame
+    has passed (or failed)."""
 
     def __init__(self) -> None:
         self.read_fd, self.write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -155,6 +157,12 @@ class SplicePipe:
         for fd in (self.read_fd, self.write_fd):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+    def __enter__(self) -> SplicePipe:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 def can_splice(source: FramedStream, target: FramedStream) -> bool:

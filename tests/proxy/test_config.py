@@ -153,6 +153,22 @@ def test_heap_retain_bytes_defaults_to_128_mib_and_zero_turns_it_off():
     assert parse(["--upstream", "k:1"], environ={"KSP_HEAP_RETAIN_BYTES": "1048576"}).heap_retain_bytes == 1048576
 
 
+def test_cut_through_is_on_by_default_only_where_responses_can_be_spliced():
+    plain = parse(["--upstream", "k:1"])
+    assert plain.stream_responses_from is None and plain.effective_stream_responses_from == 128 * 1024
+    tls_listeners = load_config({"upstream": "k:1", "listener_ssl_certificate_location": "c.pem",
+                                 "listener_ssl_key_location": "k.pem"}, environ={})
+    assert tls_listeners.effective_stream_responses_from == 0
+    tls_upstream = load_config({"upstream": "k:1", "upstream_security_protocol": "SSL"}, environ={})
+    assert tls_upstream.effective_stream_responses_from == 0
+    # An explicit value applies everywhere, 0 included.
+    assert parse(["--upstream", "k:1", "--stream-responses-from", "0"]).effective_stream_responses_from == 0
+    assert load_config({"upstream": "k:1", "upstream_security_protocol": "SSL", "stream_responses_from": 65536},
+                       environ={}).effective_stream_responses_from == 65536
+    with pytest.raises(ConfigError, match="stream_responses_from"):
+        parse(["--upstream", "k:1", "--stream-responses-from", "-1"])
+
+
 def test_max_connections_option():
     assert parse(["--upstream", "k:1"]).max_connections == 1000
     assert parse(["--upstream", "k:1"], environ={"KSP_MAX_CONNECTIONS": "7"}).max_connections == 7
