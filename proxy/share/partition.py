@@ -56,14 +56,13 @@ acknowledgement of a partition is validated before any of it is applied (all or 
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import enum
 import heapq
 import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from sortedcontainers import SortedDict
 
@@ -333,13 +332,15 @@ class InFlightRun:
     grace_deadline: int = -1  # set while held for a departed member (rebalance grace)
 
 
-@dataclass(frozen=True, slots=True)
-class PersistedBatch:
+class PersistedBatch(NamedTuple):
     """A state batch as persisted: (first_offset, last_offset, delivery_state, delivery_count).
 
     IN_PROGRESS batches also carry their owner and times (state-record tags 100-102); the times are
     on the engine's clock here, and ``state_store`` converts them to and from wall-clock time.
-    ARCHIVING batches carry why they are archived (tag 103; NONE = unknown, e.g. written by Kafka)."""
+    ARCHIVING batches carry why they are archived (tag 103; NONE = unknown, e.g. written by Kafka).
+
+    A named tuple, not a frozen dataclass: every state write makes one per run of a fragmented
+    window, and a frozen dataclass took 3.5x as long to build (1.27 against 0.36 µs)."""
 
     first_offset: int
     last_offset: int
@@ -353,13 +354,12 @@ class PersistedBatch:
     @property
     def content(self) -> tuple:
         """Everything but the offsets: equal contents of adjacent batches merge into one."""
-        return (self.delivery_state, self.delivery_count, self.in_progress_start, self.last_progress,
-                self.member_id, self.archive_reason)
+        return self[2:]  # (delivery_state, delivery_count, in_progress_start, last_progress, member_id, archive_reason)
 
 
-@dataclass(frozen=True, slots=True)
-class RecordEvent:
-    """What happened to the records [first_offset, last_offset] (one entry of the event log).
+class RecordEvent(NamedTuple):
+    """What happened to the records [first_offset, last_offset] (one entry of the event log; a
+    named tuple, for what PersistedBatch is one).
 
     ``member_id`` is the member that acted, or the former holder on expiry / release paths (None when
     none). ``delivery_count`` is the records' count after the event. ``reason`` is set on ARCHIVING,
@@ -677,7 +677,7 @@ def _coalesce(batches: Iterable[PersistedBatch]) -> list[PersistedBatch]:
         if out:
             prev = out[-1]
             if prev.last_offset + 1 == b.first_offset and prev.content == b.content:
-                out[-1] = dataclasses.replace(prev, last_offset=b.last_offset)
+                out[-1] = prev._replace(last_offset=b.last_offset)
                 continue
         out.append(b)
     return out
@@ -2493,7 +2493,7 @@ def _acquisition_events(
 def _clip(batches: Iterable[PersistedBatch], start: int) -> tuple[PersistedBatch, ...]:
     """The batches' parts at or above ``start`` (the SPSO: nothing below it is persisted)."""
     return tuple(
-        b if b.first_offset >= start else dataclasses.replace(b, first_offset=start)
+        b if b.first_offset >= start else b._replace(first_offset=start)
         for b in batches
         if b.last_offset >= start
     )
@@ -2512,9 +2512,9 @@ def _overlay(overlay: SortedDict, batch: PersistedBatch) -> None:
     for old in covered:
         del overlay[old.first_offset]
         if old.first_offset < first:
-            overlay[old.first_offset] = dataclasses.replace(old, last_offset=first - 1)
+            overlay[old.first_offset] = old._replace(last_offset=first - 1)
         if old.last_offset > last:
-            overlay[last + 1] = dataclasses.replace(old, first_offset=last + 1)
+            overlay[last + 1] = old._replace(first_offset=last + 1)
     overlay[first] = batch
 
 
@@ -2530,7 +2530,7 @@ def _coalesce_persisted(batches: Iterable[PersistedBatch], start: int) -> Iterat
         if batch.delivery_state == _AVAILABLE and batch.delivery_count == 0:
             continue
         if run is not None and run.last_offset + 1 == batch.first_offset and run.content == batch.content:
-            run = dataclasses.replace(run, last_offset=batch.last_offset)
+            run = run._replace(last_offset=batch.last_offset)
             continue
         if run is not None:
             yield run
