@@ -1496,18 +1496,27 @@ class SharePartition:
         if not ranges:
             return None
         start_before = self._start
+        firsts, window = list(self._batches.keys()), list(self._batches.values())  # (see _acknowledge)
         for first, last in ranges:
-            for batch in self._batches_from(first, last):
-                if batch.offsets is None:
+            for batch in _overlapping(firsts, window, first, last):
+                offsets = batch.offsets
+                if offsets is None:
                     if batch.rollback is not None and batch.rollback.change_id == change_id:
                         batch.rollback = None
                         self._lower_hint(batch, batch.first_offset)
                     continue
                 self._touch(batch, first, last)  # (committed states may now merge with their neighbours)
-                for offset, holder in batch.holders(first, last):
+                # Once per run of offsets sharing a state object (each fills one contiguous run).
+                base = batch.first_offset
+                i, stop = max(first, base) - base, min(last, batch.last_offset) - base
+                while i <= stop:
+                    holder = offsets[i]
                     if holder.rollback is not None and holder.rollback.change_id == change_id:
                         holder.rollback = None
-                        self._lower_hint(holder, offset)
+                        self._lower_hint(holder, base + i)
+                    i += 1
+                    while i <= stop and offsets[i] is holder:
+                        i += 1
         return self._finish(_Changes(), old_start=start_before)
 
     def rollback(self, change_id: int) -> None:
@@ -1608,7 +1617,7 @@ class SharePartition:
         ranges = self._staged.setdefault(change_id, [])
         if ranges and ranges[-1][1] + 1 == first:
             ranges[-1] = (ranges[-1][0], last)
-        else:
+        elif not ranges or not (ranges[-1][0] <= first and last <= ranges[-1][1]):  # (one batch, several moves)
             ranges.append((first, last))
 
     def _lower_hint(self, holder: _InFlightBatch | _OffsetState, offset: int) -> None:
@@ -1622,10 +1631,16 @@ class SharePartition:
         # ranges are joined first (the same offsets with the same types), and each joined range's
         # batches, looked up here, are the ones pass 2 moves: nothing adds or drops a batch between.
         planned = []
+        # The window's batches as plain lists, looked up by bisect: the SortedDict's own lookup
+        # cost ~10% of staging a fragmented acknowledgement (a range per redelivered offset), and
+        # nothing adds or drops a batch before pass 2 is done.
+        firsts, window = list(self._batches.keys()), list(self._batches.values())
         for ack in _joined(ranges):
             first = max(ack.first_offset, self._start)
             if first <= ack.last_offset:
-                planned.append((ack, first, self._check_ack(member_id, ack, first, now)))
+                batches = _overlapping(firsts, window, first, ack.last_offset)
+                self._check_ack(member_id, ack, first, now, batches)
+                planned.append((ack, first, batches))
         # Pass 2: apply.
         changes = _Changes()
         renewals = _Renewals(self, member_id, now)
@@ -1648,20 +1663,15 @@ class SharePartition:
                 base = batch.first_offset
                 offset, stop = max(first, base), min(last, batch.last_offset)
                 while offset <= stop:
-                    # Offsets sharing one state and taking the same type move together.
-                    row = single if single is not None else _ACK_ROWS[types[offset - ack.first_offset]]
                     holder = offsets[offset - base]
-                    end = offset
-                    while end < stop and offsets[end + 1 - base] is holder and (
-                            single is not None or _ACK_ROWS[types[end + 1 - ack.first_offset]] is row):
+                    end = offset  # to the end of the run of offsets sharing this state object
+                    while end < stop and offsets[end + 1 - base] is holder:
                         end += 1
-                    # _apply_span inlined (this loop runs once per range or span a client sends).
-                    lock_id = renewals.lock_for(holder, row)
-                    holder = self._own_span(batch, offset, end)
-                    self._transit(holder, row, member_id, lock_id, offset, end)
-                    self._note(changes, holder, row, offset, end, member_id)
-                    if holder.state is _AVAILABLE and offset < self._available_hint:
-                        self._available_hint = offset
+                    if single is not None:
+                        self._move_span(batch, holder, single, offset, end, member_id, renewals, changes)
+                    else:
+                        self._move_span_by_type(batch, holder, types, ack.first_offset, offset, end, member_id,
+                                                renewals, changes)
                     offset = end + 1
         renewals.arm()
         return self._finish(changes)
@@ -1823,14 +1833,14 @@ class SharePartition:
                     raise ShareStateError(INVALID_REQUEST, f"unknown acknowledge type {ack_type}")
             previous_last = ack.last_offset
 
-    def _check_ack(self, member_id: str, ack: AckRange, first: int, now: int) -> list[_InFlightBatch]:
+    def _check_ack(self, member_id: str, ack: AckRange, first: int, now: int,
+                   batches: Sequence[_InFlightBatch]) -> None:
         """Every offset of ``ack`` from ``first`` (its first at or above SPSO) on is Acquired by the
-        member and may take its type; the batches holding them."""
+        member and may take its type; ``batches`` are the in-flight batches overlapping them."""
         last = ack.last_offset
         if last >= self._end:
             raise ShareStateError(INVALID_RECORD_STATE, f"offset {max(first, self._end)} was not acquired")
         types = ack.acknowledge_types
-        batches = list(self._batches_from(first, last))
         for batch in batches:
             lo = max(first, batch.first_offset)
             hi = min(last, batch.last_offset)
@@ -1850,7 +1860,6 @@ class SharePartition:
                     if holder is not checked or ack_type != checked_type:
                         self._check_holder(holder, member_id, ack_type, offset, now)
                         checked, checked_type = holder, ack_type
-        return batches
 
     def _check_holder(
         self, holder: _InFlightBatch | _OffsetState, member_id: str, ack_type: int, offset: int, now: int
@@ -2063,6 +2072,54 @@ class SharePartition:
         if batch.state is _AVAILABLE and batch.first_offset < self._available_hint:
             self._available_hint = batch.first_offset
 
+    def _move_span(self, batch: _InFlightBatch, holder: _OffsetState, row: _Row, first: int, last: int,
+                   member_id: str, renewals: _Renewals, changes: _Changes) -> None:
+        """Acknowledge [first, last] of a per-offset batch, which share ``holder``, by one ``row``."""
+        lock_id = renewals.lock_for(holder, row)
+        holder = self._own_span(batch, first, last)
+        self._transit(holder, row, member_id, lock_id, first, last)
+        self._note(changes, holder, row, first, last, member_id)
+        if holder.state is _AVAILABLE and first < self._available_hint:
+            self._available_hint = first
+
+    def _move_span_by_type(self, batch: _InFlightBatch, holder: _OffsetState, types: Sequence[int], types_from: int,
+                           first: int, last: int, member_id: str, renewals: _Renewals, changes: _Changes) -> None:
+        """Acknowledge [first, last] of a per-offset batch, which share ``holder``, with a type per
+        offset (``types[offset - types_from]``). Each distinct move is worked out once, over all the
+        records taking it (their lock, counters and staged rollback go by record count), and a copy
+        of its result is laid over each run of offsets taking it (each object still fills one
+        contiguous run): a client acknowledging a poll run by run (10% released at random, ~180
+        runs in 1,000 records) paid the whole move per run."""
+        runs: list[tuple[int, int, _Row]] = []  # (first, last, row), in offset order
+        run_first, row = first, _ACK_ROWS[types[first - types_from]]
+        for offset in range(first + 1, last + 1):
+            next_row = _ACK_ROWS[types[offset - types_from]]
+            if next_row is not row:
+                runs.append((run_first, offset - 1, row))
+                run_first, row = offset, next_row
+        runs.append((run_first, last, row))
+        if len(runs) == 1:
+            self._move_span(batch, holder, row, first, last, member_id, renewals, changes)
+            return
+        records: dict[int, int] = {}  # id(row) -> records taking it
+        for run_first, run_last, row in runs:
+            records[id(row)] = records.get(id(row), 0) + run_last - run_first + 1
+        lock_ids = {id(row): renewals.lock_for(holder, row) for _, _, row in runs}
+        original = self._own_span(batch, first, last)
+        moved: dict[int, _OffsetState] = {}
+        for _, _, row in runs:
+            if id(row) not in moved:
+                result = moved[id(row)] = original.copy()
+                self._transit(result, row, member_id, lock_ids[id(row)], first, last, records[id(row)])
+        offsets, base = batch.offsets, batch.first_offset
+        assert offsets is not None
+        for run_first, run_last, row in runs:
+            own = moved[id(row)].copy()
+            offsets[run_first - base:run_last - base + 1] = [own] * (run_last - run_first + 1)
+            self._note(changes, own, row, run_first, run_last, member_id)
+            if own.state is _AVAILABLE and run_first < self._available_hint:
+                self._available_hint = run_first
+
     def _apply_offset(
         self,
         batch: _InFlightBatch,
@@ -2236,8 +2293,10 @@ class SharePartition:
         lock_id: int,
         first: int,
         last: int,
+        records: int | None = None,
     ) -> None:
-        """One table-driven move of the records [first, last] that share ``holder``'s state."""
+        """One table-driven move of the records [first, last] that share ``holder``'s state
+        (``records`` of them when not all: see _apply_types)."""
         move = row[holder.state]
         if move is None:  # callers validate first: an illegal move here is an engine bug
             raise AssertionError(f"no transition from {holder.state.name} for records {first}-{last}")
@@ -2245,7 +2304,7 @@ class SharePartition:
             self._note_changed(first, last)
         count = holder.delivery_count + move.delivery_delta
         new_state = move.new_state
-        n = last - first + 1
+        n = last - first + 1 if records is None else records
         if move.archive_at_limit and count >= self._delivery_count_limit:
             new_state = _ARCHIVED
             holder.reason = _DELIVERY_LIMIT
@@ -2404,6 +2463,20 @@ class SharePartition:
             return None
         # A delta may carry events only (e.g. renewals of Acquired records): nothing to write.
         return StateDelta(self._start if moved else -1, batches, changed, events)
+
+
+def _overlapping(firsts: list[int], batches: list[_InFlightBatch], first: int, last: int) -> list[_InFlightBatch]:
+    """The batches (sorted, with their first offsets ``firsts``) overlapping [first, last]."""
+    index = max(bisect.bisect_right(firsts, first) - 1, 0)
+    out = []
+    while index < len(batches):
+        batch = batches[index]
+        if batch.first_offset > last:
+            break
+        if batch.last_offset >= first:
+            out.append(batch)
+        index += 1
+    return out
 
 
 def _joined(ranges: Sequence[AckRange]) -> list[AckRange]:

@@ -149,45 +149,41 @@ def cumulative_delta(base: PartitionSnapshot, current: PartitionSnapshot,
     return StateDelta(start, tuple(_views(merge_ranges(changed), current.state_batches)))
 
 
-Row = tuple[int, int, tuple]  # (first, last, content)
-
-
-def _rows(batches: Sequence[PersistedBatch]) -> list[Row]:
-    return [(b.first_offset, b.last_offset, b.content) for b in batches]
-
-
 def _differing(base: Sequence[PersistedBatch], current: Sequence[PersistedBatch], start: int) -> list[Interval]:
-    """Intervals (at or above ``start``, unsorted) where the two batch lists' views differ."""
-    base_rows, current_rows = _rows(base), _rows(current)
-    in_base, in_current = set(base_rows), set(current_rows)
+    """Intervals (at or above ``start``, unsorted) where the two batch lists' views differ.
+    (A PersistedBatch is a tuple: equal batches -- offsets and content -- hash alike.)"""
+    in_base, in_current = set(base), set(current)
     out: list[Interval] = []
     # A current batch not in the base as it is: its parts not covered by base batches of its content.
     # (A base batch equal to a current one cannot overlap another current batch: neither list overlaps.)
-    base_firsts = [row[0] for row in base_rows]
-    for first, last, content in current_rows:
-        if last < start or (first, last, content) in in_base:
+    base_firsts = [b[0] for b in base]
+    for batch in current:
+        first, last = batch[0], batch[1]
+        if last < start or batch in in_base:
             continue
+        content = batch[2:]
         cursor = max(first, start)
         k = max(bisect_right(base_firsts, cursor) - 1, 0)
-        while k < len(base_rows) and base_rows[k][0] <= last:
-            b_first, b_last, b_content = base_rows[k]
-            if b_content == content and b_last >= cursor:
-                if b_first > cursor:
-                    out.append((cursor, b_first - 1))
-                cursor = b_last + 1
+        while k < len(base) and base[k][0] <= last:
+            b = base[k]
+            if b[1] >= cursor and b[2:] == content:
+                if b[0] > cursor:
+                    out.append((cursor, b[0] - 1))
+                cursor = b[1] + 1
             k += 1
         if cursor <= last:
             out.append((cursor, last))
     # A base batch not in the current state as it is: its parts no current batch covers (back to
     # Available, count 0); the covered parts were compared above.
-    current_firsts = [row[0] for row in current_rows]
-    for first, last, content in base_rows:
-        if last < start or (first, last, content) in in_current:
+    current_firsts = [c[0] for c in current]
+    for batch in base:
+        first, last = batch[0], batch[1]
+        if last < start or batch in in_current:
             continue
         cursor = max(first, start)
         k = max(bisect_right(current_firsts, cursor) - 1, 0)
-        while k < len(current_rows) and current_rows[k][0] <= last:
-            c_first, c_last, _ = current_rows[k]
+        while k < len(current) and current[k][0] <= last:
+            c_first, c_last = current[k][0], current[k][1]
             if c_last >= cursor:
                 if c_first > cursor:
                     out.append((cursor, c_first - 1))
@@ -219,8 +215,7 @@ def _views(intervals: Sequence[Interval], current: Sequence[PersistedBatch]) -> 
             if piece_first == c.first_offset and piece_last == c.last_offset:
                 out.append(c)
             else:
-                out.append(PersistedBatch(piece_first, piece_last, c.delivery_state, c.delivery_count,
-                                          c.in_progress_start, c.last_progress, c.member_id, c.archive_reason))
+                out.append(PersistedBatch(piece_first, piece_last, *c[2:]))
             cursor = piece_last + 1
         if cursor <= last:
             out.append(PersistedBatch(cursor, last, RecordState.AVAILABLE, 0))
@@ -252,9 +247,8 @@ def splice(latest: PartitionSnapshot, start: int, ranges: Sequence[Interval],
 
 
 def _span(b: PersistedBatch, first: int, last: int) -> PersistedBatch:
-    """``b`` over [first, last] (cheaper than dataclasses.replace, which this runs per changed range)."""
-    return PersistedBatch(first, last, b.delivery_state, b.delivery_count, b.in_progress_start, b.last_progress,
-                          b.member_id, b.archive_reason)
+    """``b`` over [first, last] (cheaper than ``_replace``, which this runs per changed range)."""
+    return PersistedBatch(first, last, *b[2:])
 
 
 def _join(out: list[PersistedBatch], pieces: Sequence[PersistedBatch]) -> None:
