@@ -20,6 +20,7 @@ import structlog
 import trio
 
 from proxy.allocator import retain_freed_memory
+from proxy.collector import freeze_startup_objects, tune_collector
 from proxy.config import ProxyConfig, configure_parser, load_config
 from proxy.errors import ConfigError, ProxyError, UpstreamAuthenticationError, UpstreamError, UpstreamTlsError
 from proxy.health import READINESS, HealthEndpoints, Liveness, UpstreamProbe, serve_health
@@ -45,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     log = structlog.get_logger("proxy.serve")
     if config.heap_retain_bytes and not retain_freed_memory(config.heap_retain_bytes):
         log.info("heap_retain_bytes not applied: the C library is not glibc, or mallopt refused")
+    tune_collector(config.gc_threshold)
     try:
         trio.run(serve, config)
     except FATAL_AT_START as error:
@@ -201,6 +203,9 @@ async def serve(config: ProxyConfig) -> None:
                     READINESS.set("share_state_replayed", True)
                     READINESS.set_check("share_state_writable", lambda: service.state_writable)
             if not stop.is_set():
+                if config.gc_threshold:
+                    # Start-up objects (modules, schemas, replayed state) are never walked again.
+                    log.debug("start-up objects frozen", objects=freeze_startup_objects())
                 async with trio.open_nursery() as nursery:
                     bootstrap = await nursery.start(proxy.run)
                     if service is not None and service.scale_out is not None:

@@ -169,6 +169,14 @@ def test_cut_through_is_on_by_default_only_where_responses_can_be_spliced():
         parse(["--upstream", "k:1", "--stream-responses-from", "-1"])
 
 
+def test_gc_threshold_defaults_to_10000_and_zero_keeps_cpythons_defaults():
+    assert parse(["--upstream", "k:1"]).gc_threshold == 10_000
+    assert parse(["--upstream", "k:1", "--gc-threshold", "0"]).gc_threshold == 0
+    assert parse(["--upstream", "k:1"], environ={"KSP_GC_THRESHOLD": "5000"}).gc_threshold == 5000
+    with pytest.raises(ConfigError, match="gc_threshold"):
+        parse(["--upstream", "k:1", "--gc-threshold", "-1"])
+
+
 def test_max_connections_option():
     assert parse(["--upstream", "k:1"]).max_connections == 1000
     assert parse(["--upstream", "k:1"], environ={"KSP_MAX_CONNECTIONS": "7"}).max_connections == 7
