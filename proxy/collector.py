@@ -13,12 +13,16 @@ allocations (the older thresholds stay 10 and 10), and once start-up is done (mo
 share state replayed, before the listeners open) the objects alive then are collected once and
 frozen: later collections never walk them again (:func:`gc.freeze`; they are still freed by
 reference counting, only a reference cycle among them would now outlive its last use). 0 leaves
-CPython's defaults and freezes nothing.
+CPython's defaults and freezes nothing. Every collection's pause is timed either way
+(``ksp_gc_pause_seconds{generation}``).
 """
 
 from __future__ import annotations
 
 import gc
+import time
+
+from proxy import metrics
 
 #: The older generations' thresholds (CPython's defaults): only the young one moves.
 OLDER_THRESHOLDS = (10, 10)
@@ -39,3 +43,28 @@ def freeze_startup_objects() -> int:
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
+
+
+class PauseTimer:
+    """Times every collection into ``ksp_gc_pause_seconds{generation}`` (a gc callback: called
+    by the interpreter before and after each collection, in the thread that triggered it)."""
+
+    def __init__(self) -> None:
+        self._started = 0.0
+        self._observers = [metrics.GC_PAUSE_SECONDS.labels(generation=str(g)) for g in range(3)]
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self._observers[info["generation"]].observe(time.perf_counter() - self._started)
+
+
+def time_pauses() -> PauseTimer:
+    """Time every collection from now on (once per process; see PauseTimer)."""
+    for callback in gc.callbacks:
+        if isinstance(callback, PauseTimer):
+            return callback
+    timer = PauseTimer()
+    gc.callbacks.append(timer)
+    return timer

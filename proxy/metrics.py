@@ -156,3 +156,10 @@ def _error_codes(entity: object):
                 yield value
         elif isinstance(value, tuple) or hasattr(value, "__dataclass_fields__"):
             yield from _error_codes(value)
+GC_PAUSE_SECONDS = Histogram(
+    "ksp_gc_pause_seconds",
+    "How long each collection of Python's cyclic garbage collector stopped the proxy, per generation "
+    "(--gc-threshold)",
+    ["generation"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, float("inf")),
+)

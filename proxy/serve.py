@@ -20,7 +20,7 @@ import structlog
 import trio
 
 from proxy.allocator import retain_freed_memory
-from proxy.collector import freeze_startup_objects, tune_collector
+from proxy.collector import freeze_startup_objects, time_pauses, tune_collector
 from proxy.config import ProxyConfig, configure_parser, load_config
 from proxy.errors import ConfigError, ProxyError, UpstreamAuthenticationError, UpstreamError, UpstreamTlsError
 from proxy.health import READINESS, HealthEndpoints, Liveness, UpstreamProbe, serve_health
@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     if config.heap_retain_bytes and not retain_freed_memory(config.heap_retain_bytes):
         log.info("heap_retain_bytes not applied: the C library is not glibc, or mallopt refused")
     tune_collector(config.gc_threshold)
+    time_pauses()
     try:
         trio.run(serve, config)
     except FATAL_AT_START as error:

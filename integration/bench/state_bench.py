@@ -68,6 +68,7 @@ import struct
 import sys
 import tempfile
 import time
+import urllib.request
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -91,6 +92,7 @@ from integration.bench.passthrough import Target, produce
 from integration.bench.share_bench import set_native_share_reset_earliest
 from integration.kafka_fixtures import ProxyProcess, create_topics, unique_name
 from proxy.localkafka import DEFAULT_VERSION, LocalKafka
+from proxy.localkafka.broker import free_port
 
 NATIVE_STATE_TOPIC = "__share_group_state"
 IDLE_STOP_S = 10.0
@@ -446,6 +448,36 @@ def load() -> str:
     return f"{one:.2f} {five:.2f} {fifteen:.2f}"
 
 
+def gc_pauses(metrics_port: int) -> str:
+    """The proxy's collections so far, per generation: how many, their total pause, how many
+    paused 25 ms or more (a proxy without ``ksp_gc_pause_seconds``, e.g. an older tree: says so)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    per: dict[str, dict[str, float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "ksp_gc_pause_seconds":
+            continue
+        for sample in family.samples:
+            generation = per.setdefault(sample.labels["generation"], {})
+            if sample.name.endswith("_count"):
+                generation["count"] = sample.value
+            elif sample.name.endswith("_sum"):
+                generation["sum"] = sample.value
+            elif sample.name.endswith("_bucket") and sample.labels["le"] == "0.01":
+                generation["under_10ms"] = sample.value
+            elif sample.name.endswith("_bucket") and sample.labels["le"] == "0.025":
+                generation["under_25ms"] = sample.value
+    if not per:
+        return "not measured (no ksp_gc_pause_seconds)"
+    return "; ".join(
+        f"generation {g}: {int(v.get('count', 0))} collections, {v.get('sum', 0) * 1e3:.1f} ms in all, "
+        f"{int(v.get('count', 0) - v.get('under_10ms', 0))} of 10 ms or more, "
+        f"{int(v.get('count', 0) - v.get('under_25ms', 0))} of 25 ms or more"
+        for g, v in sorted(per.items()))
+
+
 def run_side(side: str, args: argparse.Namespace, kafka: LocalKafka, bootstrap: str, state_topic: str,
              prepare_group: Callable[[str], None]) -> list[Measured]:
     assert kafka.data_dir is not None
@@ -669,18 +701,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"Apache Kafka {args.kafka_version}, {args.records:,} records x {args.size} B on {args.partitions} "
           f"partitions per workload; work directory {work}; load {load()}", file=sys.stderr, flush=True)
     results: list[Measured] = []
+    pauses: list[str] = []  # the proxy sides' garbage-collection pauses
     try:
         if "proxy" in args.sides:
             for side, flags in args.variant_flags.items():
                 with LocalKafka(version=args.kafka_version, share_groups=False, data_dir=work / side) as kafka:
                     state_topic = "__share_proxy_state"
+                    metrics_port = free_port()
                     extra = ("--share-auto-offset-reset", "earliest", "--state-topic", state_topic,
-                             "--log-level", "warning", *flags)
+                             "--log-level", "warning", "--metrics-port", str(metrics_port), *flags)
                     tree = args.variant_trees.get(side)
                     launcher = (sys.executable, "-P", "-m", "proxy.cli") if tree else ()
                     with ProxyProcess(upstream=kafka.bootstrap, log_path=work / f"{side}.log", extra_args=extra,
                                       launcher=launcher, env={"PYTHONPATH": tree} if tree else None) as proxy:
                         results += run_side(side, args, kafka, proxy.bootstrap, state_topic, lambda group: None)
+                        pauses.append(f"- {side}: {gc_pauses(metrics_port)}")
                 loads.append(f"after {side} {load()}")
         if "native" in args.sides:
             with LocalKafka(version=args.kafka_version, share_groups=True, data_dir=work / "native-kafka") as kafka:
@@ -692,6 +727,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
     text, numbers = report(results, args)
     print(text)
+    if pauses:
+        print("\nGarbage-collection pauses of each proxy (its whole life, start-up included; "
+              "ksp_gc_pause_seconds):\n")
+        print("\n".join(pauses))
     print(f"\n{args.records:,} records x {args.size} B, {args.partitions} partitions, one explicit-mode "
           f"confluent_kafka.ShareConsumer, commit_sync per poll; fragmented: {args.release_fraction:.0%} released once "
           f"(seed {args.seed}), acks shuffled per poll; Apache Kafka {args.kafka_version}; "

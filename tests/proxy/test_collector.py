@@ -6,7 +6,8 @@ import gc
 
 import pytest
 
-from proxy.collector import OLDER_THRESHOLDS, freeze_startup_objects, tune_collector
+from proxy import metrics
+from proxy.collector import OLDER_THRESHOLDS, freeze_startup_objects, time_pauses, tune_collector
 
 
 @pytest.fixture
@@ -43,3 +44,23 @@ def test_objects_alive_at_start_up_are_frozen_and_later_garbage_is_still_collect
     del a, b
     gc.collect()
     assert not alive & {id(o) for o in gc.get_objects() if isinstance(o, Node)}
+
+
+def test_every_collection_is_timed_per_generation(restored_collector):
+    timer = time_pauses()
+    assert time_pauses() is timer  # installed once
+    try:
+        before = [metrics.GC_PAUSE_SECONDS.labels(generation=str(g))._sum.get() for g in range(3)]
+        counts = [_count(g) for g in range(3)]
+        gc.collect(2)
+        gc.collect(0)
+        assert _count(2) == counts[2] + 1 and _count(0) == counts[0] + 1
+        assert metrics.GC_PAUSE_SECONDS.labels(generation="2")._sum.get() > before[2]
+    finally:
+        gc.callbacks.remove(timer)
+
+
+def _count(generation: int) -> float:
+    samples = metrics.GC_PAUSE_SECONDS.collect()[0].samples
+    return next(s.value for s in samples
+                if s.name.endswith("_count") and s.labels["generation"] == str(generation))

@@ -17,6 +17,7 @@ from integration.bench.state_bench import (
     changed_ranges,
     deltas_on,
     delta_scheme,
+    gc_pauses,
     partition_dirs,
     read_state_log,
     released_once,
@@ -125,3 +126,35 @@ def test_deltas_on_reads_the_serve_flags_of_a_proxy_variant():
     assert deltas_on(("--log-level", "warning", "--state-deltas", "ON"))
     assert not deltas_on(("--state-deltas", "off"))
     assert not deltas_on(())
+
+
+def test_gc_pauses_are_read_from_a_real_metrics_endpoint():
+    import gc
+    import time
+
+    from prometheus_client import start_http_server
+
+    from proxy.collector import time_pauses
+    from proxy.localkafka.broker import free_port
+
+    port = free_port()
+    server, thread = start_http_server(port, addr="127.0.0.1")
+    timer = time_pauses()
+    try:
+        gc.collect(2)
+        summary = gc_pauses(port)
+    finally:
+        gc.callbacks.remove(timer)
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+    assert "generation 2: " in summary and " collections, " in summary and "25 ms or more" in summary
+    assert int(summary.split("generation 2: ")[1].split(" collections")[0]) >= 1
+
+
+def test_gc_pauses_of_a_proxy_without_the_metric_say_so(monkeypatch):
+    import io
+    import urllib.request
+
+    monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: io.BytesIO(b"# nothing here\n"))
+    assert gc_pauses(1) == "not measured (no ksp_gc_pause_seconds)"
