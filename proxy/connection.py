@@ -539,13 +539,13 @@ class ClientConnection:
         pipe = None
         if self._upstream is not None and can_splice(self._upstream, self.client):
             try:
+                # A pipe per response, not per connection: pipes then exist only while bytes pass,
+                # and the kernel's per-user pipe budget (fs.pipe-user-pages-soft) covers as many
+                # responses in flight as possible.
                 pipe = SplicePipe()
             except OSError as exc:  # out of file descriptors: copy this one
                 self.log.warning("cannot open a splice pipe; copying the response", error=str(exc))
         if pipe is not None:
-            # A pipe per response, not per connection: pipes then exist only while bytes pass,
-            # and the kernel's per-user pipe budget (fs.pipe-user-pages-soft) covers as many
-            # responses in flight as possible.
             with pipe:
                 metrics.RESPONSES_SPLICED.inc()
                 await self.client.send_bytes(encode_size_prefix(frame.size), frame.head)
@@ -553,9 +553,13 @@ class ClientConnection:
                     await frame.splice_to(self.client, pipe)
                 except (EOFError, OSError) as exc:
                     raise UpstreamError(f"upstream connection broke: {exc}") from exc
-            pending.streamed = True
-            pending.complete(None)
-            return
+        else:
+            await self._copy_on(frame)
+        pending.streamed = True
+        pending.complete(None)
+
+    async def _copy_on(self, frame: StreamedFrame) -> None:
+        """The rest of a streamed response through the process (TLS on either side)."""
         # Pieces go out in one scatter write per STREAM_SEND_BYTES gathered (no copy): a send per
         # piece read (often 64 KiB) cost more CPU than the gathering it replaces.
         pieces, held = [encode_size_prefix(frame.size), frame.head], len(frame.head)
@@ -572,8 +576,6 @@ class ClientConnection:
                 pieces, held = [], 0
             if not piece:
                 break
-        pending.streamed = True
-        pending.complete(None)
 
     # -- what routes call -----------------------------------------------------
 
