@@ -4,9 +4,9 @@ Why: with CPython's defaults (a young collection every 700 net allocations, an o
 of those, a full one every 10 of those when enough long-lived objects have piled up) a full
 collection walks every tracked object the process holds -- kio's schema classes, the modules, every
 share-partition's state -- although nearly none of them is ever garbage. In a 100,000-record
-fragmented ``state_bench`` run the proxy made 5 full collections, 195 ms in all, the longest 53-90
-ms, collecting almost nothing; those pauses stop every connection at once and were the proxy's
-``commit_sync`` p99 (59-63 ms, against 24-33 ms for Kafka's own share coordinator).
+fragmented ``state_bench`` run the proxy made 3 full collections, 154 ms in all, each 25 ms or more;
+those pauses stop every connection at once and were the proxy's ``commit_sync`` p99 (60-67 ms,
+against 30-40 ms for Kafka's own share coordinator; 16-20 ms with this module's settings).
 
 With ``--gc-threshold N`` (default 10,000) the youngest generation is collected every N net
 allocations (the older thresholds stay 10 and 10), and once start-up is done (modules imported,
