@@ -30,7 +30,9 @@ write is durable -- on both sides), the same on both sides:
 broker with ``FLAGS`` added to ``share-proxy serve`` (e.g. ``off=--state-deltas off`` and
 ``on=--state-deltas on``), in the order given, in one run beside the native side. ``--variant-tree
 NAME=PATH`` runs that variant from another checkout (``python -m proxy.cli`` with PYTHONPATH=PATH),
-e.g. the code before a change.
+e.g. the code before a change. Each proxy serves its metrics on a free port, and the report ends
+with its garbage-collection pauses (``ksp_gc_pause_seconds``: collections, total pause, how many of
+10 and 25 ms or more, per generation).
 
 Measured per workload, as the difference before/after it (the group and topic are new, so nothing
 else writes meanwhile; the run waits until the state topic stops growing):

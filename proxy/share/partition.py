@@ -2296,7 +2296,7 @@ class SharePartition:
         records: int | None = None,
     ) -> None:
         """One table-driven move of the records [first, last] that share ``holder``'s state
-        (``records`` of them when not all: see _apply_types)."""
+        (``records`` of them when not all: see _move_span_by_type)."""
         move = row[holder.state]
         if move is None:  # callers validate first: an illegal move here is an engine bug
             raise AssertionError(f"no transition from {holder.state.name} for records {first}-{last}")
