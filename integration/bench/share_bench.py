@@ -221,18 +221,41 @@ LATENCY_SERIES = (  # (what, histogram name, labels)
 
 
 def latency_breakdown(before: dict, after: dict, records: int) -> str:
-    """Requests and state writes during a run, from the proxy's histograms: count and mean latency."""
+    """Requests and state writes during a run, from the proxy's histograms: count, mean latency and
+    the bucket holding the median. The median says more for ShareFetch: each consumer's last fetches
+    of a run find the topic drained and long-poll for MaxWaitMs (500 ms), which lifts the mean of a
+    few hundred fetches by several ms per consumer."""
     parts = []
     for what, name, labels in LATENCY_SERIES:
         count = after.get((f"{name}_count", labels), 0.0) - before.get((f"{name}_count", labels), 0.0)
         total = after.get((f"{name}_sum", labels), 0.0) - before.get((f"{name}_sum", labels), 0.0)
         if count:
-            parts.append(f"{what} {count:,.0f} x {1000 * total / count:.2f} ms")
+            median = _median_bucket(before, after, name, labels, count)
+            parts.append(f"{what} {count:,.0f} x {1000 * total / count:.2f} ms" + (f" (median {median})" if median else ""))
     fetches = (after.get(("ksp_request_seconds_count", LATENCY_SERIES[0][2]), 0.0)
                - before.get(("ksp_request_seconds_count", LATENCY_SERIES[0][2]), 0.0))
     if fetches:
         parts.append(f"{records / fetches:,.0f} records per ShareFetch")
     return ", ".join(parts)
+
+
+def _median_bucket(before: dict, after: dict, name: str, labels: tuple, count: float) -> str:
+    """The histogram bucket the run's median falls in, as "LO-HI ms" ("" without buckets)."""
+    bounds = []
+    for (sample, sample_labels), value in after.items():
+        if sample != f"{name}_bucket":
+            continue
+        rest = tuple(item for item in sample_labels if item[0] != "le")
+        if rest != labels:
+            continue
+        le = dict(sample_labels)["le"]
+        bounds.append((float(le), value - before.get((sample, sample_labels), 0.0)))
+    lower = 0.0
+    for bound, cumulative in sorted(bounds):
+        if cumulative >= count / 2:
+            return f"{lower * 1000:g}-{bound * 1000:g} ms" if bound != float("inf") else f"over {lower * 1000:g} ms"
+        lower = bound
+    return ""
 
 
 def proxy_counter_sum(metrics_url: str, name: str) -> float:

@@ -99,3 +99,18 @@ def test_latency_breakdown_takes_the_runs_share_of_the_histograms():
              ("ksp_share_state_write_seconds_count", ()): 100.0, ("ksp_share_state_write_seconds_sum", ()): 0.4}
     assert latency_breakdown(before, after, 200_000) == (
         "ShareFetch 400 x 5.00 ms, state write 100 x 4.00 ms, 500 records per ShareFetch")
+
+
+def test_latency_breakdown_names_the_bucket_of_the_median_beside_the_mean():
+    fetch = (("api", "ShareFetch"),)
+
+    def buckets(counts):
+        return {("ksp_request_seconds_bucket", tuple(sorted((*fetch, ("le", le))))): n for le, n in counts.items()}
+
+    before = {("ksp_request_seconds_count", fetch): 0.0, ("ksp_request_seconds_sum", fetch): 0.0,
+              **buckets({"0.005": 0.0, "0.01": 0.0, "0.5": 0.0, "+Inf": 0.0})}
+    # 96 fetches of 5-10 ms, 4 empty long polls of ~500 ms at the end: the mean says 24.8 ms.
+    after = {("ksp_request_seconds_count", fetch): 100.0, ("ksp_request_seconds_sum", fetch): 2.48,
+             **buckets({"0.005": 0.0, "0.01": 96.0, "0.5": 96.0, "+Inf": 100.0})}
+    assert latency_breakdown(before, after, 100_000) == (
+        "ShareFetch 100 x 24.80 ms (median 5-10 ms), 1,000 records per ShareFetch")
