@@ -30,9 +30,10 @@ def test_zero_leaves_the_collector_alone(restored_collector):
 
 
 def test_objects_alive_at_start_up_are_frozen_and_later_garbage_is_still_collected(restored_collector):
-    frozen = freeze_startup_objects()
-    assert frozen > 1000  # this test process alone holds that many tracked objects
-    assert gc.get_freeze_count() == frozen
+    # (Not compared with gc.get_freeze_count() afterwards: in a clean-clone CI run of the whole
+    # suite that count moved by 66 between two calls, with other tests' threads alive; what this
+    # test needs is that objects were frozen and that later garbage is still collected.)
+    assert freeze_startup_objects() > 1000  # this test process alone holds that many tracked objects
 
     class Node:
         pass
