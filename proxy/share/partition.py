@@ -1045,16 +1045,11 @@ class SharePartition:
         runs: list[list] = []
         # One list of the window's batches for every range (the SortedDict's own lookups cost more
         # per range than this costs once: a window holds tens of batches, a write hundreds of ranges).
-        batches = list(self._batches.values())
-        firsts = list(self._batches.keys())
+        firsts, window = list(self._batches.keys()), list(self._batches.values())
         for first, last in ranges:
             first = max(first, self._start)
-            index = max(bisect.bisect_right(firsts, first) - 1, 0)
-            while index < len(batches) and batches[index].first_offset <= last:
-                batch = batches[index]
-                index += 1
-                if batch.last_offset >= first:
-                    self._persist_pieces(_pieces_of(batch, first, last), runs)
+            for batch in _overlapping(firsts, window, first, last):
+                self._persist_pieces(_pieces_of(batch, first, last), runs)
         return tuple(PersistedBatch(first, last, *content) for first, last, content in runs)
 
     def _persist_pieces(self, pieces: Iterable[tuple[int, int, _InFlightBatch | _OffsetState]],
