@@ -28,6 +28,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import os
+import random
 import shutil
 import signal
 import socket
@@ -76,8 +77,34 @@ _live: set[LocalKafka] = set()
 _live_lock = threading.Lock()
 
 
+#: Lowest port free_port hands out: below it are well-known services' ports.
+FREE_PORT_FLOOR = 10_000
+
+
+def ephemeral_port_floor() -> int:
+    """The lowest port the kernel gives outgoing connections (Linux's ip_local_port_range)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768  # the range's usual start (IANA's dynamic ports start at 49152)
+
+
 def free_port(host: str = HOST) -> int:
-    """A port nothing listens on right now (the OS's pick for port 0)."""
+    """A port nothing listens on right now, for a server started a moment later.
+
+    Picked at random below the kernel's ephemeral range, not by binding port 0: a port from that
+    range can be given to some client's outgoing connection between this call and the server's
+    bind (it happened: a proxy's --metrics-port taken while two test suites ran side by side)."""
+    ceiling = ephemeral_port_floor()
+    for _ in range(1000 if ceiling > FREE_PORT_FLOOR + 100 else 0):
+        port = random.randrange(FREE_PORT_FLOOR, ceiling)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    # An ephemeral range that starts low, or nothing free below it: the OS's pick.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.localkafka import LocalKafka, LocalKafkaError, free_port
+from proxy.localkafka import LocalKafka, LocalKafkaError, broker, free_port
 from proxy.localkafka import cli as local_kafka_cli
 from proxy.localkafka import cli_fetch as fetch_cli
 from proxy.localkafka.config import (
@@ -276,6 +276,31 @@ def test_free_port_is_bindable() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
     assert port > 0
+
+
+def test_free_port_stays_out_of_the_ephemeral_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Outgoing connections get ports from the ephemeral range; a port handed out there can be
+    # taken by one before the server binds it.
+    monkeypatch.setattr(broker, "ephemeral_port_floor", lambda: 20_000)
+    ports = {free_port() for _ in range(50)}
+    assert all(broker.FREE_PORT_FLOOR <= port < 20_000 for port in ports)
+    assert len(ports) > 1  # picked at random, so two suites side by side rarely meet
+
+
+def test_free_port_falls_back_to_the_os_pick_when_the_ephemeral_range_starts_low(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(broker, "ephemeral_port_floor", lambda: 1024)
+    picked = []
+    real_socket = broker.socket.socket
+
+    class Recording(real_socket):
+        def bind(self, address):
+            picked.append(address[1])
+            return super().bind(address)
+
+    monkeypatch.setattr(broker.socket, "socket", Recording)
+    port = free_port()
+    assert picked == [0] and port > 0
 
 
 # -- command line ----------------------------------------------------------------------------
