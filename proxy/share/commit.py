@@ -5,7 +5,7 @@ Theory of operation
 Every engine change that must survive a restart enters here through :meth:`CommitPipeline.record`,
 which
 
-1. bumps the leader's *version* and marks it dirty (group commit: one writer task writes one
+1. bumps the leader's *version* and marks it dirty (group commit: the writer task writes one
    record per dirty share-partition, many partitions per producer batch: a ShareSnapshot, or with
    ``--state-deltas on`` a cumulative ShareUpdate over the last durable snapshot when
    :func:`proxy.share.state_delta.plan` says it is clearly smaller, computed from the offsets the
@@ -35,6 +35,23 @@ readiness reports it.
 Group records (group epoch, initialised partitions, configs, tombstones) are queued by key, so a
 long outage holds one pending record per key, not one per change.
 
+Writes in flight
+----------------
+The writer task does not wait for one write to finish before it issues the next: up to
+``max_writes_in_flight`` (``--state-writes-in-flight``) are on their way at once, so an
+acknowledgement arriving while a write is in flight is written at once instead of after it.
+Writes are submitted to the producer in the order they were issued (each waits until the one
+before it is submitted); the state producer is idempotent, so records of one state partition
+land in the order they were produced, and a share-partition's records always go to the same
+state partition: a later write of it lands after an earlier one. A writer without that ordered
+``submit`` (the transactional lanes of ``--state-fencing transactional``, which commit each
+partition's transaction on its own) gets one write at a time. Outcomes are applied in the order the writes were issued, so
+``durable`` only ever moves forward over versions that are durable. When a write fails, every
+write issued before its failure is applied counts as failed too, whatever the broker said: a
+later snapshot of a share-partition carries the failed write's staged changes, which are rolled
+back now, and a later group ticket would claim the failed write's group records durable. Those
+writes may have landed; as with any failed write, the rolled-back truth is written again.
+
 A share-partition's records (snapshot, update, tombstones) are routed to the state-topic partition
 of its snapshot key (``state_store.share_partition_route``). The *delta base* (the last durable
 snapshot, ``Leader.delta_base``) is cleared when a snapshot is issued and set when that snapshot's
@@ -46,7 +63,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 import trio
@@ -100,6 +117,24 @@ class Change:
 ChangeHook = Callable[[Change], None]
 
 
+DEFAULT_WRITES_IN_FLIGHT = 4
+
+
+@dataclass(slots=True, eq=False)
+class _Write:
+    """One state write: its records, what it makes durable, and where it sits in issue order."""
+
+    sequence: int
+    batch: list[tuple]
+    covered: list[tuple[Leader, int]]  # (share-partition, the version this write makes durable)
+    snapshots: list[tuple[Leader, int, PartitionSnapshot]]  # (share-partition, epoch, snapshot)
+    groups: dict[bytes, tuple]
+    group_ticket: int
+    previous: _Write | None  # the write issued just before, until it is applied
+    submitted: trio.Event = field(default_factory=trio.Event)  # its records are with the producer
+    applied: trio.Event = field(default_factory=trio.Event)
+
+
 class CommitPipeline:
     """Writes dirty share-partitions and group records; commits or rolls back staged changes."""
 
@@ -114,8 +149,20 @@ class CommitPipeline:
         on_settled: Callable[[Leader], None] = lambda leader: None,
         clock: Callable[[], int] | None = None,
         deltas: DeltaPolicy | None = None,
+        max_writes_in_flight: int = DEFAULT_WRITES_IN_FLIGHT,
     ) -> None:
+        if max_writes_in_flight < 1:
+            raise ValueError("max_writes_in_flight must be at least 1")
         self.writer = writer
+        # More than one write in flight needs a writer whose submitted writes land in the order
+        # submitted (StateLogWriter.submit); the transactional writer's lanes give no such order.
+        self.ordered_submit = hasattr(writer, "submit")
+        self.max_writes_in_flight = max_writes_in_flight if self.ordered_submit else 1
+        self._issued = 0  # writes issued so far: the next one's sequence number
+        self._last_write: _Write | None = None  # the newest write not yet applied
+        # Writes with a lower sequence number are applied as failed (an earlier one failed).
+        self._failed_below = 0
+        self._retry_at = 0.0  # trio time before which the writer task issues nothing (backoff)
         # Cumulative ShareUpdates between snapshots (--state-deltas on); None: a snapshot per write.
         self.deltas = deltas
         # The engines' clock: IN_PROGRESS times are written as wall-clock ms (state_store converts
@@ -244,21 +291,47 @@ class CommitPipeline:
 
     @property
     def busy(self) -> bool:
+        """Something is waiting to be written."""
         return bool(self._dirty or self._group_records)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing waits to be written and no write is in flight."""
+        return not self.busy and self._last_write is None
 
     # ----- the writer task ------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Write whatever is dirty, one batch at a time, forever (supervised by the service)."""
-        while True:
-            await self._wakeup.wait()
-            self._wakeup = trio.Event()
-            ok = await self.write_once()
-            if not ok:
-                delay = min(self._max_retry_backoff_s, self._retry_backoff_s * 2 ** min(self._failures, 10))
-                await trio.sleep(delay)
+        """Write whatever is dirty, forever (supervised by the service): a new write as soon as
+        something is dirty and fewer than ``max_writes_in_flight`` are on their way, their
+        outcomes applied in the order they were issued (see "Writes in flight" above)."""
+        slots = trio.Semaphore(self.max_writes_in_flight)
+        async with trio.open_nursery() as nursery:
+            while True:
+                await self._wakeup.wait()
+                self._wakeup = trio.Event()
+                await trio.sleep_until(self._retry_at)  # backoff after a failed write
+                await slots.acquire()
+                write = self._issue()
+                if write is None:
+                    slots.release()
+                    continue
+                nursery.start_soon(self._complete_releasing, write, slots)
+
+    async def _complete_releasing(self, write: _Write, slots: trio.Semaphore) -> None:
+        try:
+            await self._complete(write)
+        finally:
+            slots.release()
 
     async def write_once(self) -> bool:
+        """Write what is dirty now and wait for the outcome (after that of every write issued
+        before it); True when it succeeded or there was nothing to write."""
+        write = self._issue()
+        return True if write is None else await self._complete(write)
+
+    def _issue(self) -> _Write | None:
+        """Take everything dirty and build one write of it, or None when nothing is to be written."""
         leaders, self._dirty = self._dirty, set()
         may_write = self.may_write
         for leader in [leader for leader in leaders if leader.removed or (
@@ -270,7 +343,7 @@ class CommitPipeline:
             groups = {key: record for key, record in groups.items() if len(record) != 3 or may_write(record[2])}
         group_ticket = self._group_ticket  # every group record queued so far is in this batch
         if not leaders and not groups:
-            return True
+            return None
         now = self.wall_clock()
         offset = None if self.clock is None else now - self.clock()
         batch: list[tuple] = list(groups.values())
@@ -295,14 +368,55 @@ class CommitPipeline:
                 leader.delta_base = base.after(delta, current)
             batch.append((key, value, route))
             covered.append((leader, leader.version))
-        started = trio.current_time()
+        write = _Write(self._issued, batch, covered, snapshots, groups, group_ticket, self._last_write)
+        self._issued += 1
+        self._last_write = write
+        return write
+
+    async def _complete(self, write: _Write) -> bool:
+        """Send `write`, then apply its outcome once every write issued before it is applied."""
         try:
-            await self.writer.write(self.state_topic, batch)
-        except PersistError as exc:
-            self._failed(exc, covered, groups)
-            return False
+            error: PersistError | None = None
+            started = trio.current_time()
+            try:
+                if self.ordered_submit:
+                    if write.previous is not None:
+                        await write.previous.submitted.wait()  # records reach the producer in issue order
+                    try:
+                        delivery = await self.writer.submit(self.state_topic, write.batch)
+                    finally:
+                        write.submitted.set()
+                    await delivery.wait()
+                else:
+                    await self.writer.write(self.state_topic, write.batch)
+            except PersistError as exc:
+                error = exc
+            finally:
+                metrics.STATE_WRITE_SECONDS.observe(trio.current_time() - started)
+            if write.previous is not None:
+                await write.previous.applied.wait()
+                write.previous = None  # the chain of applied writes is not kept alive
+            if error is None and write.sequence < self._failed_below:
+                # Its snapshots carry an earlier write's changes, which were rolled back.
+                error = PersistError("a state write issued before this one failed")
+            if error is not None:
+                self._failed(error, write)
+                return False
+            self._succeeded(write)
+            return True
+        except BaseException:
+            # Cancelled (shutdown): the outcome is unknown and nothing was rolled back; whatever
+            # writes next (the shutdown flush) writes it all again.
+            if not write.applied.is_set():
+                self._requeue(write)
+            raise
         finally:
-            metrics.STATE_WRITE_SECONDS.observe(trio.current_time() - started)
+            if self._last_write is write:
+                self._last_write = None
+            write.applied.set()
+
+    def _succeeded(self, write: _Write) -> None:
+        batch, covered, snapshots = write.batch, write.covered, write.snapshots
         metrics.STATE_WRITES.labels(outcome="ok").inc()
         metrics.STATE_WRITE_BYTES.inc(sum(len(r[0]) + len(r[1] or b"") for r in batch))
         if snapshots:
@@ -316,8 +430,8 @@ class CommitPipeline:
                     leader.delta_base = DeltaBase(current, epoch, leader.state_epoch, leader.create_timestamp)
         self._failures = 0
         self._set_writable(True)
-        if group_ticket > self._group_durable_ticket:
-            self._group_durable_ticket = group_ticket
+        if write.group_ticket > self._group_durable_ticket:
+            self._group_durable_ticket = write.group_ticket
             self._group_written.set()
             self._group_written = trio.Event()
         for leader, version in covered:
@@ -335,7 +449,16 @@ class CommitPipeline:
                 # finished records at its head, which replay folds into the same SPSO.
                 self._on_settled(leader)
             _settle(leader)
-        return True
+
+    def _requeue(self, write: _Write) -> None:
+        """Mark `write`'s share-partitions dirty and its group records queued again."""
+        for leader, _ in write.covered:
+            leader.delta_base = None
+            if not leader.removed:
+                self._dirty.add(leader)
+        for key, record in write.groups.items():
+            self._group_records.setdefault(key, record)  # a newer queued write of the key wins
+        self._wakeup.set()
 
     def _current(self, leader: Leader) -> tuple[PartitionSnapshot, list[Interval] | None]:
         """`leader`'s snapshot now and, when it was spliced (see below), the offset ranges it
@@ -373,13 +496,18 @@ class CommitPipeline:
             return None
         return plan(base, current, self.deltas, within)
 
-    def _failed(self, exc: PersistError, covered: list[tuple[Leader, int]], groups: dict) -> None:
+    def _failed(self, exc: PersistError, write: _Write) -> None:
         self._failures += 1
+        # Every write issued so far counts as failed too: each may carry, in a snapshot, changes
+        # of this one's that are rolled back now.
+        self._failed_below = self._issued
+        self._retry_at = trio.current_time() + min(
+            self._max_retry_backoff_s, self._retry_backoff_s * 2 ** min(self._failures, 10))
         metrics.STATE_WRITES.labels(outcome="failed").inc()
         self._set_writable(False)
         log.error("state write failed; staged acknowledgements rolled back, the rest retried",
-                  error=str(exc), partitions=len(covered), attempt=self._failures)
-        for leader, version in covered:
+                  error=str(exc), partitions=len(write.covered), attempt=self._failures)
+        for leader, version in write.covered:
             leader.failed = max(leader.failed, version)
             leader.delta_base = None  # whatever landed, the next record is a snapshot
             # Rolled back: the records are as they were, so their events never happened.
@@ -389,15 +517,11 @@ class CommitPipeline:
                 leader.engine.rollback(change_id)
             if rolled:
                 self._on_settled(leader)
-            # Written again (with backoff): unstaged changes in it must become durable, and the
-            # failed write may have landed, so the rolled-back truth is re-asserted -- unless the
-            # share-partition was removed meanwhile (deleted, or handed to another instance).
-            if not leader.removed:
-                self._dirty.add(leader)
             _settle(leader)
-        for key, record in groups.items():
-            self._group_records.setdefault(key, record)  # a newer queued write of the key wins
-        self._wakeup.set()
+        # Written again (with backoff): unstaged changes in it must become durable, and the failed
+        # write may have landed, so the rolled-back truth is re-asserted -- unless a share-partition
+        # was removed meanwhile (deleted, or handed to another instance).
+        self._requeue(write)
 
     def _set_writable(self, writable: bool) -> None:
         if writable != self.writable:
@@ -408,11 +532,13 @@ class CommitPipeline:
     async def flush(self, leaders: list[Leader], timeout_s: float = 10.0) -> None:
         """Shutdown: write what is dirty and wait for writes in flight; gives up after `timeout_s`."""
         with trio.move_on_after(timeout_s):
-            if self.busy and not await self.write_once():
-                return
-            for leader in leaders:
-                if leader.durable < leader.version and leader.failed < leader.version:
-                    await leader.settled.wait()
+            while True:
+                if self.busy and not await self.write_once():
+                    return
+                pending = [leader for leader in leaders if leader.durable < leader.version > leader.failed]
+                if not pending:
+                    return
+                await pending[0].settled.wait()  # a write in flight (or one cancelled: dirty again)
 
 
 def _settle(leader: Leader) -> None:
@@ -427,4 +553,4 @@ def _abandon(leader: Leader) -> None:
         _settle(leader)
 
 
-__all__ = ["Cause", "Change", "ChangeHook", "CommitPipeline"]
+__all__ = ["DEFAULT_WRITES_IN_FLIGHT", "Cause", "Change", "ChangeHook", "CommitPipeline"]

@@ -46,7 +46,7 @@ from kio.schema.errors import ErrorCode
 from proxy.errors import UpstreamError
 from proxy.share import metrics, observe, state_store
 from proxy.share.assignor import TopicIdPartition
-from proxy.share.commit import Cause, CommitPipeline
+from proxy.share.commit import DEFAULT_WRITES_IN_FLIGHT, Cause, CommitPipeline
 from proxy.share.coordinator import (
     AssignmentChanged,
     CoordinatorConfig,
@@ -121,6 +121,8 @@ class ShareServiceConfig:
     coordinator: CoordinatorConfig = CoordinatorConfig()
     # Cumulative ShareUpdates between snapshots (--state-deltas, proxy.share.state_delta); None: off.
     state_deltas: DeltaPolicy | None = DeltaPolicy()
+    # State writes on their way at once (--state-writes-in-flight; commit.py, "Writes in flight").
+    state_writes_in_flight: int = DEFAULT_WRITES_IN_FLIGHT
 
 
 @dataclass(slots=True)
@@ -169,7 +171,8 @@ class ShareService:
         self.forgotten = ForgottenPartitions()
         self.work = WorkSignal()  # fired when records may have become acquirable anywhere
         self.commits = CommitPipeline(writer, config.state_topic, wall_clock=wall_clock,
-                                      on_settled=self._settled, clock=clock, deltas=config.state_deltas)
+                                      on_settled=self._settled, clock=clock, deltas=config.state_deltas,
+                                      max_writes_in_flight=config.state_writes_in_flight)
         self.leaders = PartitionRegistry(self.coordinator, cluster, clock=clock, wall_clock=wall_clock,
                                          persist_initial=self.commits.persist_initial)
         self.refresher = MetadataRefresher(cluster, self._metadata_refreshed,

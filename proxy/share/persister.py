@@ -159,6 +159,36 @@ def route_partition(route: bytes, partitions: int) -> int:
 StateRecord = tuple[bytes, bytes | None] | tuple[bytes, bytes | None, bytes | int]
 
 
+class Delivery:
+    """The outcome of a submitted state write (:meth:`StateLogWriter.submit`)."""
+
+    def __init__(self, topic: str, records: int) -> None:
+        self._topic = topic
+        self._outstanding = records
+        self._errors: list[str] = []
+        self._done = trio.Event()
+        if records == 0:
+            self._done.set()
+
+    def settle(self, error: str | None) -> None:
+        """One record's outcome (None: durable); called in trio."""
+        self._outstanding -= 1
+        if error is not None:
+            self._errors.append(error)
+        if self._outstanding == 0:
+            self._done.set()
+
+    async def wait(self) -> None:
+        """Return once every record is durable; PersistError when any failed."""
+        await self._done.wait()
+        if self._errors:
+            # The partition count stays the one learnt first: records are homed by it, and a topic
+            # grown since is re-homed by the migration at the next start (state_layout.py), never
+            # mid-run. (Learning it again after a failed write cost a 10 s metadata call per retry
+            # through a broker outage.)
+            raise PersistError(f"state write to {self._topic!r} failed: {self._errors[0]}")
+
+
 class StateLogWriter:
     """Appends records to state topics; `write` returns only once they are durable.
 
@@ -256,25 +286,24 @@ class StateLogWriter:
         Raises PersistError when any record fails; the caller must treat the whole write as not
         done (records that did land are idempotent to re-apply on replay).
         """
+        await (await self.submit(topic, records)).wait()
+
+    async def submit(self, topic: str, records: Sequence[StateRecord]) -> Delivery:
+        """Hand `records` to the producer; the returned :class:`Delivery` tells when they are durable.
+
+        Records of writes submitted one after the other land in that order on each state partition
+        (the producer is idempotent), whichever delivery completes first: the commit pipeline
+        submits its writes in order and keeps several in flight.
+        """
         if self._token is None:
             raise RuntimeError("StateLogWriter.start() was not called")
         self._recreate_if_fatal()
+        delivery = Delivery(topic, len(records))
         if not records:
-            return
+            return delivery
         routed = any(len(record) == 3 for record in records)
         partitions = await self.partition_count(topic) if routed else 0
-        done = trio.Event()
-        outstanding = len(records)
-        errors: list[str] = []
         token = self._token
-
-        def settle(error: str | None) -> None:
-            nonlocal outstanding
-            outstanding -= 1
-            if error is not None:
-                errors.append(error)
-            if outstanding == 0:
-                done.set()
 
         def on_delivery(err: KafkaError | None, _msg: object) -> None:
             # Runs on the poller thread: hand the outcome back to trio.
@@ -287,7 +316,7 @@ class StateLogWriter:
                 # The write is retried anyway; a fresh producer (new connections, metadata, PID)
                 # delivers as soon as the broker does.
                 self._fatal = f"a state write timed out: {message}"
-            token.run_sync_soon(settle, message)
+            token.run_sync_soon(delivery.settle, message)
 
         for record in records:
             key, value = record[0], record[1]
@@ -295,7 +324,7 @@ class StateLogWriter:
             partition = -1 if len(record) != 3 else (
                 record[2] if isinstance(record[2], int) else route_partition(record[2], partitions))
             if partition >= max(partitions, 1):
-                token.run_sync_soon(settle, f"partition {partition} of {topic!r} does not exist ({partitions})")
+                delivery.settle(f"partition {partition} of {topic!r} does not exist ({partitions})")
                 continue
             while True:
                 try:
@@ -309,15 +338,9 @@ class StateLogWriter:
                     # librdkafka's queue is full: let the poller drain it, then retry.
                     await trio.sleep(0.005)
                 except KafkaException as exc:
-                    token.run_sync_soon(settle, str(exc))
+                    delivery.settle(str(exc))
                     break
-        await done.wait()
-        if errors:
-            # The partition count stays the one learnt first: records are homed by it, and a topic
-            # grown since is re-homed by the migration at the next start (state_layout.py), never
-            # mid-run. (Learning it again after a failed write cost a 10 s metadata call per retry
-            # through a broker outage.)
-            raise PersistError(f"state write to {topic!r} failed: {errors[0]}")
+        return delivery
 
     async def aclose(self, timeout_s: float = 10.0) -> None:
         """Flush what is queued, then stop the poller."""

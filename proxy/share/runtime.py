@@ -120,6 +120,7 @@ class ShareSettings:
     metadata_refresh_ms: int = 10_000  # new topics/partitions reach assignments within this
     state_write_timeout_ms: int = 30_000  # the state producer's delivery timeout
     state_linger_ms: int = 0  # the state producer's linger.ms
+    state_writes_in_flight: int = 4  # the commit pipeline's writes on their way at once
     # Cumulative ShareUpdates between snapshots (--state-deltas, proxy.share.state_delta), and at most
     # this many updates per snapshot (--state-snapshot-every).
     state_deltas: bool = True
@@ -488,6 +489,7 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
             max_read_cache_bytes=settings.read_cache_bytes,
             coordinator=settings.coordinator_config(),
             state_deltas=DeltaPolicy(snapshot_every=settings.state_snapshot_every) if settings.state_deltas else None,
+            state_writes_in_flight=settings.state_writes_in_flight,
         ),
         advertised_endpoint=proxy.directory.advertised,
     )

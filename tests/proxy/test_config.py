@@ -108,6 +108,7 @@ def test_switch_flag_and_boolean_environment():
         (["--upstream", "k:1", "--state-topic-partitions", "0"], {}),
         (["--upstream", "k:1", "--heap-retain-bytes", "-1"], {}),
         (["--upstream", "k:1", "--state-linger-ms", "-1"], {}),
+        (["--upstream", "k:1", "--state-writes-in-flight", "0"], {}),
     ],
 )
 def test_invalid_configuration_is_a_config_error(argv, environ):
@@ -205,6 +206,15 @@ def test_share_connection_pools_reach_the_share_settings():
     assert (defaults.upstream_connections, defaults.long_poll_connections) == (32, 8)
     with pytest.raises(ConfigError):
         parse(["--upstream", "k:1", "--share-long-poll-connections", "0"])
+
+
+def test_state_writes_in_flight_reaches_the_share_settings():
+    from proxy.serve import share_settings
+
+    assert share_settings(parse(["--upstream", "k:1"])).state_writes_in_flight == 4
+    assert share_settings(parse(["--upstream", "k:1", "--state-writes-in-flight", "1"])).state_writes_in_flight == 1
+    assert share_settings(parse(["--upstream", "k:1"], environ={"KSP_STATE_WRITES_IN_FLIGHT": "8"})
+                          ).state_writes_in_flight == 8
 
 
 def test_state_delta_flags_reach_the_share_settings():

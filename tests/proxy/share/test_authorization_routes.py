@@ -341,6 +341,8 @@ async def empty_group(wire: Wire, harness) -> None:
     await wire.fetch(member_id, 0)
     await wire.heartbeat(member_id, epoch=-1)
     assert harness.service.coordinator.has_group(GROUP) and not harness.service.coordinator.has_members(GROUP)
+    while not harness.service.commits.idle:  # the member's release, written without anyone waiting
+        await trio.sleep(0.01)
 
 
 async def test_delete_group_needs_delete_on_it(harness, nursery, autojump_clock):

@@ -473,3 +473,259 @@ async def test_records_routed_to_a_state_partition_this_instance_may_not_write_a
     assert len(writer.batches[0]) == 2  # the group record homed here and `mine`; not `theirs`, not k1
     with pytest.raises(PersistError):
         await pipeline.durable(theirs, waiting)
+
+
+# ----- writes in flight --------------------------------------------------------------------------
+
+
+class GatedWriter:
+    """A writer with StateLogWriter's ordered ``submit``: each write's delivery waits for its own
+    gate; `outcomes[i] = False` makes the i-th write fail; `submit_delays[i]` makes the i-th
+    submission take that long (librdkafka's queue full, say)."""
+
+    def __init__(self) -> None:
+        self.gates: list[trio.Event] = []
+        self.batches: list[list[tuple]] = []
+        self.outcomes: dict[int, bool] = {}
+        self.submit_delays: dict[int, float] = {}
+        self._submitting = 0
+
+    async def submit(self, topic, records):
+        index = self._submitting
+        self._submitting += 1
+        await trio.sleep(self.submit_delays.get(index, 0))
+        self.gates.append(gate := trio.Event())
+        self.batches.append(list(records))
+        writer = self
+
+        class Delivery:
+            async def wait(self) -> None:
+                await gate.wait()
+                if not writer.outcomes.get(index, True):
+                    raise PersistError(f"write {index} injected")
+
+        return Delivery()
+
+    async def write(self, topic, records) -> None:
+        await (await self.submit(topic, records)).wait()
+
+
+def written_engine(batches: list[list[tuple]]) -> SharePartition:
+    """Share-partition KEY as replay rebuilds it from `batches`."""
+    recovered = state_store.recover([state_store.group_metadata_record(KEY[0], 1, 0)]
+                                    + [(record[0], record[1]) for batch in batches for record in batch])
+    part = recovered.partitions[KEY]
+    return SharePartition.from_persisted(PartitionConfig(), part.snapshot, part.updates)
+
+
+def leader_of(partition: int) -> Leader:
+    engine = SharePartition(PartitionConfig(), 0)
+    engine.acquire("m", [BatchHeader(0, 9)], now=0, max_records=100)
+    return Leader(("g", uuid.UUID(int=1), partition), engine, create_timestamp=0)
+
+
+def accept(pipeline: CommitPipeline, leader: Leader, first: int, last: int) -> int:
+    staged = leader.engine.stage_acknowledge("m", [AckRange(first, last, (ACCEPT,))], now=1)
+    return pipeline.record(leader, staged.delta, Cause.ACKNOWLEDGED, staged)
+
+
+async def test_writes_go_out_while_others_are_in_flight_up_to_the_limit_and_apply_in_issue_order(autojump_clock):
+    writer = GatedWriter()
+    pipeline = CommitPipeline(writer, "state", wall_clock=lambda: 0, max_writes_in_flight=2)
+    first, second, third = leader_of(0), leader_of(1), leader_of(2)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pipeline.run)
+        v1 = accept(pipeline, first, 0, 9)
+        await trio.sleep(0.01)
+        v2 = accept(pipeline, second, 0, 9)
+        await trio.sleep(0.01)
+        assert len(writer.gates) == 2  # the second went out while the first was in flight
+        v3 = accept(pipeline, third, 0, 9)
+        await trio.sleep(0.01)
+        assert len(writer.gates) == 2 and pipeline.busy  # the limit: the third waits for a slot
+
+        writer.gates[1].set()  # the second lands first ...
+        await trio.sleep(0.01)
+        assert second.durable < v2 and second.engine.start_offset == 0  # ... but waits for the first
+        assert len(writer.gates) == 2  # a write holds its slot until its outcome is applied
+        writer.gates[0].set()
+        await pipeline.durable(first, v1)
+        await pipeline.durable(second, v2)
+        assert first.engine.start_offset == second.engine.start_offset == 10
+        await trio.sleep(0.01)
+        assert len(writer.gates) == 3  # the third went out in a freed slot
+        writer.gates[2].set()
+        await pipeline.durable(third, v3)
+        assert pipeline.idle
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_write_issued_before_an_earlier_write_failed_counts_as_failed_and_is_written_again(autojump_clock):
+    """The second write's snapshot carries the first one's acceptance of 0-4, which is rolled back when
+    the first fails: the second must not report 5-9 (nor 0-4) durable on the strength of that snapshot."""
+    writer = GatedWriter()
+    writer.outcomes[0] = False
+    pipeline = CommitPipeline(writer, "state", wall_clock=lambda: 0, retry_backoff_s=0.01)
+    leader = leader_of(0)
+    outcomes: dict[str, str] = {}
+
+    async def waits(name: str, version: int) -> None:
+        try:
+            await pipeline.durable(leader, version)
+            outcomes[name] = "durable"
+        except PersistError:
+            outcomes[name] = "failed"
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pipeline.run)
+        nursery.start_soon(waits, "0-4", accept(pipeline, leader, 0, 4))
+        await trio.sleep(0.01)
+        nursery.start_soon(waits, "5-9", accept(pipeline, leader, 5, 9))
+        await trio.sleep(0.01)
+        assert len(writer.gates) == 2
+        assert records.decode_key(writer.batches[1][0][0])[0] is SNAPSHOT
+        writer.gates[1].set()  # the later write succeeds at the broker ...
+        writer.gates[0].set()  # ... the earlier one fails
+        await trio.sleep(0.01)
+        assert outcomes == {"0-4": "failed", "5-9": "failed"}
+        assert [leader.engine.record_state(o)[0] for o in (0, 9)] == [RecordState.ACQUIRED] * 2  # rolled back
+        assert leader.engine.start_offset == 0
+        await trio.sleep(1)  # past the backoff: the rolled-back truth is written again
+        assert len(writer.gates) == 3
+        writer.gates[2].set()
+        await trio.sleep(0.01)
+        assert pipeline.idle and pipeline.writable and leader.durable == leader.version
+        nursery.cancel_scope.cancel()
+    landed = [batch for index, batch in enumerate(writer.batches) if writer.outcomes.get(index, True)]
+    assert written_engine(landed).snapshot() == leader.engine.snapshot()
+
+
+async def test_a_group_ticket_is_not_durable_through_a_later_write_when_its_own_write_failed(autojump_clock):
+    writer = GatedWriter()
+    writer.outcomes[0] = False
+    pipeline = CommitPipeline(writer, "state", wall_clock=lambda: 0, retry_backoff_s=0.01)
+    done: list[int] = []
+
+    async def wait(ticket: int) -> None:
+        await pipeline.group_records_durable(ticket)
+        done.append(ticket)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pipeline.run)
+        first = pipeline.queue_group_records([(b"config", b"v1")])
+        nursery.start_soon(wait, first)
+        await trio.sleep(0.01)
+        second = pipeline.queue_group_records([(b"epoch", b"e1")])
+        nursery.start_soon(wait, second)
+        await trio.sleep(0.01)
+        writer.gates[1].set()
+        writer.gates[0].set()
+        await trio.sleep(0.01)
+        assert done == []  # neither: the first failed, the second counts as failed with it
+        await trio.sleep(1)
+        assert {key for key, *_ in writer.batches[2]} == {b"config", b"epoch"}  # both again, in one write
+        writer.gates[2].set()
+        await trio.sleep(0.01)
+        assert sorted(done) == [first, second]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_write_cancelled_in_flight_is_written_again_by_the_flush(autojump_clock):
+    writer = GatedWriter()
+    pipeline = CommitPipeline(writer, "state", wall_clock=lambda: 0)
+    leader = leader_of(0)
+    version = accept(pipeline, leader, 0, 9)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pipeline.run)
+        await trio.sleep(0.01)
+        assert len(writer.gates) == 1
+        nursery.cancel_scope.cancel()  # shutdown while the write is in flight: its outcome is unknown
+    assert pipeline.busy and leader.durable < version
+
+    async def open_gates() -> None:
+        while len(writer.gates) < 2:
+            await trio.sleep(0.01)
+        writer.gates[1].set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(open_gates)
+        await pipeline.flush([leader])
+    assert leader.durable >= version and leader.engine.start_offset == 10
+
+
+async def test_the_shutdown_flush_waits_for_every_write_in_flight(autojump_clock):
+    writer = GatedWriter()
+    pipeline = CommitPipeline(writer, "state", wall_clock=lambda: 0)
+    first, second = leader_of(0), leader_of(1)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pipeline.run)
+        accept(pipeline, first, 0, 9)
+        await trio.sleep(0.01)
+        accept(pipeline, second, 0, 9)
+        await trio.sleep(0.01)
+        assert len(writer.gates) == 2
+
+        async def land_later() -> None:
+            await trio.sleep(1)
+            for gate in writer.gates:
+                gate.set()
+
+        nursery.start_soon(land_later)
+        await pipeline.flush([first, second])
+        assert trio.current_time() >= 1 and first.durable == first.version and second.durable == second.version
+        nursery.cancel_scope.cancel()
+
+
+def test_at_least_one_write_in_flight() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        CommitPipeline(GatedWriter(), "state", wall_clock=lambda: 0, max_writes_in_flight=0)
+
+
+async def test_writes_reach_the_producer_in_issue_order_when_one_is_slow_to_submit(autojump_clock):
+    """The producer keeps a state partition's records in the order they were handed to it, so a
+    later write must not be handed over while an earlier one is still being handed over."""
+    writer = GatedWriter()
+    writer.submit_delays[0] = 0.5
+    pipeline = CommitPipeline(writer, "state", wall_clock=lambda: 0)
+    leader = leader_of(0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pipeline.run)
+        accept(pipeline, leader, 0, 4)
+        await trio.sleep(0.01)
+        accept(pipeline, leader, 5, 9)
+        await trio.sleep(1)
+        assert len(writer.batches) == 2
+        first, second = (written_engine([batch]) for batch in writer.batches)
+        # The earlier snapshot first (acquisitions are not written: replay finds 5 available).
+        assert first.record_state(5)[0] is RecordState.AVAILABLE
+        assert second.record_state(5)[0] is not RecordState.AVAILABLE  # accepted
+        for gate in writer.gates:
+            gate.set()
+        await trio.sleep(0.01)
+        assert leader.engine.start_offset == 10
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_writer_without_ordered_submit_gets_one_write_at_a_time(autojump_clock):
+    class Unordered:
+        def __init__(self) -> None:
+            self.inner = GatedWriter()
+
+        async def write(self, topic, records) -> None:
+            await self.inner.write(topic, records)
+
+    writer = Unordered()
+    pipeline = CommitPipeline(writer, "state", wall_clock=lambda: 0, max_writes_in_flight=4)
+    assert pipeline.max_writes_in_flight == 1
+    first, second = leader_of(0), leader_of(1)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pipeline.run)
+        accept(pipeline, first, 0, 9)
+        await trio.sleep(0.01)
+        accept(pipeline, second, 0, 9)
+        await trio.sleep(0.01)
+        assert len(writer.inner.gates) == 1
+        writer.inner.gates[0].set()
+        await trio.sleep(0.01)
+        assert len(writer.inner.gates) == 2
+        nursery.cancel_scope.cancel()

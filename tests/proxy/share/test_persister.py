@@ -152,3 +152,29 @@ async def test_a_timed_out_write_replaces_the_producer_before_the_retry():
     finally:
         with trio.move_on_after(5):
             await writer.aclose()
+
+
+async def test_submit_hands_every_record_to_the_producer_before_it_returns_and_the_delivery_reports_each():
+    made: list[RoutingProducer] = []
+
+    def factory(config: dict) -> RoutingProducer:
+        made.append(RoutingProducer(config))
+        return made[-1]
+
+    writer = StateLogWriter("unused:9092", producer_factory=factory)
+    writer.start()
+    try:
+        first = await writer.submit("state", [(b"a", b"1", b"route"), (b"b", b"1", b"route")])
+        second = await writer.submit("state", [(b"a", b"2", b"route")])
+        # In the producer, in submission order, before either delivery is known.
+        assert [key for key, _ in made[0].produced] == [b"a", b"b", b"a"]
+        await first.wait()
+        await second.wait()
+        made[0].failures = 1
+        failing = await writer.submit("state", [(b"c", b"1", b"route"), (b"d", b"1", b"route")])
+        with pytest.raises(PersistError, match="state write to 'state' failed"):
+            await failing.wait()
+        await (await writer.submit("state", [])).wait()  # nothing to write: delivered at once
+    finally:
+        with trio.move_on_after(5):
+            await writer.aclose()
