@@ -45,8 +45,8 @@ before it is submitted); the state producer is idempotent, so records of one sta
 land in the order they were produced, and a share-partition's records always go to the same
 state partition: a later write of it lands after an earlier one. A writer without that ordered
 ``submit`` (the transactional lanes of ``--state-fencing transactional``, which commit each
-partition's transaction on its own) gets one write at a time. Outcomes are applied in the order the writes were issued, so
-``durable`` only ever moves forward over versions that are durable. When a write fails, every
+partition's transaction on its own) gets one write at a time. Outcomes are applied in the order
+the writes were issued, so ``durable`` only ever moves forward over versions that are durable. When a write fails, every
 write issued before its failure is applied counts as failed too, whatever the broker said: a
 later snapshot of a share-partition carries the failed write's staged changes, which are rolled
 back now, and a later group ticket would claim the failed write's group records durable. Those
