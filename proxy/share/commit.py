@@ -295,6 +295,11 @@ class CommitPipeline:
         return bool(self._dirty or self._group_records)
 
     @property
+    def writes_issued(self) -> int:
+        """State writes issued since start (each one producer batch)."""
+        return self._issued
+
+    @property
     def idle(self) -> bool:
         """Nothing waits to be written and no write is in flight."""
         return not self.busy and self._last_write is None
