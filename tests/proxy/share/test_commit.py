@@ -529,16 +529,22 @@ def accept(pipeline: CommitPipeline, leader: Leader, first: int, last: int) -> i
     return pipeline.record(leader, staged.delta, Cause.ACKNOWLEDGED, staged)
 
 
+async def accept_in_turn(pipeline: CommitPipeline, *acks: tuple[Leader, int, int]) -> list[int]:
+    """Each acceptance once the writer task has issued a write for the one before; their versions."""
+    versions = []
+    for leader, first, last in acks:
+        versions.append(accept(pipeline, leader, first, last))
+        await trio.sleep(0.01)
+    return versions
+
+
 async def test_writes_go_out_while_others_are_in_flight_up_to_the_limit_and_apply_in_issue_order(autojump_clock):
     writer = GatedWriter()
     pipeline = CommitPipeline(writer, "state", wall_clock=lambda: 0, max_writes_in_flight=2)
     first, second, third = leader_of(0), leader_of(1), leader_of(2)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(pipeline.run)
-        v1 = accept(pipeline, first, 0, 9)
-        await trio.sleep(0.01)
-        v2 = accept(pipeline, second, 0, 9)
-        await trio.sleep(0.01)
+        v1, v2 = await accept_in_turn(pipeline, (first, 0, 9), (second, 0, 9))
         assert len(writer.gates) == 2  # the second went out while the first was in flight
         v3 = accept(pipeline, third, 0, 9)
         await trio.sleep(0.01)
@@ -659,10 +665,7 @@ async def test_the_shutdown_flush_waits_for_every_write_in_flight(autojump_clock
     first, second = leader_of(0), leader_of(1)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(pipeline.run)
-        accept(pipeline, first, 0, 9)
-        await trio.sleep(0.01)
-        accept(pipeline, second, 0, 9)
-        await trio.sleep(0.01)
+        await accept_in_turn(pipeline, (first, 0, 9), (second, 0, 9))
         assert len(writer.gates) == 2
 
         async def land_later() -> None:
@@ -690,9 +693,7 @@ async def test_writes_reach_the_producer_in_issue_order_when_one_is_slow_to_subm
     leader = leader_of(0)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(pipeline.run)
-        accept(pipeline, leader, 0, 4)
-        await trio.sleep(0.01)
-        accept(pipeline, leader, 5, 9)
+        await accept_in_turn(pipeline, (leader, 0, 4), (leader, 5, 9))
         await trio.sleep(1)
         assert len(writer.batches) == 2
         first, second = (written_engine([batch]) for batch in writer.batches)
@@ -720,10 +721,7 @@ async def test_a_writer_without_ordered_submit_gets_one_write_at_a_time(autojump
     first, second = leader_of(0), leader_of(1)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(pipeline.run)
-        accept(pipeline, first, 0, 9)
-        await trio.sleep(0.01)
-        accept(pipeline, second, 0, 9)
-        await trio.sleep(0.01)
+        await accept_in_turn(pipeline, (first, 0, 9), (second, 0, 9))
         assert len(writer.inner.gates) == 1
         writer.inner.gates[0].set()
         await trio.sleep(0.01)
