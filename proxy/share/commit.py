@@ -315,8 +315,9 @@ class CommitPipeline:
             while True:
                 await self._wakeup.wait()
                 self._wakeup = trio.Event()
-                await trio.sleep_until(self._retry_at)  # backoff after a failed write
                 await slots.acquire()
+                while trio.current_time() < self._retry_at:  # backoff after a failed write (maybe
+                    await trio.sleep_until(self._retry_at)  # one that failed while this waited)
                 write = self._issue()
                 if write is None:
                     slots.release()

@@ -126,7 +126,7 @@ async def test_unstaged_changes_are_written_again_until_durable(autojump_clock):
     pipeline.record(leader, delta, Cause.LOCK_EXPIRED)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(pipeline.run)
-        await trio.sleep(3)
+        await trio.sleep(2.5)  # between retries (at 0.2, 0.6, 1.4, 3.0 s: the backoff doubles from 0.2)
         assert writer.batches == [] and pipeline.busy
         writer.fail = False
         await trio.sleep(6)  # past the longest backoff reached
@@ -726,4 +726,25 @@ async def test_a_writer_without_ordered_submit_gets_one_write_at_a_time(autojump
         writer.inner.gates[0].set()
         await trio.sleep(0.01)
         assert len(writer.inner.gates) == 2
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_write_failing_while_the_writer_waits_for_a_slot_still_holds_the_next_one_back(autojump_clock):
+    writer = GatedWriter()
+    writer.outcomes[0] = False
+    pipeline = CommitPipeline(writer, "state", wall_clock=lambda: 0, retry_backoff_s=0.5, max_writes_in_flight=1)
+    first, second = leader_of(0), leader_of(1)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pipeline.run)
+        await accept_in_turn(pipeline, (first, 0, 9), (second, 0, 9))  # the second waits for the slot
+        assert len(writer.gates) == 1
+        failed_at = trio.current_time()
+        writer.gates[0].set()
+        while len(writer.gates) < 2:
+            await trio.sleep(0.01)
+        assert trio.current_time() - failed_at >= 1.0  # the first retry's backoff: 0.5 s doubled
+        assert writer.batches[0][0][0] in {key for key, *_ in writer.batches[1]}  # the failed one again
+        writer.gates[1].set()
+        await trio.sleep(0.01)
+        assert pipeline.idle and first.durable == first.version and second.durable == second.version
         nursery.cancel_scope.cancel()
