@@ -503,16 +503,22 @@ class CommitPipeline:
         return plan(base, current, self.deltas, within)
 
     def _failed(self, exc: PersistError, write: _Write) -> None:
-        self._failures += 1
+        if write.sequence >= self._failed_below:
+            # The first failure since this write was issued: the backoff grows once per attempt,
+            # not once per write that was in flight beside it.
+            self._failures += 1
+            self._retry_at = trio.current_time() + min(
+                self._max_retry_backoff_s, self._retry_backoff_s * 2 ** min(self._failures, 10))
+            log.error("state write failed; staged acknowledgements rolled back, the rest retried",
+                      error=str(exc), partitions=len(write.covered), attempt=self._failures)
+        else:
+            log.warning("state write in flight behind a failed one counted as failed; written again",
+                        error=str(exc), partitions=len(write.covered))
         # Every write issued so far counts as failed too: each may carry, in a snapshot, changes
         # of this one's that are rolled back now.
         self._failed_below = self._issued
-        self._retry_at = trio.current_time() + min(
-            self._max_retry_backoff_s, self._retry_backoff_s * 2 ** min(self._failures, 10))
         metrics.STATE_WRITES.labels(outcome="failed").inc()
         self._set_writable(False)
-        log.error("state write failed; staged acknowledgements rolled back, the rest retried",
-                  error=str(exc), partitions=len(write.covered), attempt=self._failures)
         for leader, version in write.covered:
             leader.failed = max(leader.failed, version)
             leader.delta_base = None  # whatever landed, the next record is a snapshot

@@ -748,3 +748,26 @@ async def test_a_write_failing_while_the_writer_waits_for_a_slot_still_holds_the
         await trio.sleep(0.01)
         assert pipeline.idle and first.durable == first.version and second.durable == second.version
         nursery.cancel_scope.cancel()
+
+
+async def test_writes_failing_together_back_off_once_not_once_each(autojump_clock):
+    """Four writes in flight when the broker goes away fail together: one failed attempt, whose
+    backoff is the first one's (0.5 s doubled), not the fourth's."""
+    writer = GatedWriter()
+    writer.outcomes.update({0: False, 1: False, 2: False, 3: False})
+    pipeline = CommitPipeline(writer, "state", wall_clock=lambda: 0, retry_backoff_s=0.5)
+    leaders = [leader_of(p) for p in range(4)]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pipeline.run)
+        await accept_in_turn(pipeline, *((leader, 0, 9) for leader in leaders))
+        assert len(writer.gates) == 4
+        failed_at = trio.current_time()
+        for gate in writer.gates:
+            gate.set()
+        while len(writer.gates) < 5:
+            await trio.sleep(0.01)
+        assert 1.0 <= trio.current_time() - failed_at < 1.1
+        writer.gates[4].set()
+        await trio.sleep(0.01)
+        assert pipeline.idle and all(leader.durable == leader.version for leader in leaders)
+        nursery.cancel_scope.cancel()
