@@ -382,23 +382,7 @@ class CommitPipeline:
     async def _complete(self, write: _Write) -> bool:
         """Send `write`, then apply its outcome once every write issued before it is applied."""
         try:
-            error: PersistError | None = None
-            started = trio.current_time()
-            try:
-                if self.ordered_submit:
-                    if write.previous is not None:
-                        await write.previous.submitted.wait()  # records reach the producer in issue order
-                    try:
-                        delivery = await self.writer.submit(self.state_topic, write.batch)
-                    finally:
-                        write.submitted.set()
-                    await delivery.wait()
-                else:
-                    await self.writer.write(self.state_topic, write.batch)
-            except PersistError as exc:
-                error = exc
-            finally:
-                metrics.STATE_WRITE_SECONDS.observe(trio.current_time() - started)
+            error = await self._send(write)
             if write.previous is not None:
                 await write.previous.applied.wait()
                 write.previous = None  # the chain of applied writes is not kept alive
@@ -413,13 +397,33 @@ class CommitPipeline:
         except BaseException:
             # Cancelled (shutdown): the outcome is unknown and nothing was rolled back; whatever
             # writes next (the shutdown flush) writes it all again.
-            if not write.applied.is_set():
-                self._requeue(write)
+            self._requeue(write)
             raise
         finally:
             if self._last_write is write:
                 self._last_write = None
             write.applied.set()
+
+    async def _send(self, write: _Write) -> PersistError | None:
+        """Hand `write` to the writer (after the write before it, when several are in flight) and
+        wait until it is durable; the error when it failed."""
+        started = trio.current_time()
+        try:
+            if not self.ordered_submit:
+                await self.writer.write(self.state_topic, write.batch)
+                return None
+            if write.previous is not None:
+                await write.previous.submitted.wait()  # records reach the producer in issue order
+            try:
+                delivery = await self.writer.submit(self.state_topic, write.batch)
+            finally:
+                write.submitted.set()
+            await delivery.wait()
+            return None
+        except PersistError as exc:
+            return exc
+        finally:
+            metrics.STATE_WRITE_SECONDS.observe(trio.current_time() - started)
 
     def _succeeded(self, write: _Write) -> None:
         batch, covered, snapshots = write.batch, write.covered, write.snapshots
@@ -459,7 +463,7 @@ class CommitPipeline:
     def _requeue(self, write: _Write) -> None:
         """Mark `write`'s share-partitions dirty and its group records queued again."""
         for leader, _ in write.covered:
-            leader.delta_base = None
+            leader.delta_base = None  # whatever of it landed, the next record is a snapshot
             if not leader.removed:
                 self._dirty.add(leader)
         for key, record in write.groups.items():
@@ -521,7 +525,6 @@ class CommitPipeline:
         self._set_writable(False)
         for leader, version in write.covered:
             leader.failed = max(leader.failed, version)
-            leader.delta_base = None  # whatever landed, the next record is a snapshot
             # Rolled back: the records are as they were, so their events never happened.
             rolled = [change_id for v, change_id, _ in leader.staged if v <= version]
             leader.staged = [entry for entry in leader.staged if entry[0] > version]

@@ -43,6 +43,7 @@ from proxy.share.peers import (
 )
 from proxy.share.authorization import AuthorizationPolicy
 from proxy.share.cluster import Cluster
+from proxy.share.commit import DEFAULT_WRITES_IN_FLIGHT
 from proxy.share.dead_letters import DeadLetterCluster, DeadLetterSettings, DeadLetterWriter
 from proxy.share.event_log import EventLog, EventLogSettings, EventSink, ensure_event_topic
 from proxy.share.coordinator import CoordinatorConfig, ShareGroupConfig, ShareGroupLimits, parse_auto_offset_reset
@@ -120,7 +121,7 @@ class ShareSettings:
     metadata_refresh_ms: int = 10_000  # new topics/partitions reach assignments within this
     state_write_timeout_ms: int = 30_000  # the state producer's delivery timeout
     state_linger_ms: int = 0  # the state producer's linger.ms
-    state_writes_in_flight: int = 4  # the commit pipeline's writes on their way at once
+    state_writes_in_flight: int = DEFAULT_WRITES_IN_FLIGHT  # the commit pipeline's writes on their way at once
     # Cumulative ShareUpdates between snapshots (--state-deltas, proxy.share.state_delta), and at most
     # this many updates per snapshot (--state-snapshot-every).
     state_deltas: bool = True
