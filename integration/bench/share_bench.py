@@ -27,6 +27,12 @@ consumer got its first record; ConsumerPerformance reports its post-join fetch t
 `ksp_share_records_acquired` counter is read around each proxied share run: acquisitions beyond the
 record count would mean redeliveries inflated the tool's count.
 
+Each share run also reports what its consumers saw (the tool's ``--print-metrics``, the Java
+client's own share-fetch metrics): their ShareFetch requests, the round trip of each (request sent
+to response received, the transfer included) and the records in each. A consumer's cycle while
+records stream is that round trip plus its own time with the records before it asks again; a
+table per shape sets proxy against native on both, so a gap in the rate shows where it comes from.
+
     .venv/bin/python -m integration.bench.share_bench --records 200000 --size 1024 --repeat 2
 
 ``--partitions 4,32`` measures several topic shapes in one run (a topic per shape on each broker,
@@ -86,6 +92,44 @@ TOOL_DATE_FORMAT = "%Y-%m-%d %H:%M:%S:%f"
 
 
 @dataclass(frozen=True, slots=True)
+class ClientFetches:
+    """ShareFetch as the Java consumers saw it: their own share-fetch-manager metrics, summed over
+    the run's consumers (the round trip and records per fetch weighted by each one's fetches)."""
+
+    fetches: int  # ShareFetch requests sent (fetch-total), the closing empty long polls included
+    round_trip_ms: float  # fetch-latency-avg: request sent to response received, transfer included
+    records_per_fetch: float  # records-per-request-avg
+
+    def cycle_ms(self, measurement: Measurement) -> float:
+        """Mean time from one ShareFetch of a consumer to its next while records streamed: the
+        round trip plus the consumer's own time with the records."""
+        per_consumer = self.fetches / max(measurement.consumers, 1)
+        return (measurement.seconds - measurement.first_record_s) * 1000 / max(per_consumer, 1)
+
+
+_CLIENT_METRIC = re.compile(
+    r"^consumer-share-fetch-manager-metrics:(fetch-total|fetch-latency-avg|records-per-request-avg):"
+    r"\{client-id=([^}]*)\}\s*:\s*([-+0-9.eE]+|NaN)\s*$")
+
+
+def parse_client_fetches(output: str) -> ClientFetches | None:
+    """The share consumers' fetch metrics from ShareConsumerPerformance --print-metrics output."""
+    per_client: dict[str, dict[str, float]] = {}
+    for line in output.splitlines():
+        if (match := _CLIENT_METRIC.match(line.strip())) and match[3] != "NaN":
+            per_client.setdefault(match[2], {})[match[1]] = float(match[3])
+    counted = [m for m in per_client.values() if m.get("fetch-total") and len(m) == 3]
+    if not counted:
+        return None
+    fetches = sum(m["fetch-total"] for m in counted)
+    return ClientFetches(
+        fetches=int(fetches),
+        round_trip_ms=sum(m["fetch-latency-avg"] * m["fetch-total"] for m in counted) / fetches,
+        records_per_fetch=sum(m["records-per-request-avg"] * m["fetch-total"] for m in counted) / fetches,
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class Measurement:
     label: str
     path: str  # "direct", "proxy" or "native"
@@ -98,6 +142,16 @@ class Measurement:
     acquired: int | None = None  # records the proxy acquired during the run (its metrics)
     partitions: int = 0  # of the topic consumed (one topic per --partitions shape)
     proxy_cpu_s: float | None = None  # CPU the proxy process used during the run (all its threads)
+    client: ClientFetches | None = None  # the share consumers' own fetch metrics (--print-metrics)
+
+    @classmethod
+    def from_json(cls, numbers: dict) -> Measurement:
+        """A measurement from the --json file (its derived rates dropped)."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        kept = {k: v for k, v in numbers.items() if k in fields}
+        if kept.get("client") is not None:
+            kept["client"] = ClientFetches(**kept["client"])
+        return cls(**kept)
 
     @property
     def records_per_second(self) -> float:
@@ -185,6 +239,8 @@ def share_perf(tools: PerfTools, bootstrap: str, topic: str, group: str, records
         "--group", group, "--threads", str(consumers), "--timeout", "30000",
         # Progress rows tell when each consumer got its first record (its first row is printed then).
         "--show-detailed-stats", "--reporting-interval", "100",
+        # The consumers' own metrics at exit: their ShareFetch round trip and records per fetch.
+        "--print-metrics",
     ], timeout=300)
     if "WARNING: Exiting before consuming" in output:
         raise RuntimeError(f"{label}: the tool timed out before consuming {records} records:\n{output[-2000:]}")
@@ -194,7 +250,7 @@ def share_perf(tools: PerfTools, bootstrap: str, topic: str, group: str, records
     first_record = min((_time(row["end.time"]) for row in first_rows.values()), default=started)
     return Measurement(label, path, "share group", consumers, int(summary["data.consumed.in.nMsg"]),
                        float(summary["data.consumed.in.MB"]), (ended - started).total_seconds(),
-                       (first_record - started).total_seconds())
+                       (first_record - started).total_seconds(), client=parse_client_fetches(output))
 
 
 def proxy_counter(metrics_url: str, name: str) -> float:
@@ -489,9 +545,13 @@ def report_progress(measurement: Measurement) -> None:
     shape = f" ({measurement.partitions} partitions)" if measurement.partitions else ""
     cpu = ("" if measurement.proxy_cpu_s is None else
            f", proxy CPU {measurement.proxy_cpu_s:.1f} s = {measurement.proxy_cpu_s / measurement.seconds:.0%} of a core")
+    client = measurement.client
+    fetches = ("" if client is None else
+               f"; the consumers' ShareFetch: {client.fetches:,} x {client.round_trip_ms:.2f} ms round trip, "
+               f"{client.records_per_fetch:,.0f} records each, {client.cycle_ms(measurement):.2f} ms per cycle")
     print(f"  {measurement.label}{shape}: {measurement.records_per_second:,.0f} records/s whole run, "
           f"{measurement.streaming_records_per_second:,.0f} after the first record "
-          f"({measurement.first_record_s:.1f} s){cpu}", file=sys.stderr, flush=True)
+          f"({measurement.first_record_s:.1f} s){cpu}{fetches}", file=sys.stderr, flush=True)
 
 
 def best(results: Sequence[Measurement], label: str, partitions: int | None = None) -> Measurement | None:
@@ -538,6 +598,32 @@ def table(results: Sequence[Measurement], consumers: Sequence[int], partitions: 
         for tree in trees:
             if proxied := best(results, f"share group x{count}, {proxy_label(tree)}", partitions):
                 row(proxied, baseline=native, against_direct=True)
+    return "\n".join(rows)
+
+
+def fetches_table(results: Sequence[Measurement], consumers: Sequence[int], partitions: int,
+                  trees: Sequence[str] = ("",)) -> str:
+    """Where a share run's time goes, from the consumers' own metrics (the best repeats, as in
+    :func:`table`): per consumer, one cycle = the ShareFetch round trip + the consumer's own time
+    with the records before its next ShareFetch."""
+    rows = ["| measurement | ShareFetches | records per fetch | round trip ms | cycle ms | "
+            "consumer's own time ms | round trip, proxy − native ms | own time, proxy − native ms |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for count in consumers:
+        native = best(results, f"share group x{count}, native", partitions)
+        sides = [native] + [best(results, f"share group x{count}, {proxy_label(tree)}", partitions) for tree in trees]
+        for m in sides:
+            if m is None or m.client is None:
+                continue
+            cycle = m.client.cycle_ms(m)
+            own = cycle - m.client.round_trip_ms
+            deltas = ["", ""]
+            if m is not native and native is not None and native.client is not None:
+                native_cycle = native.client.cycle_ms(native)
+                deltas = [f"{m.client.round_trip_ms - native.client.round_trip_ms:+.2f}",
+                          f"{own - (native_cycle - native.client.round_trip_ms):+.2f}"]
+            rows.append(f"| {m.label} | {m.client.fetches:,} | {m.client.records_per_fetch:,.0f} | "
+                        f"{m.client.round_trip_ms:.2f} | {cycle:.2f} | {own:.2f} | {deltas[0]} | {deltas[1]} |")
     return "\n".join(rows)
 
 
@@ -634,6 +720,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(table(results, args.consumers, partitions, trees))
         print(f"\n{args.records:,} records x {args.size} B, {partitions} partitions, best of {args.repeat}; "
               f"ratios are whole run / after the first record; total run {time.monotonic() - started:.0f} s")
+        print("\nthe share runs above as their consumers saw them (the Java client's own metrics):\n")
+        print(fetches_table(results, args.consumers, partitions, trees))
         if len(trees) > 1:
             print(f"\nshare runs, {' and '.join(trees[1:])} / {trees[0]} (whole run / after the first record):\n")
             print(trees_table(results, args.consumers, partitions, trees))

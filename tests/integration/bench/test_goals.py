@@ -57,3 +57,16 @@ def test_state_goals_are_bytes_and_both_latency_quantiles_per_workload():
     goals = state_goals(numbers)
     assert [(g.goal.split(",")[0], g.met) for g in goals] == [
         ("state bytes per accepted record", True), ("commit_sync latency p50", True), ("commit_sync latency p99", False)]
+
+
+def test_a_share_goal_notes_both_sides_sharefetch_round_trip_when_the_consumers_reported_it():
+    proxy = {**share("share group x1, proxy", 1, 4, 2.0, 0.5), "client": {"fetches": 100, "round_trip_ms": 4.0,
+                                                                         "records_per_fetch": 1000.0}}
+    native = {**share("share group x1, native", 1, 4, 7.0, 5.0), "client": {"fetches": 100, "round_trip_ms": 3.5,
+                                                                           "records_per_fetch": 1000.0}}
+    [goal] = share_goals([proxy, native], [1], [4])
+    # cycles: 1.5 s / 100 = 15 ms and 2.0 s / 100 = 20 ms; own time = cycle - round trip
+    assert "ShareFetch round trip 4.00 vs 3.50 ms, consumer's own time per cycle 11.00 vs 16.50 ms" in goal.note
+    [without] = share_goals([share("share group x1, proxy", 1, 4, 2.0, 0.5),
+                             share("share group x1, native", 1, 4, 7.0, 5.0)], [1], [4])
+    assert "round trip" not in without.note

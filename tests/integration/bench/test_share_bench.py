@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from integration.bench.share_bench import (
+    ClientFetches,
     Measurement,
     best,
+    fetches_table,
     latency_breakdown,
+    parse_client_fetches,
     parse_trees,
     process_cpu_seconds,
     profile_summary,
@@ -114,3 +118,46 @@ def test_latency_breakdown_names_the_bucket_of_the_median_beside_the_mean():
              **buckets({"0.005": 0.0, "0.01": 96.0, "0.5": 96.0, "+Inf": 100.0})}
     assert latency_breakdown(before, after, 100_000) == (
         "ShareFetch 100 x 24.80 ms (median 5-10 ms), 1,000 records per ShareFetch")
+
+
+_METRICS = """\
+consumer-share-fetch-manager-metrics:fetch-latency-avg:{client-id=perf-share-consumer-client-1}   : 12.000
+consumer-share-fetch-manager-metrics:fetch-total:{client-id=perf-share-consumer-client-1}         : 30.000
+consumer-share-fetch-manager-metrics:records-per-request-avg:{client-id=perf-share-consumer-client-1} : 900.000
+consumer-share-fetch-manager-metrics:fetch-latency-avg:{client-id=perf-share-consumer-client-2}   : 4.000
+consumer-share-fetch-manager-metrics:fetch-total:{client-id=perf-share-consumer-client-2}         : 10.000
+consumer-share-fetch-manager-metrics:records-per-request-avg:{client-id=perf-share-consumer-client-2} : 500.000
+consumer-share-fetch-manager-metrics:fetch-latency-avg:{client-id=perf-share-consumer-client-3}   : NaN
+consumer-share-fetch-manager-metrics:fetch-total:{client-id=perf-share-consumer-client-3}         : 0.000
+consumer-share-metrics:time-between-poll-avg:{client-id=perf-share-consumer-client-1}             : 5.243
+"""
+
+
+def test_client_fetches_weigh_each_consumer_by_its_fetches_and_skip_those_without():
+    client = parse_client_fetches("2026-11-27 11:15:59:698, ...\n" + _METRICS)
+    assert client == ClientFetches(fetches=40, round_trip_ms=(12 * 30 + 4 * 10) / 40,
+                                   records_per_fetch=(900 * 30 + 500 * 10) / 40)
+    assert parse_client_fetches("no metrics printed") is None
+    # 2 consumers, 20 fetches each over the 4 s after the first record: a 200 ms cycle.
+    m = Measurement("share group x2, proxy", "proxy", "share group", 2, 1000, 1.0, 5.0, 1.0, client=client)
+    assert client.cycle_ms(m) == 200.0
+
+
+def test_fetches_table_splits_each_cycle_into_round_trip_and_the_consumers_own_time():
+    native = Measurement("share group x1, native", "native", "share group", 1, 1000, 1.0, 6.0, 5.0,
+                         partitions=4, client=ClientFetches(100, 3.5, 10.0))  # 10 ms cycle
+    proxy = Measurement("share group x1, proxy", "proxy", "share group", 1, 1000, 1.0, 1.5, 0.3,
+                        partitions=4, client=ClientFetches(100, 4.0, 10.0))  # 12 ms cycle
+    rows = fetches_table([native, proxy], [1], 4).splitlines()
+    assert rows[2] == "| share group x1, native | 100 | 10 | 3.50 | 10.00 | 6.50 |  |  |"
+    assert rows[3] == "| share group x1, proxy | 100 | 10 | 4.00 | 12.00 | 8.00 | +0.50 | +1.50 |"
+    # A run without the consumers' metrics (an older tool) leaves its row out rather than failing.
+    assert len(fetches_table([native, dataclasses.replace(proxy, client=None)], [1], 4).splitlines()) == 3
+
+
+def test_a_measurement_round_trips_through_its_json_numbers():
+    m = Measurement("share group x1, proxy", "proxy", "share group", 1, 1000, 1.0, 1.5, 0.3,
+                    partitions=4, client=ClientFetches(100, 4.0, 10.0))
+    numbers = {**dataclasses.asdict(m), "records_per_second": m.records_per_second}
+    assert Measurement.from_json(numbers) == m
+    assert Measurement.from_json({**numbers, "client": None}).client is None
