@@ -5,15 +5,18 @@ One run measures, with the same record count and size:
 * **plain consumer group, direct** -- Kafka's ConsumerPerformance against the broker;
 * **plain consumer group, proxy** -- the same tool through `share-proxy serve`;
 * **share group, proxy** -- Kafka's ShareConsumerPerformance (KafkaShareConsumer, implicit
-  acknowledgement) through the proxy, with 1, 4 and 16 consumers (the tool's --threads), on a
-  broker that has no share groups of its own;
-* **share group, native** -- the same tool against a second broker of the same version started
-  with Kafka's own share groups enabled (KIP-932), with 1, 4 and 16 consumers.
+  acknowledgement) through the proxy, with 1, 4 and 16 consumers (the tool's --threads);
+* **share group, native** -- the same tool against the broker itself, with Kafka's own share
+  groups (KIP-932), with 1, 4 and 16 consumers.
 
-The brokers run one after the other (never two at once on this small machine): phase 1 is the
-plain broker with the proxy in front of it, phase 2 the share-enabled broker. Every measurement
-consumes a fresh group from the earliest offset (share groups via share.auto.offset.reset=earliest:
-the proxy's --share-auto-offset-reset flag, the native broker's group config).
+One broker, started with Kafka's share groups enabled, serves both: the proxy in front of it
+serves share groups itself (its state on a topic of its own), the native runs go to the broker
+directly. Each measurement's sides run back to back, the side that goes first rotating, so the
+machine's speed, which drifts by tens of percent over minutes here, hits both alike (before
+2026-11-27 the proxied runs had a broker of their own and the native runs a second one after it,
+minutes apart: ``--separate-brokers``). Every measurement consumes a fresh group from the earliest
+offset (share groups via share.auto.offset.reset=earliest: the proxy's --share-auto-offset-reset
+flag, the native group's config).
 
 The perf tools come from the kafka-tools jar, which the broker's classpath lacks: it is fetched
 from Maven Central into ~/.m2 with `mvn dependency:get` (the broker's own version when published,
@@ -422,15 +425,19 @@ def proxy_label(tree: str) -> str:
     return f"proxy {tree}" if tree else "proxy"
 
 
-def phase_proxy(args: argparse.Namespace, tools: PerfTools, log_dir: Path) -> list[Measurement]:
+def phase_proxy(args: argparse.Namespace, tools: PerfTools, log_dir: Path, *, native: bool = True) -> list[Measurement]:
+    """The proxied runs and, with `native`, Kafka's native share groups on the same broker (started
+    with them enabled), each measurement's sides back to back in rotating order."""
     results: list[Measurement] = []
     trees = args.proxy_trees or [("", "")]
-    with LocalKafka(version=args.kafka_version, share_groups=False, data_dir=log_dir / "kafka") as kafka:
+    with LocalKafka(version=args.kafka_version, share_groups=native, data_dir=log_dir / "kafka") as kafka:
         topics = shape_topics(kafka.bootstrap, args)
         with contextlib.ExitStack() as stack:
             proxies = []  # (tree name, proxy, metrics url), every tree's proxy in front of the same broker
             for tree, path in trees:
                 metrics_port = free_port()
+                # The proxy's state topic is its own: a share-enabled broker keeps its native share
+                # groups' state on __share_group_state.
                 extra = ("--share-auto-offset-reset", "earliest", "--state-topic", unique_name("__bench_share_state"),
                          "--log-level", "warning", "--metrics-port", str(metrics_port))
                 proxy = stack.enter_context(ProxyProcess(
@@ -448,31 +455,46 @@ def phase_proxy(args: argparse.Namespace, tools: PerfTools, log_dir: Path) -> li
                             partitions=partitions))
                         report_progress(results[-1])
                     for consumers in args.consumers:
-                        for tree, proxy, metrics_url in rotated(proxies, next(round_)):
-                            assert proxy.process is not None
-                            pid = proxy.process.pid
-                            acquired_before = proxy_counter(metrics_url, "ksp_share_records_acquired")
-                            samples_before = proxy_samples(metrics_url)
+                        share_sides = [*proxies, *([None] if native else [])]  # None: native share groups
+                        for side in rotated(share_sides, next(round_)):
+                            if side is None:
+                                group = unique_name("bench-share")
+                                set_native_share_reset_earliest(kafka.bootstrap, group)
+                                measured = share_perf(tools, kafka.bootstrap, topic, group, args.records, consumers,
+                                                      f"share group x{consumers}, native", "native")
+                                results.append(dataclasses.replace(measured, partitions=partitions))
+                                report_progress(results[-1])
+                                continue
+                            tree, proxy, metrics_url = side
                             profile = args.profile_dir / f"p{partitions}-x{consumers}-{tree or 'proxy'}-{next(runs)}.txt"
-                            with py_spy(args.py_spy, pid, profile):
-                                cpu_before = process_cpu_seconds(pid)
-                                measured = share_perf(tools, proxy.bootstrap, topic, unique_name("bench-share"),
-                                                      args.records, consumers,
-                                                      f"share group x{consumers}, {proxy_label(tree)}", "proxy")
-                                cpu_after = process_cpu_seconds(pid)
-                            # More acquisitions than records would mean redeliveries inflated the count.
-                            acquired = int(proxy_counter(metrics_url, "ksp_share_records_acquired") - acquired_before)
-                            cpu = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
-                            results.append(dataclasses.replace(measured, acquired=acquired, partitions=partitions,
-                                                               proxy_cpu_s=cpu))
-                            report_progress(results[-1])
-                            print(f"    the proxy acquired {acquired:,} records for {results[-1].records:,} consumed; "
-                                  f"{latency_breakdown(samples_before, proxy_samples(metrics_url), measured.records)}",
-                                  file=sys.stderr, flush=True)
-                            if args.py_spy and profile.exists():
-                                print(f"    profile {profile}:\n{profile_summary(profile, args.profile_top)}",
-                                      file=sys.stderr, flush=True)
+                            results.append(proxied_share_run(args, tools, proxy, metrics_url, tree, topic, partitions,
+                                                             consumers, profile))
     return results
+
+
+def proxied_share_run(args: argparse.Namespace, tools: PerfTools, proxy: ProxyProcess, metrics_url: str, tree: str,
+                      topic: str, partitions: int, consumers: int, profile: Path) -> Measurement:
+    """One share run through `proxy`, with the proxy's CPU and counters read around it."""
+    assert proxy.process is not None
+    pid = proxy.process.pid
+    acquired_before = proxy_counter(metrics_url, "ksp_share_records_acquired")
+    samples_before = proxy_samples(metrics_url)
+    with py_spy(args.py_spy, pid, profile):
+        cpu_before = process_cpu_seconds(pid)
+        measured = share_perf(tools, proxy.bootstrap, topic, unique_name("bench-share"), args.records, consumers,
+                              f"share group x{consumers}, {proxy_label(tree)}", "proxy")
+        cpu_after = process_cpu_seconds(pid)
+    # More acquisitions than records would mean redeliveries inflated the count.
+    acquired = int(proxy_counter(metrics_url, "ksp_share_records_acquired") - acquired_before)
+    cpu = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
+    result = dataclasses.replace(measured, acquired=acquired, partitions=partitions, proxy_cpu_s=cpu)
+    report_progress(result)
+    print(f"    the proxy acquired {acquired:,} records for {result.records:,} consumed; "
+          f"{latency_breakdown(samples_before, proxy_samples(metrics_url), measured.records)}",
+          file=sys.stderr, flush=True)
+    if args.py_spy and profile.exists():
+        print(f"    profile {profile}:\n{profile_summary(profile, args.profile_top)}", file=sys.stderr, flush=True)
+    return result
 
 
 def phase_authorization(args: argparse.Namespace, tools: PerfTools, log_dir: Path) -> list[Measurement]:
@@ -688,6 +710,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="where --py-spy writes its raw profiles (one file per run)")
     parser.add_argument("--profile-top", type=int, default=25, help="functions listed per profile")
     parser.add_argument("--json", type=Path, help="also write every measurement here")
+    parser.add_argument("--separate-brokers", action="store_true",
+                        help="the proxied runs against a broker without share groups, then the native runs "
+                             "against a second broker (the method before 2026-11-27: phases minutes apart)")
     parser.add_argument("--share-authorization", type=lambda s: s.split(","), default=None,
                         help="measure these --share-authorization modes against each other instead (e.g. off,cluster)")
     args = parser.parse_args(argv)
@@ -698,7 +723,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log_dir = Path(tempfile.mkdtemp(prefix="share-bench-"))
     started = time.monotonic()
     shapes = ", ".join(str(p) for p in args.partitions)
-    print(f"Apache Kafka {args.kafka_version} brokers, kafka-tools {tools.tools_version} perf tools, "
+    print(f"Apache Kafka {args.kafka_version}, kafka-tools {tools.tools_version} perf tools, "
           f"{args.records:,} records x {args.size} B on {shapes} partitions; logs in {log_dir}",
           file=sys.stderr, flush=True)
     try:
@@ -709,7 +734,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"\n{args.records:,} records x {args.size} B, {args.partitions} partitions, best of {args.repeat}; "
                   f"ratios are whole run / after the first record; total run {time.monotonic() - started:.0f} s")
             return 0
-        results = phase_proxy(args, tools, log_dir) + phase_native(args, tools, log_dir)
+        if args.separate_brokers:
+            results = phase_proxy(args, tools, log_dir, native=False) + phase_native(args, tools, log_dir)
+        else:
+            results = phase_proxy(args, tools, log_dir)
     finally:
         if not args.keep_logs:
             shutil.rmtree(log_dir, ignore_errors=True)
