@@ -40,17 +40,19 @@ Writes in flight
 The writer task does not wait for one write to finish before it issues the next: up to
 ``max_writes_in_flight`` (``--state-writes-in-flight``) are on their way at once, so an
 acknowledgement arriving while a write is in flight is written at once instead of after it.
-Writes are submitted to the producer in the order they were issued (each waits until the one
-before it is submitted); the state producer is idempotent, so records of one state partition
-land in the order they were produced, and a share-partition's records always go to the same
-state partition: a later write of it lands after an earlier one. A writer without that ordered
-``submit`` (the transactional lanes of ``--state-fencing transactional``, which commit each
-partition's transaction on its own) gets one write at a time. Outcomes are applied in the order
-the writes were issued, so ``durable`` only ever moves forward over versions that are durable. When a write fails, every
-write issued before its failure is applied counts as failed too, whatever the broker said: a
-later snapshot of a share-partition carries the failed write's staged changes, which are rolled
-back now, and a later group ticket would claim the failed write's group records durable. Those
-writes may have landed; as with any failed write, the rolled-back truth is written again.
+The writer task hands each write to the producer in the turn it issues it, so the write goes out
+while the request that staged the change goes on (a ShareFetch takes its records meanwhile).
+Writes reach the producer in the order they were issued; the state producer is idempotent, so
+records of one state partition land in the order they were produced, and a share-partition's
+records always go to the same state partition: a later write of it lands after an earlier one. A
+writer without that ordered ``submit`` (the transactional lanes of ``--state-fencing
+transactional``, which commit each partition's transaction on its own) gets one write at a time.
+Outcomes are applied in the order the writes were issued, so ``durable`` only ever moves forward
+over versions that are durable. When a write fails, every write issued before its failure is
+applied counts as failed too, whatever the broker said: a later snapshot of a share-partition
+carries the failed write's staged changes, which are rolled back now, and a later group ticket
+would claim the failed write's group records durable. Those writes may have landed; as with any
+failed write, the rolled-back truth is written again.
 
 A share-partition's records (snapshot, update, tombstones) are routed to the state-topic partition
 of its snapshot key (``state_store.share_partition_route``). The *delta base* (the last durable
@@ -71,7 +73,7 @@ import trio
 from proxy.share import metrics, state_store
 from proxy.share.leaders import Leader, SharePartitionKey
 from proxy.share.partition import PartitionSnapshot, RecordEvent, StagedChange, StateDelta
-from proxy.share.persister import PersistError
+from proxy.share.persister import Delivery, PersistError
 from proxy.share.state_delta import DeltaBase, DeltaPolicy, Interval, plan, splice
 
 log = structlog.get_logger(__name__)
@@ -120,6 +122,11 @@ ChangeHook = Callable[[Change], None]
 DEFAULT_WRITES_IN_FLIGHT = 4
 
 
+#: A write handed to the producer (:meth:`CommitPipeline._submit`): its delivery, the error that
+#: kept it from the producer, or None for a writer without ``submit`` (it writes and waits at once).
+Submitted = Delivery | PersistError | None
+
+
 @dataclass(slots=True, eq=False)
 class _Write:
     """One state write: its records, what it makes durable, and where it sits in issue order."""
@@ -131,6 +138,7 @@ class _Write:
     groups: dict[bytes, tuple]
     group_ticket: int
     previous: _Write | None  # the write issued just before, until it is applied
+    issued_at: float = 0.0  # trio time
     submitted: trio.Event = field(default_factory=trio.Event)  # its records are with the producer
     applied: trio.Event = field(default_factory=trio.Event)
 
@@ -315,18 +323,31 @@ class CommitPipeline:
             while True:
                 await self._wakeup.wait()
                 self._wakeup = trio.Event()
-                await slots.acquire()
+                try:
+                    slots.acquire_nowait()  # (acquire() would yield even with a slot free)
+                except trio.WouldBlock:
+                    await slots.acquire()
                 while trio.current_time() < self._retry_at:  # backoff after a failed write (maybe
                     await trio.sleep_until(self._retry_at)  # one that failed while this waited)
                 write = self._issue()
                 if write is None:
                     slots.release()
                     continue
-                nursery.start_soon(self._complete_releasing, write, slots)
+                # Handed to the producer in this same turn of the writer task, not by the task
+                # that waits for it: a task started now runs only after the request that staged
+                # the change has gone on to take its records (a ShareFetch's write went out
+                # ~0.2 ms later, its whole take, on the critical path of its response).
+                try:
+                    submitted = await self._submit(write)
+                except BaseException:
+                    self._forget(write, requeue=True)
+                    slots.release()
+                    raise
+                nursery.start_soon(self._complete_releasing, write, submitted, slots)
 
-    async def _complete_releasing(self, write: _Write, slots: trio.Semaphore) -> None:
+    async def _complete_releasing(self, write: _Write, submitted: Submitted, slots: trio.Semaphore) -> None:
         try:
-            await self._complete(write)
+            await self._complete(write, submitted)
         finally:
             slots.release()
 
@@ -334,7 +355,14 @@ class CommitPipeline:
         """Write what is dirty now and wait for the outcome (after that of every write issued
         before it); True when it succeeded or there was nothing to write."""
         write = self._issue()
-        return True if write is None else await self._complete(write)
+        if write is None:
+            return True
+        try:
+            submitted = await self._submit(write)
+        except BaseException:
+            self._forget(write, requeue=True)
+            raise
+        return await self._complete(write, submitted)
 
     def _issue(self) -> _Write | None:
         """Take everything dirty and build one write of it, or None when nothing is to be written."""
@@ -374,56 +402,73 @@ class CommitPipeline:
                 leader.delta_base = base.after(delta, current)
             batch.append((key, value, route))
             covered.append((leader, leader.version))
-        write = _Write(self._issued, batch, covered, snapshots, groups, group_ticket, self._last_write)
+        write = _Write(self._issued, batch, covered, snapshots, groups, group_ticket, self._last_write,
+                       issued_at=trio.current_time())
         self._issued += 1
         self._last_write = write
         return write
 
-    async def _complete(self, write: _Write) -> bool:
-        """Send `write`, then apply its outcome once every write issued before it is applied."""
+    async def _complete(self, write: _Write, submitted: Submitted) -> bool:
+        """Wait for `write` (submitted), then apply its outcome once every write issued before it
+        is applied."""
         try:
-            error = await self._send(write)
+            error = await self._durable(write, submitted)
             if write.previous is not None:
-                await write.previous.applied.wait()
+                if not write.previous.applied.is_set():  # (waiting on a set event would yield)
+                    await write.previous.applied.wait()
                 write.previous = None  # the chain of applied writes is not kept alive
             if error is None and write.sequence < self._failed_below:
                 # Its snapshots carry an earlier write's changes, which were rolled back.
                 error = PersistError("a state write issued before this one failed")
             if error is not None:
                 self._failed(error, write)
-                return False
-            self._succeeded(write)
-            return True
+            else:
+                self._succeeded(write)
         except BaseException:
             # Cancelled (shutdown): the outcome is unknown and nothing was rolled back; whatever
             # writes next (the shutdown flush) writes it all again.
-            self._requeue(write)
+            self._forget(write, requeue=True)
             raise
-        finally:
-            if self._last_write is write:
-                self._last_write = None
-            write.applied.set()
+        self._forget(write)
+        return error is None
 
-    async def _send(self, write: _Write) -> PersistError | None:
-        """Hand `write` to the writer (after the write before it, when several are in flight) and
-        wait until it is durable; the error when it failed."""
-        started = trio.current_time()
+    def _forget(self, write: _Write, *, requeue: bool = False) -> None:
+        """`write` is settled (applied, or with `requeue` dirty again): the next ones may apply."""
+        if requeue:
+            self._requeue(write)
+        if self._last_write is write:
+            self._last_write = None
+        write.applied.set()
+
+    async def _submit(self, write: _Write) -> Submitted:
+        """Hand `write`'s records to the producer, after the write issued before it: records reach
+        the producer in issue order. Yields only when that one is still being handed over or the
+        producer's queue is full. None: a writer without ``submit``, written by :meth:`_durable`."""
+        if not self.ordered_submit:
+            return None
         try:
-            if not self.ordered_submit:
+            if write.previous is not None and not write.previous.submitted.is_set():
+                await write.previous.submitted.wait()
+            return await self.writer.submit(self.state_topic, write.batch)
+        except PersistError as exc:
+            return exc
+        finally:
+            write.submitted.set()
+
+    async def _durable(self, write: _Write, submitted: Submitted) -> PersistError | None:
+        """Wait until `write` is durable; the error when it failed."""
+        try:
+            if isinstance(submitted, PersistError):
+                return submitted
+            if submitted is None:
                 await self.writer.write(self.state_topic, write.batch)
-                return None
-            if write.previous is not None:
-                await write.previous.submitted.wait()  # records reach the producer in issue order
-            try:
-                delivery = await self.writer.submit(self.state_topic, write.batch)
-            finally:
-                write.submitted.set()
-            await delivery.wait()
+            else:
+                await submitted.wait()
             return None
         except PersistError as exc:
             return exc
         finally:
-            metrics.STATE_WRITE_SECONDS.observe(trio.current_time() - started)
+            metrics.STATE_WRITE_SECONDS.observe(trio.current_time() - write.issued_at)
 
     def _succeeded(self, write: _Write) -> None:
         batch, covered, snapshots = write.batch, write.covered, write.snapshots

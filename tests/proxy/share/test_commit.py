@@ -493,7 +493,8 @@ class GatedWriter:
     async def submit(self, topic, records):
         index = self._submitting
         self._submitting += 1
-        await trio.sleep(self.submit_delays.get(index, 0))
+        if index in self.submit_delays:  # else no yield: StateLogWriter.submit yields only when it must wait
+            await trio.sleep(self.submit_delays[index])
         self.gates.append(gate := trio.Event())
         self.batches.append(list(records))
         writer = self
@@ -682,6 +683,28 @@ async def test_the_shutdown_flush_waits_for_every_write_in_flight(autojump_clock
 def test_at_least_one_write_in_flight() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         CommitPipeline(GatedWriter(), "state", wall_clock=lambda: 0, max_writes_in_flight=0)
+
+
+async def test_a_write_goes_to_the_producer_while_the_task_that_staged_it_goes_on(autojump_clock):
+    """A ShareFetch stages its acknowledgements, yields (at a partition's read lock) and then
+    takes its records without yielding: its write must be with the producer by then, not after
+    the take (it was three writer-task turns away, ~0.2 ms on the response's critical path)."""
+    writer = GatedWriter()
+    pipeline = CommitPipeline(writer, "state", wall_clock=lambda: 0)
+    first, second = leader_of(0), leader_of(1)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pipeline.run)
+        await trio.sleep(0.01)  # the writer task waits for work
+        for leader in (first, second):  # one after the other: the second goes out while the first is in flight
+            accept(pipeline, leader, 0, 9)
+            await trio.lowlevel.checkpoint()
+            await trio.lowlevel.checkpoint()
+            assert len(writer.batches) == (1 if leader is first else 2)
+        for gate in writer.gates:
+            gate.set()
+        await trio.sleep(0.01)
+        assert first.engine.start_offset == second.engine.start_offset == 10
+        nursery.cancel_scope.cancel()
 
 
 async def test_writes_reach_the_producer_in_issue_order_when_one_is_slow_to_submit(autojump_clock):
