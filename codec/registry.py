@@ -201,9 +201,11 @@ def nested_types(entity_type: type) -> dict[str, type]:
     return {name: value for name, value in vars(module).items() if isinstance(value, type)}
 
 
-def encode(entity: object) -> bytes:
-    """Serialize a request or response entity (any kio-compatible entity) to body bytes."""
+def encode(entity: object, *, header: bytes = b"") -> bytes:
+    """Serialize a request or response entity (any kio-compatible entity) to body bytes, after
+    `header` (a frame's header: one buffer built, not the body copied again behind it)."""
     buffer = io.BytesIO()
+    buffer.write(header)
     try:
         entity_writer(type(entity))(buffer, entity)
     except (SerialError, ValueError, TypeError, OverflowError, AttributeError, struct.error) as error:

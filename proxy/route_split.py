@@ -75,7 +75,7 @@ def response_payload(request: Request, response: object) -> bytes:
     header = request.header
     count_response_errors(header.api_key, response)
     version = response_header_version(header.api_key, header.api_version)
-    return encode_response_header(header.correlation_id, version) + encode(response)
+    return encode(response, header=encode_response_header(header.correlation_id, version))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -90,6 +90,12 @@ def test_extension_key_colliding_with_a_served_api_is_refused():
         MessageRegistry(mark_in_progress_key=78)
 
 
+def test_encode_after_a_header_is_the_header_then_the_body():
+    request_type = DEFAULT_REGISTRY.request_type(81, 0)
+    entity = request_type(member_id="m", share_session_epoch=i32(2), topics=())
+    assert encode(entity, header=b"\x00\x00\x00\x07") == b"\x00\x00\x00\x07" + encode(entity)
+
+
 def test_encode_out_of_range_value_is_a_codec_error():
     request_type = DEFAULT_REGISTRY.request_type(81, 0)
     bad = request_type(member_id="m", share_session_epoch=2**40, topics=())
