@@ -480,14 +480,20 @@ def test_records_archiving_at_an_instance_are_dead_lettered_once_after_their_par
     once: by the new owner for the records that moved (its replay finds them ARCHIVING), by the
     first for the rest. (This does not catch a missing cancel of the first's drains on hand-over:
     its round in flight fails at the delivery time-out long before broker 2 is back, and its next
-    round finds the share-partition gone. That window is unit-tested, tests/proxy/share.)"""
+    round finds the share-partition gone. That window is unit-tested, tests/proxy/share.)
+    Letters the first had already handed to its producer before the hand-over stay queued there
+    until their delivery time-out (--state-write-timeout-ms): a cancelled round cannot take them
+    back, so a broker back sooner gets them too -- at least once, as DeadLetterWriter.cancel says.
+    The test starts broker 2 only after that time-out, so each letter is written once."""
     from integration.share.test_scale_out import STATE_PARTITIONS, Instances, port_base_flags, topic_id_of
     from proxy.share.ownership import ServiceOwnership
 
     partitions, homes = 6, ServiceOwnership(STATE_PARTITIONS)
     bootstrap = node_one.bootstrap
     node_two.stop()  # (a previous test's restart) -- state and transaction topics on broker 1
-    deployment = Instances(node_one, node_one_proxies, 1, extra=("--state-write-timeout-ms", "5000"))
+    write_timeout_s = 5.0
+    deployment = Instances(node_one, node_one_proxies, 1,
+                           extra=("--state-write-timeout-ms", str(int(write_timeout_s * 1000))))
     first = deployment.proxies["ksp-0"]
     # Source partitions homed on at least 4 of the 6 state partitions: whichever 3 the second
     # instance takes, at least one holds a rejected record.
@@ -514,6 +520,9 @@ def test_records_archiving_at_an_instance_are_dead_lettered_once_after_their_par
     moved = {r for r in reject if owners[homes.home_of_partition(topic_id, r[0])] == "ksp-1"}
     assert moved, owners  # guaranteed by the homes chosen above
 
+    # Letters the first instance produced before it let go expire in its producer by then (a run
+    # against 3.9.2 had broker 2 back within that window: the moved records lettered twice).
+    time.sleep(write_timeout_s + 1.0)
     node_two.start()
     wait_for_leader(bootstrap, dlq, 2)
     wait_for_dead_letters(bootstrap, dlq, len(reject))
