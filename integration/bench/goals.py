@@ -102,9 +102,9 @@ def _round_trips(proxy: share_bench.Measurement, native: share_bench.Measurement
     """The consumers' ShareFetch round trip and their own time per cycle, both sides (their metrics)."""
     if proxy.client is None or native.client is None:
         return ""
-    own = [m.client.cycle_ms(m) - m.client.round_trip_ms for m in (proxy, native)]
     return (f"; ShareFetch round trip {proxy.client.round_trip_ms:.2f} vs {native.client.round_trip_ms:.2f} ms, "
-            f"consumer's own time per cycle {own[0]:.2f} vs {own[1]:.2f} ms")
+            f"consumer's own time per cycle {proxy.client.own_time_ms(proxy):.2f} vs "
+            f"{native.client.own_time_ms(native):.2f} ms")
 
 
 def passthrough_goals(numbers: dict) -> list[Goal]:

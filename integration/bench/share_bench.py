@@ -109,6 +109,10 @@ class ClientFetches:
         per_consumer = self.fetches / max(measurement.consumers, 1)
         return (measurement.seconds - measurement.first_record_s) * 1000 / max(per_consumer, 1)
 
+    def own_time_ms(self, measurement: Measurement) -> float:
+        """The consumer's time with the records in each cycle: the cycle less the round trip."""
+        return self.cycle_ms(measurement) - self.round_trip_ms
+
 
 _CLIENT_METRIC = re.compile(
     r"^consumer-share-fetch-manager-metrics:(fetch-total|fetch-latency-avg|records-per-request-avg):"
@@ -458,18 +462,25 @@ def phase_proxy(args: argparse.Namespace, tools: PerfTools, log_dir: Path, *, na
                         share_sides = [*proxies, *([None] if native else [])]  # None: native share groups
                         for side in rotated(share_sides, next(round_)):
                             if side is None:
-                                group = unique_name("bench-share")
-                                set_native_share_reset_earliest(kafka.bootstrap, group)
-                                measured = share_perf(tools, kafka.bootstrap, topic, group, args.records, consumers,
-                                                      f"share group x{consumers}, native", "native")
-                                results.append(dataclasses.replace(measured, partitions=partitions))
-                                report_progress(results[-1])
+                                results.append(native_share_run(args, tools, kafka.bootstrap, topic, partitions,
+                                                                consumers))
                                 continue
                             tree, proxy, metrics_url = side
                             profile = args.profile_dir / f"p{partitions}-x{consumers}-{tree or 'proxy'}-{next(runs)}.txt"
                             results.append(proxied_share_run(args, tools, proxy, metrics_url, tree, topic, partitions,
                                                              consumers, profile))
     return results
+
+
+def native_share_run(args: argparse.Namespace, tools: PerfTools, bootstrap: str, topic: str, partitions: int,
+                     consumers: int) -> Measurement:
+    """One share run with the broker's own share groups (a fresh group reading from the earliest offset)."""
+    group = unique_name("bench-share")
+    set_native_share_reset_earliest(bootstrap, group)
+    result = dataclasses.replace(share_perf(tools, bootstrap, topic, group, args.records, consumers,
+                                            f"share group x{consumers}, native", "native"), partitions=partitions)
+    report_progress(result)
+    return result
 
 
 def proxied_share_run(args: argparse.Namespace, tools: PerfTools, proxy: ProxyProcess, metrics_url: str, tree: str,
@@ -553,13 +564,7 @@ def phase_native(args: argparse.Namespace, tools: PerfTools, log_dir: Path) -> l
         for _ in range(args.repeat):
             for partitions, topic in topics.items():
                 for consumers in args.consumers:
-                    group = unique_name("bench-share")
-                    set_native_share_reset_earliest(kafka.bootstrap, group)
-                    results.append(dataclasses.replace(
-                        share_perf(tools, kafka.bootstrap, topic, group, args.records, consumers,
-                                   f"share group x{consumers}, native", "native"),
-                        partitions=partitions))
-                    report_progress(results[-1])
+                    results.append(native_share_run(args, tools, kafka.bootstrap, topic, partitions, consumers))
     return results
 
 
@@ -637,15 +642,14 @@ def fetches_table(results: Sequence[Measurement], consumers: Sequence[int], part
         for m in sides:
             if m is None or m.client is None:
                 continue
-            cycle = m.client.cycle_ms(m)
-            own = cycle - m.client.round_trip_ms
+            own = m.client.own_time_ms(m)
             deltas = ["", ""]
             if m is not native and native is not None and native.client is not None:
-                native_cycle = native.client.cycle_ms(native)
                 deltas = [f"{m.client.round_trip_ms - native.client.round_trip_ms:+.2f}",
-                          f"{own - (native_cycle - native.client.round_trip_ms):+.2f}"]
+                          f"{own - native.client.own_time_ms(native):+.2f}"]
             rows.append(f"| {m.label} | {m.client.fetches:,} | {m.client.records_per_fetch:,.0f} | "
-                        f"{m.client.round_trip_ms:.2f} | {cycle:.2f} | {own:.2f} | {deltas[0]} | {deltas[1]} |")
+                        f"{m.client.round_trip_ms:.2f} | {m.client.cycle_ms(m):.2f} | {own:.2f} | "
+                        f"{deltas[0]} | {deltas[1]} |")
     return "\n".join(rows)
 
 

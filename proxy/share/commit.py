@@ -340,7 +340,6 @@ class CommitPipeline:
                 try:
                     submitted = await self._submit(write)
                 except BaseException:
-                    self._forget(write, requeue=True)
                     slots.release()
                     raise
                 nursery.start_soon(self._complete_releasing, write, submitted, slots)
@@ -357,12 +356,7 @@ class CommitPipeline:
         write = self._issue()
         if write is None:
             return True
-        try:
-            submitted = await self._submit(write)
-        except BaseException:
-            self._forget(write, requeue=True)
-            raise
-        return await self._complete(write, submitted)
+        return await self._complete(write, await self._submit(write))
 
     def _issue(self) -> _Write | None:
         """Take everything dirty and build one write of it, or None when nothing is to be written."""
@@ -443,7 +437,8 @@ class CommitPipeline:
     async def _submit(self, write: _Write) -> Submitted:
         """Hand `write`'s records to the producer, after the write issued before it: records reach
         the producer in issue order. Yields only when that one is still being handed over or the
-        producer's queue is full. None: a writer without ``submit``, written by :meth:`_durable`."""
+        producer's queue is full. None: a writer without ``submit``, written by :meth:`_durable`.
+        Cancelled meanwhile (shutdown), the write is dirty again for the flush."""
         if not self.ordered_submit:
             return None
         try:
@@ -452,6 +447,9 @@ class CommitPipeline:
             return await self.writer.submit(self.state_topic, write.batch)
         except PersistError as exc:
             return exc
+        except BaseException:
+            self._forget(write, requeue=True)
+            raise
         finally:
             write.submitted.set()
 
