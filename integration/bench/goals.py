@@ -6,8 +6,9 @@ sides are measured in the same run, and prints one table of the goals:
 1. ``share_bench``: share consumption through the proxy vs Kafka's native share groups (Kafka's
    ShareConsumerPerformance, the Java KafkaShareConsumer), streaming rate after the first record,
    at each --consumers count and --partitions shape (1,000,000 records by default); the whole-run
-   rate beside it, and the consumers' own ShareFetch round trip and time per cycle on both sides
-   (the Java client's metrics). Goal ≥ 1.1.
+   rate beside it, the consumers' own ShareFetch round trip and time per cycle on both sides
+   (the Java client's metrics), and what the streaming cost the machine in CPU per record on both
+   sides and how busy its cores were. Goal ≥ 1.1.
 2. ``passthrough``: confluent-kafka producers and consumers through the proxy vs directly, at each
    --connections count; the median of the per-round ratios. Goals: produce ≥ 0.9, consume ≥ 0.95.
 3. ``state_bench``: state-topic bytes per accepted record, proxy vs native (``__share_group_state``
@@ -94,8 +95,17 @@ def share_goals(numbers: list[dict], consumers: Sequence[int], partitions: Seque
                 proxy.streaming_records_per_second / native.streaming_records_per_second, 1.1,
                 note=f"{proxy.streaming_records_per_second:,.0f} vs {native.streaming_records_per_second:,.0f} "
                      f"records/s; whole run {proxy.records_per_second / native.records_per_second:.2f}x"
-                     f"{_round_trips(proxy, native)}"))
+                     f"{_round_trips(proxy, native)}{_machine_cpu(proxy, native)}"))
     return goals
+
+
+def _machine_cpu(proxy: share_bench.Measurement, native: share_bench.Measurement) -> str:
+    """Both sides' machine CPU per million records while streaming, and how busy the cores were."""
+    if proxy.cpu is None or native.cpu is None:
+        return ""
+    ours, theirs = proxy.cpu.per_million(proxy.records), native.cpu.per_million(native.records)
+    return (f"; machine CPU per million records {ours['machine']:.2f} vs {theirs['machine']:.2f} s "
+            f"(proxy {ours['proxy']:.2f} s), cores busy {proxy.cpu.busy:.0%} vs {native.cpu.busy:.0%}")
 
 
 def _round_trips(proxy: share_bench.Measurement, native: share_bench.Measurement) -> str:

@@ -35,6 +35,10 @@ client's own share-fetch metrics): their ShareFetch requests, the round trip of 
 to response received, the transfer included) and the records in each. A consumer's cycle while
 records stream is that round trip plus its own time with the records before it asks again; a
 table per shape sets proxy against native on both, so a gap in the rate shows where it comes from.
+And what each share run's streaming (first record to last) cost the machine, sampled every 50 ms:
+CPU seconds per million records of the consumers' JVM, the broker, the proxy and the whole machine
+(/proc/stat, the kernel's loopback work included), and how busy its cores were -- on a machine
+whose cores are all busy, two sides' rates go roughly as the inverse of their machine totals.
 
     .venv/bin/python -m integration.bench.share_bench --records 200000 --size 1024 --repeat 2
 
@@ -73,9 +77,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,6 +155,8 @@ class Measurement:
     partitions: int = 0  # of the topic consumed (one topic per --partitions shape)
     proxy_cpu_s: float | None = None  # CPU the proxy process used during the run (all its threads)
     client: ClientFetches | None = None  # the share consumers' own fetch metrics (--print-metrics)
+    cpu: CpuUse | None = None  # what the streaming part cost the whole machine, by whom (share runs)
+    started_at: float | None = None  # the tool's start.time, seconds since the epoch (share runs)
 
     @classmethod
     def from_json(cls, numbers: dict) -> Measurement:
@@ -158,6 +165,8 @@ class Measurement:
         kept = {k: v for k, v in numbers.items() if k in fields}
         if kept.get("client") is not None:
             kept["client"] = ClientFetches(**kept["client"])
+        if kept.get("cpu") is not None:
+            kept["cpu"] = CpuUse(**kept["cpu"])
         return cls(**kept)
 
     @property
@@ -182,17 +191,125 @@ class Measurement:
 
 
 @dataclass(frozen=True, slots=True)
+class CpuUse:
+    """CPU seconds a share run cost while its records streamed (from the first record any consumer
+    got to the last; the JVM start and the group join left out): the whole machine's busy time
+    (/proc/stat, every core, the kernel's work for loopback TCP included) and, within it, the broker,
+    the consumers' JVM (the perf tool) and the proxy (0 for a native run)."""
+
+    window_s: float  # wall-clock seconds the accounting covered
+    machine_s: float
+    broker_s: float
+    consumers_s: float
+    proxy_s: float
+    cores: int
+
+    def per_million(self, records: int) -> dict[str, float]:
+        scale = 1e6 / max(records, 1)
+        return {"consumers": self.consumers_s * scale, "broker": self.broker_s * scale,
+                "proxy": self.proxy_s * scale, "machine": self.machine_s * scale}
+
+    @property
+    def busy(self) -> float:
+        """The machine's busy share over the window (1.0: every core busy the whole time)."""
+        return self.machine_s / max(self.window_s * self.cores, 1e-9)
+
+
+def machine_busy_seconds() -> float | None:
+    """Busy CPU seconds of every core so far (/proc/stat: all but idle and iowait), None elsewhere."""
+    try:
+        first = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in first[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuSampler:
+    """Samples, every `interval_s` on a thread of its own, the machine's busy CPU and that of the
+    broker, the proxy and the consumers' JVM (its pid given once the tool started), so the CPU of
+    any window inside the run -- the streaming part, known only from the tool's output afterwards
+    -- can be read off (:meth:`window`)."""
+
+    def __init__(self, broker_pid: int | None, proxy_pid: int | None, interval_s: float = 0.05) -> None:
+        self._pids = {"broker": broker_pid, "proxy": proxy_pid, "consumers": None}
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+        self.samples: list[tuple[float, float, float, float, float]] = []  # wall, machine, broker, proxy, consumers
+
+    def consumers_started(self, pid: int) -> None:
+        self._pids["consumers"] = pid
+
+    def _sample(self) -> None:
+        machine = machine_busy_seconds()
+        if machine is None:
+            return
+        by_process = [process_cpu_seconds(pid) if pid else 0.0 for pid in self._pids.values()]
+        if any(value is None for value in by_process):
+            return  # a process gone between its pid and its stat: skip this instant
+        self.samples.append((time.time(), machine, *by_process))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self._sample()
+
+    def __enter__(self) -> CpuSampler:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def window(self, start: float, end: float) -> CpuUse | None:
+        """The CPU between two wall-clock instants (interpolated between samples); None when the
+        samples do not cover them (no /proc, or the window outside the run)."""
+        samples = self.samples
+        if len(samples) < 2 or start < samples[0][0] or end > samples[-1][0] or end <= start:
+            return None
+
+        def at(instant: float) -> list[float]:
+            after = next(i for i, sample in enumerate(samples) if sample[0] >= instant)
+            if after == 0:
+                return list(samples[0][1:])
+            (t0, *v0), (t1, *v1) = samples[after - 1], samples[after]
+            share = (instant - t0) / (t1 - t0) if t1 > t0 else 1.0
+            return [a + (b - a) * share for a, b in zip(v0, v1, strict=True)]
+
+        machine, broker, proxy, consumers = (b - a for a, b in zip(at(start), at(end), strict=True))
+        return CpuUse(end - start, machine, broker, consumers, proxy, os.cpu_count() or 1)
+
+
+def streaming_cpu(sampler: CpuSampler, measured: Measurement) -> CpuUse | None:
+    """What `measured`'s streaming part (first record to last) cost, from `sampler`."""
+    if measured.started_at is None:
+        return None
+    return sampler.window(measured.started_at + measured.first_record_s, measured.started_at + measured.seconds)
+
+
+@dataclass(frozen=True, slots=True)
 class PerfTools:
     java: str
     classpath: str
     tools_version: str
 
-    def run(self, tool: str, arguments: Sequence[str], timeout: float) -> str:
+    def run(self, tool: str, arguments: Sequence[str], timeout: float,
+            on_start: Callable[[int], None] | None = None) -> str:
+        """The tool's output; `on_start` hears its JVM's pid as soon as it runs."""
         command = [self.java, "-Xmx1g", "-cp", self.classpath, f"{TOOL_PACKAGE}.{tool}", *arguments]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-        if result.returncode != 0:
-            raise RuntimeError(f"{tool} exited {result.returncode}:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
-        return result.stdout
+        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
+            if on_start is not None:
+                on_start(process.pid)
+            try:
+                stdout, stderr = process.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                raise
+        if process.returncode != 0:
+            raise RuntimeError(f"{tool} exited {process.returncode}:\n{stdout[-2000:]}\n{stderr[-2000:]}")
+        return stdout
 
 
 def perf_tools(broker_version: str) -> PerfTools:
@@ -240,7 +357,7 @@ def consumer_perf(tools: PerfTools, bootstrap: str, topic: str, records: int, la
 
 
 def share_perf(tools: PerfTools, bootstrap: str, topic: str, group: str, records: int, consumers: int,
-               label: str, path: str) -> Measurement:
+               label: str, path: str, on_start: Callable[[int], None] | None = None) -> Measurement:
     output = tools.run("ShareConsumerPerformance", [
         "--bootstrap-server", bootstrap, "--topic", topic, "--num-records", str(records),
         "--group", group, "--threads", str(consumers), "--timeout", "30000",
@@ -248,7 +365,7 @@ def share_perf(tools: PerfTools, bootstrap: str, topic: str, group: str, records
         "--show-detailed-stats", "--reporting-interval", "100",
         # The consumers' own metrics at exit: their ShareFetch round trip and records per fetch.
         "--print-metrics",
-    ], timeout=300)
+    ], timeout=300, on_start=on_start)
     if "WARNING: Exiting before consuming" in output:
         raise RuntimeError(f"{label}: the tool timed out before consuming {records} records:\n{output[-2000:]}")
     summary, progress = parse_stats(output, label)
@@ -257,7 +374,8 @@ def share_perf(tools: PerfTools, bootstrap: str, topic: str, group: str, records
     first_record = min((_time(row["end.time"]) for row in first_rows.values()), default=started)
     return Measurement(label, path, "share group", consumers, int(summary["data.consumed.in.nMsg"]),
                        float(summary["data.consumed.in.MB"]), (ended - started).total_seconds(),
-                       (first_record - started).total_seconds(), client=parse_client_fetches(output))
+                       (first_record - started).total_seconds(), client=parse_client_fetches(output),
+                       started_at=started.timestamp())
 
 
 def proxy_counter(metrics_url: str, name: str) -> float:
@@ -463,42 +581,46 @@ def phase_proxy(args: argparse.Namespace, tools: PerfTools, log_dir: Path, *, na
                         for side in rotated(share_sides, next(round_)):
                             if side is None:
                                 results.append(native_share_run(args, tools, kafka.bootstrap, topic, partitions,
-                                                                consumers))
+                                                                consumers, kafka.pid))
                                 continue
                             tree, proxy, metrics_url = side
                             profile = args.profile_dir / f"p{partitions}-x{consumers}-{tree or 'proxy'}-{next(runs)}.txt"
                             results.append(proxied_share_run(args, tools, proxy, metrics_url, tree, topic, partitions,
-                                                             consumers, profile))
+                                                             consumers, profile, kafka.pid))
     return results
 
 
 def native_share_run(args: argparse.Namespace, tools: PerfTools, bootstrap: str, topic: str, partitions: int,
-                     consumers: int) -> Measurement:
+                     consumers: int, broker_pid: int | None = None) -> Measurement:
     """One share run with the broker's own share groups (a fresh group reading from the earliest offset)."""
     group = unique_name("bench-share")
     set_native_share_reset_earliest(bootstrap, group)
-    result = dataclasses.replace(share_perf(tools, bootstrap, topic, group, args.records, consumers,
-                                            f"share group x{consumers}, native", "native"), partitions=partitions)
+    with CpuSampler(broker_pid, None) as sampler:
+        measured = share_perf(tools, bootstrap, topic, group, args.records, consumers,
+                              f"share group x{consumers}, native", "native", sampler.consumers_started)
+    result = dataclasses.replace(measured, partitions=partitions, cpu=streaming_cpu(sampler, measured))
     report_progress(result)
     return result
 
 
 def proxied_share_run(args: argparse.Namespace, tools: PerfTools, proxy: ProxyProcess, metrics_url: str, tree: str,
-                      topic: str, partitions: int, consumers: int, profile: Path) -> Measurement:
+                      topic: str, partitions: int, consumers: int, profile: Path,
+                      broker_pid: int | None = None) -> Measurement:
     """One share run through `proxy`, with the proxy's CPU and counters read around it."""
     assert proxy.process is not None
     pid = proxy.process.pid
     acquired_before = proxy_counter(metrics_url, "ksp_share_records_acquired")
     samples_before = proxy_samples(metrics_url)
-    with py_spy(args.py_spy, pid, profile):
+    with py_spy(args.py_spy, pid, profile), CpuSampler(broker_pid, pid) as sampler:
         cpu_before = process_cpu_seconds(pid)
         measured = share_perf(tools, proxy.bootstrap, topic, unique_name("bench-share"), args.records, consumers,
-                              f"share group x{consumers}, {proxy_label(tree)}", "proxy")
+                              f"share group x{consumers}, {proxy_label(tree)}", "proxy", sampler.consumers_started)
         cpu_after = process_cpu_seconds(pid)
     # More acquisitions than records would mean redeliveries inflated the count.
     acquired = int(proxy_counter(metrics_url, "ksp_share_records_acquired") - acquired_before)
     cpu = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
-    result = dataclasses.replace(measured, acquired=acquired, partitions=partitions, proxy_cpu_s=cpu)
+    result = dataclasses.replace(measured, acquired=acquired, partitions=partitions, proxy_cpu_s=cpu,
+                                 cpu=streaming_cpu(sampler, measured))
     report_progress(result)
     print(f"    the proxy acquired {acquired:,} records for {result.records:,} consumed; "
           f"{latency_breakdown(samples_before, proxy_samples(metrics_url), measured.records)}",
@@ -564,7 +686,8 @@ def phase_native(args: argparse.Namespace, tools: PerfTools, log_dir: Path) -> l
         for _ in range(args.repeat):
             for partitions, topic in topics.items():
                 for consumers in args.consumers:
-                    results.append(native_share_run(args, tools, kafka.bootstrap, topic, partitions, consumers))
+                    results.append(native_share_run(args, tools, kafka.bootstrap, topic, partitions, consumers,
+                                                    kafka.pid))
     return results
 
 
@@ -576,9 +699,13 @@ def report_progress(measurement: Measurement) -> None:
     fetches = ("" if client is None else
                f"; the consumers' ShareFetch: {client.fetches:,} x {client.round_trip_ms:.2f} ms round trip, "
                f"{client.records_per_fetch:,.0f} records each, {client.cycle_ms(measurement):.2f} ms per cycle")
+    use = measurement.cpu
+    machine = ("" if use is None else
+               f"; while streaming, machine CPU {use.machine_s:.1f} s ({use.busy:.0%} of {use.cores} cores; "
+               f"broker {use.broker_s:.1f} s, consumers {use.consumers_s:.1f} s, proxy {use.proxy_s:.1f} s)")
     print(f"  {measurement.label}{shape}: {measurement.records_per_second:,.0f} records/s whole run, "
           f"{measurement.streaming_records_per_second:,.0f} after the first record "
-          f"({measurement.first_record_s:.1f} s){cpu}{fetches}", file=sys.stderr, flush=True)
+          f"({measurement.first_record_s:.1f} s){cpu}{fetches}{machine}", file=sys.stderr, flush=True)
 
 
 def best(results: Sequence[Measurement], label: str, partitions: int | None = None) -> Measurement | None:
@@ -650,6 +777,30 @@ def fetches_table(results: Sequence[Measurement], consumers: Sequence[int], part
             rows.append(f"| {m.label} | {m.client.fetches:,} | {m.client.records_per_fetch:,.0f} | "
                         f"{m.client.round_trip_ms:.2f} | {m.client.cycle_ms(m):.2f} | {own:.2f} | "
                         f"{deltas[0]} | {deltas[1]} |")
+    return "\n".join(rows)
+
+
+def cpu_table(results: Sequence[Measurement], consumers: Sequence[int], partitions: int,
+              trees: Sequence[str] = ("",)) -> str:
+    """What each side's streaming cost the machine (the best repeats, as in :func:`table`): CPU
+    seconds per million records by whom, the machine's total, and how busy its cores were. On a
+    machine whose cores are all busy, the rates of two sides go roughly as the inverse of their
+    totals."""
+    rows = ["| measurement | records/s after first | consumers' JVM s | broker s | proxy s | machine s | "
+            "machine, proxy / native | cores busy |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for count in consumers:
+        native = best(results, f"share group x{count}, native", partitions)
+        sides = [native] + [best(results, f"share group x{count}, {proxy_label(tree)}", partitions) for tree in trees]
+        for m in sides:
+            if m is None or m.cpu is None:
+                continue
+            use = m.cpu.per_million(m.records)
+            versus = ("" if m is native or native is None or native.cpu is None else
+                      _ratio(use["machine"], native.cpu.per_million(native.records)["machine"]))
+            rows.append(f"| {m.label} | {m.streaming_records_per_second:,.0f} | {use['consumers']:.2f} | "
+                        f"{use['broker']:.2f} | {use['proxy']:.2f} | {use['machine']:.2f} | {versus} | "
+                        f"{m.cpu.busy:.0%} |")
     return "\n".join(rows)
 
 
@@ -754,6 +905,9 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"ratios are whole run / after the first record; total run {time.monotonic() - started:.0f} s")
         print("\nthe share runs above as their consumers saw them (the Java client's own metrics):\n")
         print(fetches_table(results, args.consumers, partitions, trees))
+        print("\nwhat the share runs above cost the machine while their records streamed, CPU seconds per "
+              "million records:\n")
+        print(cpu_table(results, args.consumers, partitions, trees))
         if len(trees) > 1:
             print(f"\nshare runs, {' and '.join(trees[1:])} / {trees[0]} (whole run / after the first record):\n")
             print(trees_table(results, args.consumers, partitions, trees))

@@ -70,3 +70,14 @@ def test_a_share_goal_notes_both_sides_sharefetch_round_trip_when_the_consumers_
     [without] = share_goals([share("share group x1, proxy", 1, 4, 2.0, 0.5),
                              share("share group x1, native", 1, 4, 7.0, 5.0)], [1], [4])
     assert "round trip" not in without.note
+
+
+def test_a_share_goal_notes_both_sides_machine_cpu_per_record_when_it_was_sampled():
+    cpu = {"window_s": 2.0, "machine_s": 3.0, "broker_s": 0.5, "consumers_s": 1.5, "proxy_s": 1.0, "cores": 2}
+    proxy = {**share("share group x1, proxy", 1, 4, 2.0, 0.5), "cpu": cpu}
+    native = {**share("share group x1, native", 1, 4, 7.0, 5.0), "cpu": {**cpu, "machine_s": 2.0, "proxy_s": 0.0}}
+    [goal] = share_goals([proxy, native], [1], [4])
+    records = proxy["records"]
+    per_million = 1e6 / records
+    assert (f"machine CPU per million records {3.0 * per_million:.2f} vs {2.0 * per_million:.2f} s "
+            f"(proxy {1.0 * per_million:.2f} s), cores busy 75% vs 50%") in goal.note

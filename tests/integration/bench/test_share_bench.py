@@ -10,8 +10,12 @@ import pytest
 
 from integration.bench.share_bench import (
     ClientFetches,
+    CpuSampler,
+    CpuUse,
     Measurement,
     best,
+    streaming_cpu,
+    cpu_table,
     fetches_table,
     latency_breakdown,
     parse_client_fetches,
@@ -157,7 +161,55 @@ def test_fetches_table_splits_each_cycle_into_round_trip_and_the_consumers_own_t
 
 def test_a_measurement_round_trips_through_its_json_numbers():
     m = Measurement("share group x1, proxy", "proxy", "share group", 1, 1000, 1.0, 1.5, 0.3,
-                    partitions=4, client=ClientFetches(100, 4.0, 10.0))
+                    partitions=4, client=ClientFetches(100, 4.0, 10.0), cpu=CpuUse(2.0, 3.0, 1.0, 1.5, 0.5, 2))
     numbers = {**dataclasses.asdict(m), "records_per_second": m.records_per_second}
     assert Measurement.from_json(numbers) == m
     assert Measurement.from_json({**numbers, "client": None}).client is None
+
+
+def test_a_cpu_window_is_read_off_the_samples_between_two_instants():
+    sampler = CpuSampler(None, None)
+    # wall, machine, broker, proxy, consumers: cumulative seconds
+    sampler.samples = [(100.0, 10.0, 1.0, 2.0, 0.0), (101.0, 11.5, 1.5, 2.5, 0.5), (103.0, 14.5, 2.5, 3.0, 1.5)]
+    use = sampler.window(100.5, 102.0)
+    assert use is not None
+    assert (use.window_s, use.machine_s, use.broker_s, use.proxy_s, use.consumers_s) == (1.5, 2.25, 0.75, 0.5, 0.75)
+    assert sampler.window(99.0, 102.0) is None and sampler.window(100.5, 104.0) is None  # not covered
+    m = Measurement("share group x1, proxy", "proxy", "share group", 1, 1000, 1.0, 2.0, 0.5, started_at=100.0)
+    assert streaming_cpu(sampler, m) == use  # from the first record (100.5) to the last (102.0)
+    assert streaming_cpu(sampler, dataclasses.replace(m, started_at=None)) is None
+
+
+def test_the_sampler_follows_the_machine_and_a_process_given_by_pid():
+    import os
+    import subprocess
+    import sys
+    import time
+
+    if not Path("/proc/stat").exists():
+        pytest.skip("no /proc on this system: CPU is not sampled")
+    burn = "import time\nend = time.process_time() + 0.4\nwhile time.process_time() < end: pass"
+    with CpuSampler(None, None, interval_s=0.02) as sampler:
+        child = subprocess.Popen([sys.executable, "-c", burn])
+        sampler.consumers_started(child.pid)
+        started = time.time()
+        time.sleep(0.6)  # the child burns its 0.4 s meanwhile (and is still there to be read)
+        ended = time.time()
+        time.sleep(0.05)
+    child.wait()
+    use = sampler.window(started, ended)
+    assert use is not None
+    assert 0.2 <= use.consumers_s <= 0.5
+    assert use.machine_s >= use.consumers_s * 0.8  # the machine saw it too (clock-tick granularity)
+    assert use.proxy_s == 0.0 and use.broker_s == 0.0 and use.cores == os.cpu_count()
+
+
+def test_cpu_table_puts_each_sides_cost_per_million_records_side_by_side():
+    native = Measurement("share group x1, native", "native", "share group", 1, 1_000_000, 1.0, 6.0, 5.0,
+                         partitions=4, cpu=CpuUse(8.0, 8.0, 3.0, 4.0, 0.0, 2))
+    proxy = Measurement("share group x1, proxy", "proxy", "share group", 1, 1_000_000, 1.0, 5.0, 1.0,
+                        partitions=4, cpu=CpuUse(6.0, 10.0, 2.5, 4.5, 2.0, 2))
+    rows = cpu_table([native, proxy], [1], 4).splitlines()
+    assert rows[2] == "| share group x1, native | 1,000,000 | 4.00 | 3.00 | 0.00 | 8.00 |  | 50% |"
+    assert rows[3] == "| share group x1, proxy | 250,000 | 4.50 | 2.50 | 2.00 | 10.00 | 1.25 | 83% |"
+    assert len(cpu_table([native, dataclasses.replace(proxy, cpu=None)], [1], 4).splitlines()) == 3
