@@ -420,6 +420,25 @@ def latency_breakdown(before: dict, after: dict, records: int) -> str:
     return ", ".join(parts)
 
 
+def upstream_reads(before: dict, after: dict, consumed_mib: float) -> str:
+    """The proxy's own upstream Fetches during a run (its ksp_share_upstream_* counters): how many
+    per ShareFetch, partitions in each, and the log bytes they read against the bytes consumed
+    (above 1.0 by the batches' own headers; well above it, records read more than once)."""
+    def delta(name: str, labels: tuple = ()) -> float:
+        return after.get((name, labels), 0.0) - before.get((name, labels), 0.0)
+
+    reads = delta("ksp_share_upstream_fetches_total", (("kind", "read"),))
+    polls = delta("ksp_share_upstream_fetches_total", (("kind", "long_poll"),))
+    share_fetches = delta("ksp_request_seconds_count", LATENCY_SERIES[0][2])
+    if not reads + polls or not share_fetches:
+        return ""
+    partitions = delta("ksp_share_upstream_fetch_partitions_total")
+    read_mib = delta("ksp_share_upstream_fetch_bytes_total") / (1 << 20)
+    consumed = f" for {consumed_mib:,.0f} MiB consumed ({read_mib / consumed_mib:.2f})" if consumed_mib else ""
+    return (f"upstream Fetches {reads:,.0f} ({reads / share_fetches:.2f} per ShareFetch) and {polls:,.0f} long polls, "
+            f"{partitions / (reads + polls):.1f} partitions each; {read_mib:,.0f} MiB read{consumed}")
+
+
 def _median_bucket(before: dict, after: dict, name: str, labels: tuple, count: float) -> str:
     """The histogram bucket the run's median falls in, as "LO-HI ms" ("" without buckets)."""
     bounds = []
@@ -622,8 +641,10 @@ def proxied_share_run(args: argparse.Namespace, tools: PerfTools, proxy: ProxyPr
     result = dataclasses.replace(measured, acquired=acquired, partitions=partitions, proxy_cpu_s=cpu,
                                  cpu=streaming_cpu(sampler, measured))
     report_progress(result)
+    samples_after = proxy_samples(metrics_url)
     print(f"    the proxy acquired {acquired:,} records for {result.records:,} consumed; "
-          f"{latency_breakdown(samples_before, proxy_samples(metrics_url), measured.records)}",
+          f"{latency_breakdown(samples_before, samples_after, measured.records)}; "
+          f"{upstream_reads(samples_before, samples_after, measured.megabytes)}",
           file=sys.stderr, flush=True)
     if args.py_spy and profile.exists():
         print(f"    profile {profile}:\n{profile_summary(profile, args.profile_top)}", file=sys.stderr, flush=True)

@@ -32,6 +32,7 @@ from codec.registry import nested_types
 from proxy.config import HostPort
 from proxy.errors import UpstreamError
 from proxy.security import UpstreamSecurity
+from proxy.share import metrics
 from proxy.upstream import UpstreamClient, open_first_upstream, open_upstream
 
 log = structlog.get_logger(__name__)
@@ -427,6 +428,8 @@ class Cluster:
         )
         async with self._client(leader_id, long_poll=long_poll) as client:
             response = await client.call(request)
+        metrics.UPSTREAM_FETCHES.labels(kind="long_poll" if long_poll else "read").inc()
+        metrics.UPSTREAM_FETCH_PARTITIONS.inc(len(reads))
         if _code(response.error_code) != NONE:
             raise UpstreamError(f"Fetch failed: error {_code(response.error_code)}")
         answers: dict[tuple[uuid.UUID, int], FetchedPartition] = {}
@@ -440,6 +443,7 @@ class Cluster:
                     records=bytes(data.records or b""),
                     high_watermark=int(data.high_watermark),
                 )
+        metrics.UPSTREAM_FETCH_BYTES.inc(sum(len(answer.records) for answer in answers.values()))
         for read in reads:  # a partition the broker left out read nothing
             answers.setdefault((read.topic.topic_id, read.partition), FetchedPartition(NONE, -1, (), b""))
         return answers

@@ -36,6 +36,13 @@ SELF_PINNED_ANSWERS = Counter("ksp_share_fetch_self_pinned",
 BACKGROUND_TASK_CRASHES = Counter("ksp_background_task_crashes",
                                   "Unexpected errors in background tasks (each restarted with backoff)", ["task"])
 READ_CACHE_BYTES = Gauge("ksp_share_read_cache_bytes", "Log bytes held by the share-partition read caches")
+UPSTREAM_FETCHES = Counter("ksp_share_upstream_fetches",
+                           "Fetch requests the share service sent to the cluster for share groups' records "
+                           "(kind: read, or long_poll for a caught-up partition)", ["kind"])
+UPSTREAM_FETCH_PARTITIONS = Counter("ksp_share_upstream_fetch_partitions",
+                                    "Partitions those Fetch requests asked for (several per request: one per leader)")
+UPSTREAM_FETCH_BYTES = Counter("ksp_share_upstream_fetch_bytes",
+                               "Log bytes those Fetch requests brought in (records as the broker stores them)")
 METADATA_REFRESHES = Counter("ksp_share_metadata_refreshes", "Upstream metadata refreshes by the share service",
                              ["reason"])
 LEADERS = Gauge("ksp_share_partitions_led", "Share-partitions in memory", ["state"])

@@ -26,6 +26,7 @@ from integration.bench.share_bench import (
     rotated,
     table,
     trees_table,
+    upstream_reads,
 )
 
 
@@ -213,3 +214,18 @@ def test_cpu_table_puts_each_sides_cost_per_million_records_side_by_side():
     assert rows[2] == "| share group x1, native | 1,000,000 | 4.00 | 3.00 | 0.00 | 8.00 |  | 50% |"
     assert rows[3] == "| share group x1, proxy | 250,000 | 4.50 | 2.50 | 2.00 | 10.00 | 1.25 | 83% |"
     assert len(cpu_table([native, dataclasses.replace(proxy, cpu=None)], [1], 4).splitlines()) == 3
+
+
+def test_upstream_reads_are_counted_per_sharefetch_against_the_bytes_consumed():
+    fetch = (("api", "ShareFetch"),)
+    before = {("ksp_share_upstream_fetches_total", (("kind", "read"),)): 10.0,
+              ("ksp_request_seconds_count", fetch): 100.0}
+    after = {("ksp_share_upstream_fetches_total", (("kind", "read"),)): 60.0,
+             ("ksp_share_upstream_fetches_total", (("kind", "long_poll"),)): 10.0,
+             ("ksp_share_upstream_fetch_partitions_total", ()): 240.0,
+             ("ksp_share_upstream_fetch_bytes_total", ()): 110.0 * (1 << 20),
+             ("ksp_request_seconds_count", fetch): 200.0}
+    assert upstream_reads(before, after, 100.0) == (
+        "upstream Fetches 50 (0.50 per ShareFetch) and 10 long polls, 4.0 partitions each; "
+        "110 MiB read for 100 MiB consumed (1.10)")
+    assert upstream_reads(before, before, 100.0) == ""

@@ -120,6 +120,22 @@ async def test_one_fetch_per_leader_carries_all_its_partitions(brokers, autojump
         (ORDERS.topic_id, p): (10 * p, 10 * p + 1) for p in range(4)} | {(AUDIT.topic_id, 0): (5, 6)}
 
 
+async def test_the_upstream_fetches_their_partitions_and_bytes_are_counted(brokers, autojump_clock):
+    from proxy.share import metrics
+
+    def counted():
+        return (metrics.UPSTREAM_FETCHES.labels(kind="read")._value.get(),
+                metrics.UPSTREAM_FETCH_PARTITIONS._value.get(), metrics.UPSTREAM_FETCH_BYTES._value.get())
+
+    before = counted()
+    reads = [PartitionRead(ORDERS, p, 10 * p, 1000 + p) for p in range(4)] + [PartitionRead(AUDIT, 0, 5, 2000)]
+    answers = await make_cluster().fetch_many(reads, read_committed=False)
+    after = counted()
+    assert after[0] - before[0] == 2  # one per leader
+    assert after[1] - before[1] == 5
+    assert after[2] - before[2] == sum(len(answer.records) for answer in answers.values()) > 0
+
+
 async def test_errors_stay_with_their_partition_and_a_failed_leader_with_its_own(brokers, autojump_clock):
     brokers.errors[("orders", 2)] = OFFSET_OUT_OF_RANGE
     brokers.down.add(2)
