@@ -8,9 +8,12 @@ batches of an earlier upstream read not yet acquired) holds that many records fr
 ``next_fetch_offset()`` on, or all the log had, is served from it; otherwise the reader reads
 its log upstream. The engine acquires from the batch headers; the batches overlapping the
 acquired ranges go back to the client as the broker's raw bytes (never decoded). A cache short
-of the records wanted is read again rather than topped up from the next partition, so a
+of the records wanted is read on rather than topped up from the next partition, so a
 response carries one partition's records while its log has enough (each partition in a
-response costs a state write when its records are acknowledged).
+response costs a state write when its records are acknowledged). The read starts where the
+cached batches end and the cache keeps them (when only new records lie ahead; a read starting at
+redeliveries inside the window starts there): reading again from the next fetch offset read them
+twice, which with log batches smaller than a fetch took, read 1.2-2.6 x the bytes consumers got.
 
 Reads are sized for what can be acquired: the records wanted times the bytes per record learned
 from earlier reads, never less than the partition's largest recent log batch (a broker answers a
@@ -170,6 +173,32 @@ class ReadCache:
         if not self.batches or not self.batches[0].base_offset <= offset <= self.batches[-1].last_offset:
             return ()
         return tuple(b for b in self.batches if b.last_offset >= offset)
+
+    def tail_from(self, offset: int) -> ReadCache | None:
+        """A cache of only the batches holding `offset` and after (their bytes copied out, so the
+        rest can be freed), or None when `offset` is not cached."""
+        batches = self.batches_from(offset)
+        if not batches:
+            return None
+        start, end = batches[0].position, batches[-1].position + batches[-1].size
+        if start == 0 and end == len(self.records):
+            return self
+        return ReadCache(self.records[start:end], tuple(b._replace(position=b.position - start) for b in batches),
+                         self.aborted_transactions)
+
+    def followed_by(self, later: ReadCache) -> ReadCache:
+        """These batches, then `later`'s (read on from where these end), as one cache; a batch of
+        `later` these already hold is left out."""
+        last = self.batches[-1].last_offset if self.batches else -1
+        added = [b for b in later.batches if b.last_offset > last]
+        if not added:
+            return self
+        start = added[0].position
+        shift = len(self.records) - start
+        aborted = self.aborted_transactions + tuple(
+            a for a in later.aborted_transactions if a not in self.aborted_transactions)
+        return ReadCache(self.records + later.records[start:],
+                         self.batches + tuple(b._replace(position=b.position + shift) for b in added), aborted)
 
 
 class ReadCacheBudget:
@@ -513,34 +542,45 @@ class Reader:
         broker, each sized for `records`; the first always, the rest while the total stays within
         `max_batched_read_bytes`. Every read goes into its partition's cache; returns per partition
         the read, or a Fetched/None outcome (an error, caught up, the log start moved)."""
-        reads: list[tuple[_Held, PartitionRead]] = []
+        reads: list[tuple[_Held, PartitionRead, ReadCache | None]] = []
         total = 0
         for held in candidates:
             tp, leader, topic = held
-            size = self._read_size(leader, records, max_bytes)
+            kept = _unread_tail(leader)
+            if kept is None:
+                size = self._read_size(leader, records, max_bytes)
+                read = PartitionRead(topic, tp[1], leader.engine.next_fetch_offset(), size)
+            else:
+                # The cache holds fewer records than wanted: read on from its end and keep them,
+                # rather than read them again (with small log batches that doubled what was read).
+                after = kept.batches[-1].last_offset + 1
+                wanted = max(records - (after - leader.engine.next_fetch_offset()), 1)
+                size = self._read_size(leader, wanted, max_bytes)
+                read = PartitionRead(topic, tp[1], after, size)
             if reads and total + size > self.max_batched_read_bytes:
                 break
             total += size
-            reads.append((held, PartitionRead(topic, tp[1], leader.engine.next_fetch_offset(), size)))
+            reads.append((held, read, kept))
         if not reads:
             return {}
         read_committed = reads[0][0][1].engine.config.read_committed  # one group, one isolation level
-        for (_, leader, _), _ in reads:
+        for (_, leader, _), _, _ in reads:
             self.cache_budget.drop(leader)
-        answers = await self.cluster.fetch_many([read for _, read in reads], read_committed=read_committed)
+        answers = await self.cluster.fetch_many([read for _, read, _ in reads], read_committed=read_committed)
         out: dict[TopicIdPartition, ReadCache | Fetched | None] = {}
-        for (tp, leader, topic), read in reads:
+        for (tp, leader, topic), read, kept in reads:
             answer = answers.get((topic.topic_id, tp[1]))
             if answer is None:
                 answer = UpstreamError(f"no answer for {topic.name}-{tp[1]}")
-            out[tp] = await self._take_read(leader, topic, tp, read.offset, answer)
+            out[tp] = await self._take_read(leader, topic, tp, read.offset, answer, kept)
         return out
 
     async def _take_read(
         self, leader: Leader, topic: TopicInfo, tp: TopicIdPartition, offset: int,
-        data: FetchedPartition | UpstreamError,
+        data: FetchedPartition | UpstreamError, kept: ReadCache | None = None,
     ) -> ReadCache | Fetched | None:
-        """One partition's upstream answer: its batches (kept in the read cache), or an outcome."""
+        """One partition's upstream answer: its batches (kept in the read cache, after the `kept`
+        batches it read on from), or an outcome."""
         engine = leader.engine
         if isinstance(data, UpstreamError):
             log.warning("upstream fetch failed", topic=topic.name, partition=tp[1], error=str(data))
@@ -570,6 +610,9 @@ class Reader:
         except RecordBatchError as exc:
             return Fetched(error=ErrorCode.corrupt_message, message=str(exc))
         if not batches:
+            if kept is not None:  # nothing after them yet: what was cached is still there to take
+                self.cache_budget.store(leader, kept)
+                return kept
             return Fetched(idle_at=offset)
         records_read = sum(b.record_count for b in batches) or 1
         observed = (batches[-1].position + batches[-1].size) / records_read
@@ -577,6 +620,8 @@ class Reader:
                                    else 0.8 * leader.bytes_per_record + 0.2 * observed)
         leader.batch_bytes = max(int(0.8 * leader.batch_bytes), max(b.size for b in batches))
         cache = ReadCache(data.records, tuple(batches), data.aborted_transactions)
+        if kept is not None:
+            cache = kept.followed_by(cache)
         self.cache_budget.store(leader, cache)
         return cache
 
@@ -655,6 +700,19 @@ class Reader:
         delta = leader.engine.advance_log_start(log_start)
         if delta is not None:
             self.commits.record(leader, delta, Cause.LOG_TRUNCATED)
+
+
+def _unread_tail(leader: Leader) -> ReadCache | None:
+    """The cached batches from the partition's next fetch offset on, when a read can simply go on
+    after them: only new records ahead (no redeliveries inside the window, whose reads are sized
+    for the window) and the cache holding that offset."""
+    cache, engine = leader.cache, leader.engine
+    if cache is None:
+        return None
+    offset = engine.next_fetch_offset()
+    if offset < engine.end_offset:
+        return None
+    return cache.tail_from(offset)
 
 
 def _note(tp: TopicIdPartition, outcome: Fetched | None, budget: _Budget, results: dict[TopicIdPartition, Fetched],
