@@ -642,9 +642,9 @@ def proxied_share_run(args: argparse.Namespace, tools: PerfTools, proxy: ProxyPr
                                  cpu=streaming_cpu(sampler, measured))
     report_progress(result)
     samples_after = proxy_samples(metrics_url)
+    reads = upstream_reads(samples_before, samples_after, measured.megabytes)
     print(f"    the proxy acquired {acquired:,} records for {result.records:,} consumed; "
-          f"{latency_breakdown(samples_before, samples_after, measured.records)}; "
-          f"{upstream_reads(samples_before, samples_after, measured.megabytes)}",
+          f"{latency_breakdown(samples_before, samples_after, measured.records)}{'; ' + reads if reads else ''}",
           file=sys.stderr, flush=True)
     if args.py_spy and profile.exists():
         print(f"    profile {profile}:\n{profile_summary(profile, args.profile_top)}", file=sys.stderr, flush=True)

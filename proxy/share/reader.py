@@ -12,8 +12,8 @@ of the records wanted is read on rather than topped up from the next partition, 
 response carries one partition's records while its log has enough (each partition in a
 response costs a state write when its records are acknowledged). The read starts where the
 cached batches end and the cache keeps them (when only new records lie ahead; a read starting at
-redeliveries inside the window starts there): reading again from the next fetch offset read them
-twice, which with log batches smaller than a fetch took, read 1.2-2.6 x the bytes consumers got.
+redeliveries inside the window starts there). Reading again from the next fetch offset fetched
+them twice: with log batches smaller than a fetch takes, 1.2-2.6 x the bytes consumers got.
 
 Reads are sized for what can be acquired: the records wanted times the bytes per record learned
 from earlier reads, never less than the partition's largest recent log batch (a broker answers a
