@@ -80,7 +80,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -784,21 +784,27 @@ def fetches_table(results: Sequence[Measurement], consumers: Sequence[int], part
     rows = ["| measurement | ShareFetches | records per fetch | round trip ms | cycle ms | "
             "consumer's own time ms | round trip, proxy − native ms | own time, proxy − native ms |",
             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for native, m in _share_sides(results, consumers, partitions, trees):
+        if m.client is None:
+            continue
+        own = m.client.own_time_ms(m)
+        deltas = ["", ""]
+        if m is not native and native is not None and native.client is not None:
+            deltas = [f"{m.client.round_trip_ms - native.client.round_trip_ms:+.2f}",
+                      f"{own - native.client.own_time_ms(native):+.2f}"]
+        rows.append(f"| {m.label} | {m.client.fetches:,} | {m.client.records_per_fetch:,.0f} | "
+                    f"{m.client.round_trip_ms:.2f} | {m.client.cycle_ms(m):.2f} | {own:.2f} | "
+                    f"{deltas[0]} | {deltas[1]} |")
+    return "\n".join(rows)
+
+
+def _share_sides(results: Sequence[Measurement], consumers: Sequence[int], partitions: int,
+                 trees: Sequence[str]) -> Iterator[tuple[Measurement | None, Measurement]]:
+    """(native, side) per consumer count, native first and then each tree's proxy (best repeats)."""
     for count in consumers:
         native = best(results, f"share group x{count}, native", partitions)
         sides = [native] + [best(results, f"share group x{count}, {proxy_label(tree)}", partitions) for tree in trees]
-        for m in sides:
-            if m is None or m.client is None:
-                continue
-            own = m.client.own_time_ms(m)
-            deltas = ["", ""]
-            if m is not native and native is not None and native.client is not None:
-                deltas = [f"{m.client.round_trip_ms - native.client.round_trip_ms:+.2f}",
-                          f"{own - native.client.own_time_ms(native):+.2f}"]
-            rows.append(f"| {m.label} | {m.client.fetches:,} | {m.client.records_per_fetch:,.0f} | "
-                        f"{m.client.round_trip_ms:.2f} | {m.client.cycle_ms(m):.2f} | {own:.2f} | "
-                        f"{deltas[0]} | {deltas[1]} |")
-    return "\n".join(rows)
+        yield from ((native, m) for m in sides if m is not None)
 
 
 def cpu_table(results: Sequence[Measurement], consumers: Sequence[int], partitions: int,
@@ -810,18 +816,15 @@ def cpu_table(results: Sequence[Measurement], consumers: Sequence[int], partitio
     rows = ["| measurement | records/s after first | consumers' JVM s | broker s | proxy s | machine s | "
             "machine, proxy / native | cores busy |",
             "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for count in consumers:
-        native = best(results, f"share group x{count}, native", partitions)
-        sides = [native] + [best(results, f"share group x{count}, {proxy_label(tree)}", partitions) for tree in trees]
-        for m in sides:
-            if m is None or m.cpu is None:
-                continue
-            use = m.cpu.per_million(m.records)
-            versus = ("" if m is native or native is None or native.cpu is None else
-                      _ratio(use["machine"], native.cpu.per_million(native.records)["machine"]))
-            rows.append(f"| {m.label} | {m.streaming_records_per_second:,.0f} | {use['consumers']:.2f} | "
-                        f"{use['broker']:.2f} | {use['proxy']:.2f} | {use['machine']:.2f} | {versus} | "
-                        f"{m.cpu.busy:.0%} |")
+    for native, m in _share_sides(results, consumers, partitions, trees):
+        if m.cpu is None:
+            continue
+        use = m.cpu.per_million(m.records)
+        versus = ("" if m is native or native is None or native.cpu is None else
+                  _ratio(use["machine"], native.cpu.per_million(native.records)["machine"]))
+        rows.append(f"| {m.label} | {m.streaming_records_per_second:,.0f} | {use['consumers']:.2f} | "
+                    f"{use['broker']:.2f} | {use['proxy']:.2f} | {use['machine']:.2f} | {versus} | "
+                    f"{m.cpu.busy:.0%} |")
     return "\n".join(rows)
 
 
