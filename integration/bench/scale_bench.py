@@ -38,7 +38,15 @@ from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
 
-from integration.bench.share_bench import perf_tools, proxy_counter, proxy_samples, rotated, share_perf, shape_topics
+from integration.bench.share_bench import (
+    cpu_ticks,
+    perf_tools,
+    proxy_counter,
+    proxy_samples,
+    rotated,
+    share_perf,
+    shape_topics,
+)
 from integration.kafka_fixtures import ProxyProcess, share_proxy_executable, unique_name
 from proxy.localkafka import DEFAULT_VERSION, LocalKafka
 from proxy.localkafka.broker import free_port
@@ -112,13 +120,6 @@ def throttling(group: Path | None) -> tuple[int, int]:
         return 0, 0
     stat = dict(line.split() for line in (group / "cpu.stat").read_text().splitlines())
     return int(stat["nr_periods"]), int(stat["nr_throttled"])
-
-
-def cpu_ticks() -> tuple[int, int]:
-    """(busy, total) jiffies of all cores since boot, from /proc/stat's first line."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    return sum(fields) - idle, sum(fields)
 
 
 def wait_for_owners(bootstrap: str, state_topic: str, partitions: int, instances: int, timeout_s: float = 60) -> None:

@@ -215,14 +215,20 @@ class CpuUse:
         return self.machine_s / max(self.window_s * self.cores, 1e-9)
 
 
+def cpu_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of all cores since boot, from /proc/stat's first line."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
 def machine_busy_seconds() -> float | None:
-    """Busy CPU seconds of every core so far (/proc/stat: all but idle and iowait), None elsewhere."""
+    """Busy CPU seconds of every core so far (:func:`cpu_ticks`), None without /proc."""
     try:
-        first = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+        busy, _ = cpu_ticks()
     except OSError:
         return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in first[1:9])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    return busy / os.sysconf("SC_CLK_TCK")
 
 
 class CpuSampler:
