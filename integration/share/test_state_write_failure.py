@@ -362,8 +362,12 @@ def test_share_consumers_through_a_frozen_broker_lose_no_acknowledgement(broker,
             holder.frozen.set()  # the held records are acknowledged now, while the broker is frozen
             accepted_at_freeze = len(run.accepted)
             while time.monotonic() - frozen_at < MAX_FREEZE_S:
+                # The failure count is read before the gauge: a write and the one in flight behind it
+                # fail together, so a gauge read first could show 1 just before both failures and the
+                # loop would end without a sample of the 0 that followed them.
+                failed_so_far = failed_writes() - failed_before_freeze
                 gauge.append((round(time.monotonic() - frozen_at, 2), writable()))
-                if failed_writes() - failed_before_freeze >= FAILED_WRITES_WHILE_FROZEN:
+                if failed_so_far >= FAILED_WRITES_WHILE_FROZEN:
                     break
                 time.sleep(0.25)
             failed_while_frozen = failed_writes() - failed_before_freeze
