@@ -74,6 +74,17 @@ def names_any(frame: bytes, body_offset: int, version: int, keys: Container[byte
     return _walk(frame, body_offset, version, keys, collect=False) is _FOUND
 
 
+def names_any_in_head(head: bytes, body_offset: int, version: int, keys: Container[bytes]) -> bool | None:
+    """:func:`names_any` for the first bytes of a Produce request whose rest has not arrived yet;
+    None when they do not decide it: a request's second topic is named only after its first
+    topic's records, and a name may be cut off. (A malformed request gives None too: it is
+    gathered whole and refused as it would have been.)"""
+    try:
+        return names_any(head, body_offset, version, keys)
+    except MessageDecodeError:
+        return None
+
+
 def produce_layout(frame: bytes, body_offset: int, version: int) -> ProduceLayout:
     """Every topic entry of the Produce request in `frame`, with its partition indexes."""
     layout = _walk(frame, body_offset, version, (), collect=True)

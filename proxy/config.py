@@ -132,6 +132,7 @@ class ProxyConfig:
     max_in_flight: int = 64
     max_connection_bytes: int = 16 * 1024 * 1024
     stream_responses_from: int | None = None  # None: SPLICED_STREAM_FROM where splice applies, else off
+    stream_requests_from: int | None = None  # the same for requests going upstream (Produce)
     heap_retain_bytes: int = 128 * 1024 * 1024
     gc_threshold: int = 10_000
     max_connections: int = 1000
@@ -251,6 +252,14 @@ class ProxyConfig:
         return 0 if self.listener_tls or self.upstream_tls else SPLICED_STREAM_FROM
 
     @property
+    def effective_stream_requests_from(self) -> int:
+        """Cut-through for client requests (large Produce) from this size (0: off). Requests are only
+        ever spliced, never streamed as copies, so with TLS on either side it is off."""
+        if self.listener_tls or self.upstream_tls:
+            return 0
+        return SPLICED_STREAM_FROM if self.stream_requests_from is None else self.stream_requests_from
+
+    @property
     def upstream_tls(self) -> bool:
         return self.upstream_security_protocol in ("SSL", "SASL_SSL")
 
@@ -304,6 +313,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_in_flight", int, "requests a client may pipeline on one connection before the proxy stops reading it (default 64)", "N"),
     Option("max_connection_bytes", int, "bytes of requests and responses one client connection may hold before the proxy stops reading it (default 16777216); a single larger frame still passes, alone", "BYTES"),
     Option("stream_responses_from", parse_optional_int, "pass upstream responses of at least this many bytes to the client as they arrive (cut-through) when nothing earlier is still being written, socket to socket in the kernel (splice) where both sides are plaintext; 0 gathers every response whole first; default 131072 with plaintext listeners and upstream, 0 with TLS on either side (docs/proxy.md)", "BYTES"),
+    Option("stream_requests_from", parse_optional_int, "pass client requests of at least this many bytes (large Produce) upstream as they arrive, socket to socket in the kernel (splice), once their header and topic names have been read; 0 gathers every request whole first; default 131072, off with TLS on either side (docs/proxy.md)", "BYTES"),
     Option("gc_threshold", int, "net allocations between collections of the youngest generation of Python's cyclic garbage collector; once start-up is done the objects alive then are frozen, so later collections do not walk them (measured: full collections of 25 ms or more each were the fragmented commit p99, 60-67 -> 16-20 ms). 0 leaves CPython's defaults, 700 and nothing frozen (default 10000; docs/proxy.md)", "N"),
     Option("heap_retain_bytes", int, "freed memory the C allocator (glibc) keeps for reuse instead of returning it to the OS, and large buffers (up to 32 MiB) served from its heap: a frame's buffer then reuses memory instead of faulting in fresh pages (measured: a 1 MB receive-and-build cycle 1.9-2.5 -> 0.12-0.16 ms, integration.bench.alloc_bench); resident memory stays near its recent peak. 0 leaves glibc's defaults (default 134217728; docs/proxy.md)", "BYTES"),
     Option("max_connections", int, "client connections open at once, over all listeners; more are closed as soon as they are accepted (default 1000)", "N"),
@@ -519,6 +529,8 @@ def _validate(config: ProxyConfig) -> None:
         raise ConfigError("heap_retain_bytes must be 0 (glibc's defaults) or positive")
     if config.stream_responses_from is not None and config.stream_responses_from < 0:
         raise ConfigError("stream_responses_from must be 0 (off) or positive")
+    if config.stream_requests_from is not None and config.stream_requests_from < 0:
+        raise ConfigError("stream_requests_from must be 0 (off) or positive")
     if config.share_upstream_connections <= 0 or config.share_long_poll_connections <= 0:
         raise ConfigError("share connection pools need at least one connection per broker")
     if config.max_share_session_partitions <= 0 or config.max_share_session_partitions_total <= 0:

@@ -38,6 +38,17 @@ makes every large Fetch wait for its last byte before its first goes out; stream
 more writes per response. Any other response, and one that arrives while the writer is still
 busy with earlier ones, is gathered as before.
 
+**Cut-through for requests** (``stream_requests_from`` > 0, ``--stream-requests-from``; on by
+default where both sides are plaintext). A large request still arriving when the reader gets to it
+(in practice a Produce) is read only so far (:data:`REQUEST_PEEK_BYTES`: the header and the topic
+names in front of the records), then offered to its route's ``start_streamed``. A route that takes
+it (forwarding; the state-topic guard once the first bytes show one topic that is not the state
+topic) sends those bytes upstream and splices the rest socket -> pipe -> socket under the send lock,
+so nothing interleaves with it; otherwise the rest is read and the request gathered whole. Only
+where it can be spliced (plain sockets on both sides, the upstream connection already open): a
+copied stream would save nothing. A client that closes inside such a request closes the connection,
+the upstream one with its half-sent frame included.
+
 Bytes held are bounded too (:class:`ByteBudget`, ``max_connection_bytes``): a request
 frame counts from the moment it is read until it has been passed on (sent upstream,
 or answered by a local handler); a response counts from the moment it exists until
@@ -79,7 +90,7 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import structlog
@@ -124,6 +135,9 @@ FRAMES_PER_YIELD = 32
 #: A streamed response that cannot be spliced (TLS; see the theory of operation) is written out
 #: whenever this much of it has arrived, and at its end.
 STREAM_SEND_BYTES = 512 * 1024
+#: A streamed request (cut-through, ``stream_requests_from``) is read this far into the process
+#: before its route decides: the header and, for Produce, the topic names in front of the records.
+REQUEST_PEEK_BYTES = 16 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,9 +236,22 @@ class UpstreamCall(PendingResponse):
 
 
 class Route(Protocol):
-    """How one API is handled. ``start`` must not wait for the response itself."""
+    """How one API is handled. ``start`` must not wait for the response itself.
+
+    A route may also offer ``start_streamed(request, rest, connection) -> bool`` for a large request
+    whose ``request.frame`` holds only its first bytes and `rest` the remainder still in the client's
+    socket (cut-through, see the theory of operation): it returns False, having read nothing of
+    `rest`, when those first bytes do not let it decide; the request is then gathered whole and
+    ``start`` handles it.
+    """
 
     async def start(self, request: Request, connection: ClientConnection) -> None: ...
+
+
+async def start_streamed(route: Route, request: Request, rest: StreamedFrame, connection: ClientConnection) -> bool:
+    """Hand a request still arriving to `route` if it takes requests that way (``start_streamed``)."""
+    start = getattr(route, "start_streamed", None)
+    return start is not None and await start(request, rest, connection)
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +262,10 @@ class Forward:
 
     async def start(self, request: Request, connection: ClientConnection) -> None:
         await connection.forward(request, self.transform)
+
+    async def start_streamed(self, request: Request, rest: StreamedFrame, connection: ClientConnection) -> bool:
+        await connection.forward(request, self.transform, rest)
+        return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,9 +295,11 @@ class ClientConnection:
         node_id: int = BOOTSTRAP_NODE_ID,
         peer: str = "",
         stream_from: int = 0,
+        stream_requests_from: int = 0,
     ) -> None:
         self.client = client
         self._stream_from = stream_from
+        self._stream_requests_from = stream_requests_from
         self.id = next(_connection_ids)
         self.peer = peer  # "host:port" of the client, reported by ShareGroupDescribe
         self.listener = listener  # "bootstrap" or "broker-<id>": ListGroups adds share groups on one only
@@ -360,7 +393,7 @@ class ClientConnection:
 
     # -- the three tasks ------------------------------------------------------
 
-    async def _receive_request_frame(self) -> bytes | None:
+    async def _receive_request_frame(self) -> bytes | StreamedFrame | None:
         # Only the wait for the next request is cancelled on shutdown, never the
         # forwarding of one: a half-sent frame would wedge the upstream connection.
         if self._stopping:
@@ -370,8 +403,10 @@ class ClientConnection:
             if budget.exhausted:
                 metrics.CONNECTION_BACKPRESSURE.inc()
                 await budget.wait_until(lambda: not budget.exhausted)
-            frame = await self.client.receive_frame()
-            if frame is not None:
+            frame = await self.client.receive_frame(self._may_stream_request if self._stream_requests_from else None)
+            if isinstance(frame, StreamedFrame):
+                budget.charge(len(frame.head))
+            elif frame is not None:
                 budget.charge(len(frame))
             return frame
         return None
@@ -385,8 +420,13 @@ class ClientConnection:
                 # Frames already buffered and sends the socket takes at once pass no
                 # scheduling point: a burst must still let other connections run.
                 await trio.lowlevel.checkpoint()
-            request = self._parse_request(frame)
-            self._note_request(request.header)
+            if isinstance(frame, StreamedFrame):
+                request = await self._start_streamed(frame)
+                if request is None:
+                    continue
+            else:
+                request = self._parse_request(frame)
+                self._note_request(request.header)
             # Locals dropped before the next frame is awaited: once passed on, a request's
             # bytes are released and must not stay alive here.
             del frame
@@ -398,10 +438,50 @@ class ClientConnection:
     def _parse_request(self, frame: bytes) -> Request:
         received_at = time.perf_counter()
         header, body_offset = parse_request_header(frame)
+        return self._accept(header, frame, body_offset, received_at)
+
+    def _accept(self, header: RequestHeader, frame: bytes, body_offset: int, received_at: float) -> Request:
         metrics.instruments(header.api_key).requests.inc()
         if header.api_key != API_VERSIONS_KEY and not self._api_versions.accepts(header.api_key, header.api_version):
             raise ClientProtocolError(f"api {header.api_key} v{header.api_version} is not supported by the proxy")
         return Request(header, frame, body_offset, received_at)
+
+    def _may_stream_request(self, size: int) -> bool:
+        """Whether a client request of `size` bytes, now arriving, is handed to its route before the
+        rest of it has arrived: large, and spliceable to an upstream connection already open."""
+        upstream = self._upstream
+        return (size >= self._stream_requests_from and upstream is not None and not self._upstream_closed
+                and can_splice(self.client, upstream))
+
+    async def _start_streamed(self, rest: StreamedFrame) -> Request | None:
+        """A large request still arriving: its first bytes are read, and its route either takes it as
+        it is (None is returned) or it is gathered whole and returned, to be routed as any other."""
+        received_at = time.perf_counter()
+        head = rest.head
+        wanted = min(REQUEST_PEEK_BYTES, rest.size)
+        while len(head) < wanted:
+            more = await rest.receive_more(wanted - len(head))
+            self.budget.charge(len(more))
+            head += more
+        try:
+            header, body_offset = parse_request_header(head)
+        except CodecError:  # a header longer than the peek (or a bad one): decided on the whole frame
+            request = self._parse_request(await self._gather(head, rest))
+            self._note_request(request.header)
+            return request
+        request = self._accept(header, head, body_offset, received_at)
+        self._note_request(header)
+        if await start_streamed(self._routes.get(header.api_key, FORWARD), request, rest, self):
+            return None
+        return replace(request, frame=await self._gather(head, rest))
+
+    async def _gather(self, head: bytes, rest: StreamedFrame) -> bytes:
+        """The whole payload of a streamed request, its rest read into the process after all."""
+        pieces = [head]
+        while piece := await rest.receive_more():
+            self.budget.charge(len(piece))
+            pieces.append(piece)
+        return b"".join(pieces)
 
     def _note_request(self, header: RequestHeader) -> None:
         """Track whether the client is mid-SASL (calls must wait) and its client id (calls use it)."""
@@ -579,8 +659,12 @@ class ClientConnection:
 
     # -- what routes call -----------------------------------------------------
 
-    async def forward(self, request: Request, transform: ResponseTransform | None = None) -> None:
-        """Send the request bytes upstream; its response is delivered in order."""
+    async def forward(self, request: Request, transform: ResponseTransform | None = None,
+                      rest: StreamedFrame | None = None) -> None:
+        """Send the request bytes upstream; its response is delivered in order.
+
+        With `rest`, ``request.frame`` is only the request's first bytes and the remainder is
+        spliced from the client's socket to the upstream one as it arrives."""
         pending = None
         if request_expects_response(request.header, request.frame, request.body_offset):
             # The slot keeps only the header: the frame's bytes are released once sent.
@@ -602,10 +686,33 @@ class ClientConnection:
             if pending is not None:
                 self._awaiting_upstream.append(pending)
                 self.budget.notify()
-            await _send(upstream, request.frame)
+            if rest is None:
+                await _send(upstream, request.frame)
+            else:
+                await self._send_streamed(upstream, request.frame, rest)
         finally:
             lock.release()
         self.budget.release(len(request.frame))
+
+    async def _send_streamed(self, upstream: FramedStream, head: bytes, rest: StreamedFrame) -> None:
+        """A request's first bytes, then its rest socket -> pipe -> socket inside the kernel."""
+        try:
+            pipe = SplicePipe()
+        except OSError as exc:  # out of file descriptors: this one goes through the process
+            self.log.warning("cannot open a splice pipe; gathering the request", error=str(exc))
+            whole = await self._gather(head, rest)
+            await _send(upstream, whole)
+            self.budget.release(len(whole) - len(head))
+            return
+        with pipe:
+            metrics.REQUESTS_STREAMED.inc()
+            try:
+                await upstream.send_bytes(encode_size_prefix(rest.size), head)
+                # The client's failures (EOFError: it closed inside the frame; OSError) pass as
+                # they are: the connection closes, the upstream one with its half-sent frame too.
+                await rest.splice_to(upstream, pipe)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                raise UpstreamError(f"cannot send to upstream: {exc}") from exc
 
     async def _enqueue(self, pending: PendingResponse) -> None:
         """A slot into the order channel: waits only when it is full (max_in_flight)."""

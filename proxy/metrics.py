@@ -27,6 +27,10 @@ RESPONSES_SPLICED = Counter(
     "ksp_responses_spliced",
     "Of the streamed responses, those moved socket to socket inside the kernel (splice), never copied through the proxy",
 )
+REQUESTS_STREAMED = Counter(
+    "ksp_requests_streamed",
+    "Large client requests (Produce) spliced upstream socket to socket as they arrived (cut-through) instead of gathered whole",
+)
 CONNECTIONS_REFUSED = Counter(
     "ksp_client_connections_refused",
     "Client connections closed as soon as accepted because --max-connections were open",

@@ -385,6 +385,7 @@ class Proxy:
             max_in_flight=self.config.max_in_flight,
             max_bytes=self.config.max_connection_bytes,
             stream_from=self.config.effective_stream_responses_from,
+            stream_requests_from=self.config.effective_stream_requests_from,
             listener=name,
             node_id=node_id,
             peer=peer,

@@ -70,13 +70,13 @@ class StreamedFrame:
     def __init__(self, size: int, head: bytes, missing: int, stream: trio.abc.Stream) -> None:
         self.size, self.head, self.missing, self._stream = size, head, missing, stream
 
-    async def receive_more(self) -> bytes:
-        """The next piece of the payload; b"" once all of it was received.
+    async def receive_more(self, max_bytes: int = MAX_RECEIVE) -> bytes:
+        """The next piece of the payload, at most `max_bytes`; b"" once all of it was received.
 
         Raises :class:`EOFError` when the peer closes before the end of the frame."""
         if not self.missing:
             return b""
-        data = await self._stream.receive_some(min(self.missing, MAX_RECEIVE))
+        data = await self._stream.receive_some(min(self.missing, max_bytes, MAX_RECEIVE))
         if not data:
             raise EOFError(f"stream closed inside a frame ({self.missing} bytes missing)")
         self.missing -= len(data)

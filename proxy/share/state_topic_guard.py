@@ -48,9 +48,10 @@ import structlog
 from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 
-from codec.produce import FIRST_TOPIC_ID_VERSION, names_any, produce_layout
+from codec.produce import FIRST_TOPIC_ID_VERSION, names_any, names_any_in_head, produce_layout
 from codec.registry import decode_entity, encode
-from proxy.connection import FORWARD, ClientConnection, Request, Route
+from proxy.connection import FORWARD, ClientConnection, Request, Route, start_streamed
+from proxy.upstream import StreamedFrame
 from proxy.route_split import AnswerView, MergeEntries, build, constant, item_type, local_response
 from proxy.share import metrics
 
@@ -136,6 +137,16 @@ class ProduceGuard:
             return
         trimmed = dataclasses.replace(request, frame=layout.without(request.frame, refused))
         await connection.forward(trimmed, MergeEntries("responses", constant(entries)))
+
+    async def start_streamed(self, request: Request, rest: StreamedFrame, connection: ClientConnection) -> bool:
+        """A large Produce still arriving passes on as it arrives once its first bytes show it names
+        one topic and that is not the state topic; anything else is gathered and goes to `start`."""
+        version = request.header.api_version
+        if version >= FIRST_TOPIC_ID_VERSION:  # ids are looked up per request: decided on the whole one
+            return False
+        if names_any_in_head(request.frame, request.body_offset, version, self.topics.encoded_names) is not False:
+            return False
+        return await start_streamed(self.inner, request, rest, connection)
 
     def _refusals(self, version: int, partitions: Mapping[bytes, list[int]], names: Mapping[bytes, str]) -> tuple:
         response_type = load_response_schema(PRODUCE, version)

@@ -14,7 +14,7 @@ from kio.static.primitive import Records, i16, i32
 
 from codec.errors import MessageDecodeError
 from codec.headers import RequestHeader, encode_request_header, parse_request_header
-from codec.produce import FIRST_TOPIC_ID_VERSION, names_any, produce_layout
+from codec.produce import FIRST_TOPIC_ID_VERSION, names_any, names_any_in_head, produce_layout
 from codec.records import encode_batch
 from codec.registry import decode_entity, encode
 
@@ -188,3 +188,24 @@ def test_records_of_every_length_class_are_skipped(version, size):
 def test_a_name_is_matched_whole():
     data, body = frame(9, request(9, [(STATE + "2", []), (STATE[:-1], []), ("x", [])]))
     assert not names_any(data, body, 9, {STATE.encode()})
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_first_bytes_of_a_request_decide_only_what_they_hold(version):
+    keys = {topic_key(version, STATE)}
+    big = records(b"r" * 5000)
+    other, body = frame(version, request(version, [("orders", [(0, big)])]))
+    state, _ = frame(version, request(version, [(STATE, [(0, big)])]))
+    both, _ = frame(version, request(version, [("orders", [(0, big)]), (STATE, [(0, None)])]))
+
+    def name_end(data: bytes, name: str) -> int:
+        return data.index(topic_key(version, name)) + len(topic_key(version, name))
+
+    for data, named in ((other, False), (state, True)):
+        decided_from = name_end(data, STATE if named else "orders")
+        for cut in range(body, len(data) + 1):
+            assert names_any_in_head(data[:cut], body, version, keys) == (named if cut >= decided_from else None)
+    # A second topic is named behind the first one's records: nothing short of those decides.
+    for cut in range(body, name_end(both, STATE)):
+        assert names_any_in_head(both[:cut], body, version, keys) is None
+    assert names_any_in_head(both, body, version, keys) is True

@@ -170,6 +170,23 @@ def test_cut_through_is_on_by_default_only_where_responses_can_be_spliced():
         parse(["--upstream", "k:1", "--stream-responses-from", "-1"])
 
 
+def test_request_cut_through_is_on_by_default_and_never_with_tls():
+    plain = parse(["--upstream", "k:1"])
+    assert plain.stream_requests_from is None and plain.effective_stream_requests_from == 128 * 1024
+    assert parse(["--upstream", "k:1", "--stream-requests-from", "0"]).effective_stream_requests_from == 0
+    assert parse(["--upstream", "k:1"], environ={"KSP_STREAM_REQUESTS_FROM": "262144"}
+                 ).effective_stream_requests_from == 262144
+    # Requests are only ever spliced: with TLS on either side there is nothing to gain, even if set.
+    tls_upstream = load_config({"upstream": "k:1", "upstream_security_protocol": "SSL",
+                                "stream_requests_from": 65536}, environ={})
+    assert tls_upstream.effective_stream_requests_from == 0
+    tls_listeners = load_config({"upstream": "k:1", "listener_ssl_certificate_location": "c.pem",
+                                 "listener_ssl_key_location": "k.pem"}, environ={})
+    assert tls_listeners.effective_stream_requests_from == 0
+    with pytest.raises(ConfigError, match="stream_requests_from"):
+        parse(["--upstream", "k:1", "--stream-requests-from", "-1"])
+
+
 def test_gc_threshold_defaults_to_10000_and_zero_keeps_cpythons_defaults():
     assert parse(["--upstream", "k:1"]).gc_threshold == 10_000
     assert parse(["--upstream", "k:1", "--gc-threshold", "0"]).gc_threshold == 0

@@ -3,6 +3,7 @@ ordering, pipelining, bad input, cut-through."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import os
@@ -45,6 +46,7 @@ class Harness:
         lockstep: bool = False,
         api_versions: ApiVersionTable | None = None,
         stream_from: int = 0,
+        stream_requests_from: int = 0,
         tcp: bool = False,
     ):
         # lockstep: a send blocks until the other side reads, as a full TCP window does.
@@ -66,6 +68,7 @@ class Harness:
             max_in_flight=max_in_flight,
             max_bytes=max_bytes,
             stream_from=stream_from,
+            stream_requests_from=stream_requests_from,
         )
 
     async def _open_upstream(self) -> FramedStream:
@@ -601,3 +604,156 @@ async def test_without_stream_from_a_large_response_is_gathered_whole():
         assert await receive_at_least(h.client_side, len(answer)) == answer
         await h.client_side.aclose()
     assert metrics.RESPONSES_STREAMED._value.get() == streamed_before
+
+
+# -- cut-through for requests (--stream-requests-from): large Produce spliced upstream ---------------
+
+PEEK_TOO = 64 * KIB  # the first part a test client sends: more than the proxy reads to decide
+
+
+def large_produce(correlation_id: int, size: int, acks: int = 1) -> bytes:
+    """A Produce v9 frame payload of about `size` bytes (only its header and acks are read here)."""
+    return produce_request(correlation_id, acks) + os.urandom(size)
+
+
+async def open_upstream_with_a_small_request(h: Harness) -> None:
+    """Requests are streamed only to an upstream connection that is already open."""
+    await h.client.send_frame(request(1))
+    await h.broker_receive()
+    await h.broker.send_frame(response(1, b"opened"))
+    assert await h.client.receive_frame() == response(1, b"opened")
+
+
+async def test_a_large_produce_reaches_the_broker_before_its_last_byte_leaves_the_client():
+    h = Harness(max_frame_size=2 << 20, stream_requests_from=STREAM, tcp=True)
+    streamed_before = metrics.REQUESTS_STREAMED._value.get()
+    sent = encode_frame(large_produce(2, 1000 * KIB))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(h.connection.serve)
+        await open_upstream_with_a_small_request(h)
+        await h.client_side.send_all(sent[:PEEK_TOO + 200 * KIB])
+        # The broker gets well past the proxy's peek while the client has not sent the rest.
+        with trio.fail_after(5):  # gathered whole (store and forward), nothing would come
+            early = await receive_at_least(h.broker.stream, PEEK_TOO + 100 * KIB)
+        await h.client_side.send_all(sent[PEEK_TOO + 200 * KIB:])
+        rest = await receive_at_least(h.broker.stream, len(sent) - len(early))
+        assert early + rest == sent  # byte for byte
+        await h.broker.send_frame(response(2, b"written"))
+        assert await h.client.receive_frame() == response(2, b"written")
+        # The connection goes on: the next (small) request is forwarded whole and in order.
+        await h.client.send_frame(request(3))
+        assert correlation_of(await h.broker_receive()) == 3
+        await h.broker.send_frame(response(3))
+        assert await h.client.receive_frame() == response(3)
+        await h.client_side.aclose()
+    await h.aclose()
+    assert metrics.REQUESTS_STREAMED._value.get() == streamed_before + 1
+    assert h.connection.budget.held == 0
+
+
+@pytest.mark.parametrize("tcp", [False, True], ids=["memory", "tcp-spliced"])
+async def test_pipelined_large_and_small_requests_arrive_whole_and_in_order_streamed_or_not(tcp):
+    h = Harness(max_frame_size=2 << 20, stream_requests_from=STREAM, tcp=tcp)
+    streamed_before = metrics.REQUESTS_STREAMED._value.get()
+    sent = {2: large_produce(2, 300 * KIB), 3: produce_request(3, acks=0) + os.urandom(500 * KIB),
+            4: request(4), 5: large_produce(5, 200 * KIB), 6: large_produce(6, 129 * KIB)}
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(h.connection.serve)
+        await open_upstream_with_a_small_request(h)
+
+        async def client_sends() -> None:
+            for frame in sent.values():
+                await h.client.send_frame(frame)
+
+        nursery.start_soon(client_sends)
+        assert [await h.broker_receive() for _ in sent] == list(sent.values())
+        for cid in (2, 4, 5, 6):  # 3 is acks=0: the broker never answers it
+            await h.broker.send_frame(response(cid, b"answer-%d" % cid))
+        assert [await h.client.receive_frame() for _ in range(4)] == [
+            response(cid, b"answer-%d" % cid) for cid in (2, 4, 5, 6)]
+        await h.client_side.aclose()
+    await h.aclose()
+    # Only between two plain sockets are requests streamed (spliced); in memory they are gathered.
+    # A large frame the proxy's read already holds whole is not streamed either: which ones are
+    # depends on how the kernel hands the bytes over.
+    streamed = metrics.REQUESTS_STREAMED._value.get() - streamed_before
+    assert 1 <= streamed <= 4 if tcp else streamed == 0
+    assert h.connection.budget.held == 0
+
+
+async def test_a_large_request_to_a_route_that_does_not_stream_is_gathered_whole():
+    seen: list[bytes] = []
+
+    async def local(req: Request, connection: ClientConnection) -> bytes:
+        seen.append(req.frame)
+        return response(req.header.correlation_id, b"%d" % len(req.frame))
+
+    h = Harness(routes={LOCAL_API: ServeLocally(local)}, max_frame_size=2 << 20, stream_requests_from=STREAM,
+                tcp=True)
+    streamed_before = metrics.REQUESTS_STREAMED._value.get()
+    big = request(2, LOCAL_API, 1, os.urandom(700 * KIB))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(h.connection.serve)
+        await open_upstream_with_a_small_request(h)
+        await h.client.send_frame(big)
+        assert await h.client.receive_frame() == response(2, b"%d" % len(big))
+        await h.client_side.aclose()
+    await h.aclose()
+    assert seen == [big]
+    assert metrics.REQUESTS_STREAMED._value.get() == streamed_before
+    assert h.connection.budget.held == 0
+
+
+async def test_before_the_upstream_connection_is_open_a_large_request_is_gathered_and_forwarded():
+    h = Harness(max_frame_size=2 << 20, stream_requests_from=STREAM, tcp=True)
+    streamed_before = metrics.REQUESTS_STREAMED._value.get()
+    sent = large_produce(1, 600 * KIB)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(h.connection.serve)
+        await h.client.send_frame(sent)
+        assert await h.broker_receive() == sent
+        await h.broker.send_frame(response(1))
+        assert await h.client.receive_frame() == response(1)
+        await h.client_side.aclose()
+    await h.aclose()
+    assert metrics.REQUESTS_STREAMED._value.get() == streamed_before
+
+
+async def test_a_client_closing_inside_a_spliced_request_closes_both_connections_and_the_pipe():
+    fds_before = open_fds()
+    h = Harness(max_frame_size=2 << 20, stream_requests_from=STREAM, tcp=True)
+    failures_before = metrics.UPSTREAM_FAILURES._value.get()
+    sent = encode_frame(large_produce(2, 1000 * KIB))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(h.connection.serve)
+        await open_upstream_with_a_small_request(h)
+        await h.client_side.send_all(sent[:PEEK_TOO + 200 * KIB])
+        with trio.fail_after(5):
+            await receive_at_least(h.broker.stream, PEEK_TOO + 100 * KIB)
+        await h.client_side.aclose()
+        with trio.fail_after(5):
+            await h.connection.closed.wait()
+        # The broker's side sees the connection end: a half-sent request is never completed.
+        with trio.fail_after(5):
+            while await h.broker.stream.receive_some():
+                pass
+    await h.aclose()
+    assert metrics.UPSTREAM_FAILURES._value.get() == failures_before  # the client left; upstream was fine
+    assert open_fds() == fds_before  # all four sockets and the splice pipe's two ends
+
+
+async def test_a_large_request_with_an_unsupported_version_closes_the_connection_without_going_upstream():
+    h = Harness(max_frame_size=2 << 20, stream_requests_from=STREAM, tcp=True,
+                api_versions=ApiVersionTable({PRODUCE: VersionRange(3, 8), METADATA: VersionRange(0, 12)}))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(h.connection.serve)
+        await open_upstream_with_a_small_request(h)
+        await h.client.send_frame(large_produce(2, 400 * KIB))  # v9: above what the proxy serves
+        with trio.fail_after(5):
+            await h.connection.closed.wait()
+            # Closed with the request's rest unread, so the kernel may reset instead of ending.
+            with contextlib.suppress(trio.BrokenResourceError):
+                assert await h.client_side.receive_some(100) == b""
+            # Nothing of it went upstream: the broker's side just ends.
+            assert await h.broker.stream.receive_some(100) == b""
+    await h.aclose()

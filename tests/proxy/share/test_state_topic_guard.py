@@ -7,6 +7,7 @@ broker and what the client gets back are decoded again with kio.
 from __future__ import annotations
 
 import datetime
+import os
 import typing
 import uuid
 
@@ -23,8 +24,10 @@ from codec.headers import (
     parse_request_header,
     response_header_version,
 )
+from codec.framing import encode_frame
 from codec.records import encode_batch
 from codec.registry import decode_entity, encode
+from proxy import metrics as connection_metrics
 from proxy.apiversions import FORWARDABLE, ApiVersionTable, VersionRange
 from proxy.share import metrics
 from proxy.share.state_topic_guard import (
@@ -38,7 +41,14 @@ from proxy.share.state_topic_guard import (
     StateTopics,
     state_topic_routes,
 )
-from tests.proxy.test_connection import Harness, assert_closed_by_proxy
+from tests.proxy.test_connection import (
+    Harness,
+    assert_closed_by_proxy,
+    correlation_of,
+    open_upstream_with_a_small_request,
+    receive_at_least,
+)
+from tests.proxy.test_connection import request as request_frame
 
 STATE = "__share_proxy_state"
 STATE_ID = uuid.UUID("0b5e7a7e-0000-4000-8000-000000000001")
@@ -228,6 +238,86 @@ async def test_a_malformed_produce_request_closes_the_connection_instead_of_pass
         await h.client.send_frame(sent[: len(sent) - 40])  # cut inside the first topic's records
         await assert_closed_by_proxy(h)
     assert not h.broker_connected.is_set()
+
+
+# ----- Produce arriving in pieces (--stream-requests-from) ---------------------------------------
+
+STREAM = 128 * 1024
+
+
+def large_produce(version: int, topics: list[tuple[str, int]]) -> object:
+    """Produce with one partition per topic carrying a record of the given size."""
+    cls = load_request_schema(PRODUCE, version)
+    data_cls = item(cls, "topic_data")
+    part_cls = item(data_cls, "partition_data")
+    entries = tuple(data_cls(name=name, partition_data=(
+        part_cls(index=i32(0), records=Records(encode_batch(0, [os.urandom(size)]))),)) for name, size in topics)
+    return cls(transactional_id=None, acks=i16(-1), timeout=datetime.timedelta(seconds=30), topic_data=entries)
+
+
+def streaming_harness() -> Harness:
+    return Harness(routes=state_topic_routes(TOPICS, {}), max_frame_size=2 << 20, stream_requests_from=STREAM,
+                   tcp=True)
+
+
+@pytest.mark.parametrize("version", [3, 9])
+async def test_a_large_produce_to_one_other_topic_passes_on_as_it_arrives(version):
+    h = streaming_harness()
+    streamed_before = connection_metrics.REQUESTS_STREAMED._value.get()
+    sent = encode_frame(frame_of(large_produce(version, [("orders", 900 * 1024)])))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(h.connection.serve)
+        await open_upstream_with_a_small_request(h)
+        await h.client_side.send_all(sent[:300 * 1024])
+        with trio.fail_after(5):  # gathered whole, nothing would reach the broker yet
+            early = await receive_at_least(h.broker.stream, 200 * 1024)
+        await h.client_side.send_all(sent[300 * 1024:])
+        assert early + await receive_at_least(h.broker.stream, len(sent) - len(early)) == sent
+        await h.broker.send_frame(b"\x00\x00\x00\x07" + b"\x00" * (1 if version >= 9 else 0) + b"opaque")
+        assert (await h.client.receive_frame()).endswith(b"opaque")
+        await h.client_side.aclose()
+    await h.aclose()
+    assert connection_metrics.REQUESTS_STREAMED._value.get() == streamed_before + 1
+
+
+@pytest.mark.parametrize("version", [3, 9])
+async def test_a_large_produce_to_the_state_topic_is_gathered_and_refused(version):
+    h = streaming_harness()
+    streamed_before = connection_metrics.REQUESTS_STREAMED._value.get()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(h.connection.serve)
+        await open_upstream_with_a_small_request(h)
+        await h.client.send_frame(frame_of(large_produce(version, [(STATE, 900 * 1024)])))
+        answer = decode_response(PRODUCE, version, await h.client.receive_frame())
+        assert refused_partitions(answer) == {STATE: [(0, AUTH_FAILED, -1)]}
+        # Nothing of it went upstream: the next request is the next thing the broker gets.
+        await h.client.send_frame(request_frame(8))
+        assert correlation_of(await h.broker_receive()) == 8
+        await h.broker.send_frame(b"\x00\x00\x00\x08\x00metadata")
+        assert await h.client.receive_frame() == b"\x00\x00\x00\x08\x00metadata"
+        await h.client_side.aclose()
+    await h.aclose()
+    assert connection_metrics.REQUESTS_STREAMED._value.get() == streamed_before
+
+
+@pytest.mark.parametrize("version", [3, 9])
+async def test_a_large_produce_naming_the_state_topic_second_is_gathered_and_split(version):
+    # The second topic's name comes after the first's records: the first bytes cannot clear it.
+    h = streaming_harness()
+    streamed_before = connection_metrics.REQUESTS_STREAMED._value.get()
+    request = large_produce(version, [("orders", 900 * 1024), (STATE, 10)])
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(h.connection.serve)
+        await open_upstream_with_a_small_request(h)
+        await h.client.send_frame(frame_of(request))
+        upstream = decode_request(PRODUCE, await h.broker_receive())
+        assert upstream.topic_data == request.topic_data[:1]
+        await h.broker.send_frame(response_frame(produce_answer(version, upstream)))
+        answer = decode_response(PRODUCE, version, await h.client.receive_frame())
+        assert refused_partitions(answer) == {"orders": [(0, ErrorCode.none, 100)], STATE: [(0, AUTH_FAILED, -1)]}
+        await h.client_side.aclose()
+    await h.aclose()
+    assert connection_metrics.REQUESTS_STREAMED._value.get() == streamed_before
 
 
 # ----- admin APIs ---------------------------------------------------------------------------------
