@@ -262,3 +262,46 @@ def test_large_fetch_responses_are_spliced_through_and_arrive_intact(kafka: Loca
     assert received == values
     # 16 MB in Fetch responses of up to 1 MiB per partition (the client's default): many spliced.
     assert spliced >= 5, spliced
+
+
+def test_large_produce_requests_are_spliced_upstream_and_land_intact(kafka: LocalKafka, tmp_path) -> None:
+    """Default settings, plaintext: a Produce of 128 KiB or more goes upstream as it arrives, its
+    records socket to socket inside the kernel (splice) -- and the broker stores every byte the
+    client sent (read back from the broker directly, not through the proxy)."""
+    from integration.share.conftest import metric, scrape_metrics
+    from proxy.localkafka.broker import free_port
+
+    topic = create_topic(kafka.bootstrap, unique_name("spliced-produce"), partitions=PARTITIONS)
+    count, size = 8_000, 2048
+    values = {index: hashlib.sha256(b"p%d" % index).digest() * (size // 32) for index in range(count)}
+    port = free_port()
+    with ProxyProcess(upstream=kafka.bootstrap, log_path=tmp_path / "serve.log",
+                      extra_args=("--metrics-port", str(port))) as proxy:
+        before = metric(scrape_metrics(port), "ksp_requests_streamed_total") or 0.0
+        producer = Producer({"bootstrap.servers": proxy.bootstrap, "linger.ms": 50, "batch.size": 1 << 20,
+                             "acks": "all"})
+        failed: list[KafkaError] = []
+        for index, value in values.items():
+            producer.produce(topic, key=str(index).encode(), value=value,
+                             on_delivery=lambda error, _: failed.append(error) if error else None)
+            if index % 1000 == 999:
+                producer.poll(0)
+        assert producer.flush(60) == 0
+        streamed = (metric(scrape_metrics(port), "ksp_requests_streamed_total") or 0.0) - before
+    assert failed == []
+    consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": unique_name("spliced-produce"),
+                         "enable.auto.commit": False})
+    received: dict[int, bytes] = {}
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+        deadline = time.monotonic() + 60
+        while len(received) < count and time.monotonic() < deadline:
+            for message in consumer.consume(num_messages=1000, timeout=0.5):
+                assert message.error() is None, message.error()
+                assert int(message.key()) not in received, "a record stored twice"
+                received[int(message.key())] = message.value()
+    finally:
+        consumer.close()
+    assert received == values
+    # 16 MB produced in requests of up to 1 MiB per partition (batch.size): several streamed.
+    assert streamed >= 3, streamed
