@@ -28,7 +28,9 @@ itself -- proxy.route_split.AnswerView) and the refusals are added to the answer
 Produce is the hot path: it is never decoded. ``codec.produce.names_any`` reads only the fields
 in front of the topic names and skips each partition's records by their length (a single-topic
 request costs a microsecond or two); only when the state topic is named is the layout walked
-again and a response built. Produce with acks=0 gets no response: as Kafka does when an acks=0
+again and a response built. A large Produce still arriving (``--stream-requests-from``) is decided
+on its first bytes when they name a single topic that is not the state topic, and passed on as it
+arrives (spliced); any other is gathered whole first. Produce with acks=0 gets no response: as Kafka does when an acks=0
 Produce fails, the other topics are still forwarded and then the connection is closed, in order,
 so the client notices and refreshes its metadata.
 
@@ -51,9 +53,9 @@ from kio.schema.errors import ErrorCode
 from codec.produce import FIRST_TOPIC_ID_VERSION, names_any, names_any_in_head, produce_layout
 from codec.registry import decode_entity, encode
 from proxy.connection import FORWARD, ClientConnection, Request, Route, start_streamed
-from proxy.upstream import StreamedFrame
 from proxy.route_split import AnswerView, MergeEntries, build, constant, item_type, local_response
 from proxy.share import metrics
+from proxy.upstream import StreamedFrame
 
 log = structlog.get_logger(__name__)
 
