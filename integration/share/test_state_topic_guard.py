@@ -76,6 +76,42 @@ def test_produce_to_the_state_topic_is_refused_and_other_topics_in_the_same_batc
     assert watermarks(kafka.bootstrap, other) == {0: (0, 3)}
 
 
+def test_large_produce_requests_pass_for_other_topics_and_are_refused_for_the_state_topic(
+    kafka, proxy, create_topic, names
+):
+    """Requests far above the 128 KiB from which the proxy passes a Produce on as it arrives: one
+    to another topic is spliced upstream and lands whole; one to the state topic is gathered, its
+    topic read, and refused -- nothing of it reaches the broker."""
+    other = create_topic(names.topic)
+    state_before = watermarks(kafka.bootstrap, proxy.state_topic)
+    producer = Producer({"bootstrap.servers": proxy.bootstrap, "linger.ms": 100, "batch.size": 1 << 20})
+    outcomes: dict[str, list[int | None]] = {}
+
+    def record(err, message) -> None:
+        outcomes.setdefault(message.topic(), []).append(None if err is None else err.code())
+
+    values = [bytes([i % 256]) * 2048 for i in range(300)]  # ~600 KB per topic
+    for value in values:
+        producer.produce(other, value=value, on_delivery=record)
+    assert producer.flush(30) == 0
+    for value in values:
+        producer.produce(proxy.state_topic, key=b"forged", value=value, partition=0, on_delivery=record)
+    assert producer.flush(30) == 0
+
+    assert outcomes == {other: [None] * len(values), proxy.state_topic: [AUTH_FAILED] * len(values)}
+    assert watermarks(kafka.bootstrap, proxy.state_topic) == state_before
+    assert watermarks(kafka.bootstrap, other) == {0: (0, len(values))}
+    consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": names.group})
+    try:
+        consumer.assign([TopicPartition(other, 0, 0)])
+        landed: list[bytes] = []
+        wait_until(lambda: landed.extend(m.value() for m in consumer.consume(300, timeout=0.5)) or
+                   len(landed) >= len(values), 30, "the records read back")
+    finally:
+        consumer.close()
+    assert landed == values
+
+
 def raw_produce(bootstrap: str, version: int, topics: list[tuple[str, int, list[bytes]]]):
     """One Produce request (acks=all) naming several topics, as the Java producer sends them
     (librdkafka sends one partition per request); returns {(topic, partition): (error, base offset)}."""
