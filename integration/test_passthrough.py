@@ -227,6 +227,25 @@ def test_serve_prints_ready_and_exits_zero_on_sigterm(kafka: LocalKafka, tmp_pat
 
 
 
+def read_keyed(bootstrap: str, topic: str, count: int) -> dict[int, bytes]:
+    """Every partition of `topic` read from offset 0 at `bootstrap`: key (an int) -> value, until
+    `count` records or 60 s; a key read twice fails."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique_name("read-keyed"),
+                         "enable.auto.commit": False})
+    received: dict[int, bytes] = {}
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+        deadline = time.monotonic() + 60
+        while len(received) < count and time.monotonic() < deadline:
+            for message in consumer.consume(num_messages=1000, timeout=0.5):
+                assert message.error() is None, message.error()
+                assert int(message.key()) not in received, "a record read twice"
+                received[int(message.key())] = message.value()
+    finally:
+        consumer.close()
+    return received
+
+
 def test_large_fetch_responses_are_spliced_through_and_arrive_intact(kafka: LocalKafka, tmp_path) -> None:
     """Default settings, plaintext: Fetch responses of 128 KiB or more pass socket to socket
     inside the kernel (splice) -- and every byte of every record arrives as the broker has it."""
@@ -246,18 +265,7 @@ def test_large_fetch_responses_are_spliced_through_and_arrive_intact(kafka: Loca
     with ProxyProcess(upstream=kafka.bootstrap, log_path=tmp_path / "serve.log",
                       extra_args=("--metrics-port", str(port))) as proxy:
         before = metric(scrape_metrics(port), "ksp_responses_spliced_total") or 0.0
-        consumer = Consumer({"bootstrap.servers": proxy.bootstrap, "group.id": unique_name("spliced"),
-                             "enable.auto.commit": False})
-        received: dict[int, bytes] = {}
-        try:
-            consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
-            deadline = time.monotonic() + 60
-            while len(received) < count and time.monotonic() < deadline:
-                for message in consumer.consume(num_messages=1000, timeout=0.5):
-                    assert message.error() is None, message.error()
-                    received[int(message.key())] = message.value()
-        finally:
-            consumer.close()
+        received = read_keyed(proxy.bootstrap, topic, count)
         spliced = (metric(scrape_metrics(port), "ksp_responses_spliced_total") or 0.0) - before
     assert received == values
     # 16 MB in Fetch responses of up to 1 MiB per partition (the client's default): many spliced.
@@ -289,19 +297,6 @@ def test_large_produce_requests_are_spliced_upstream_and_land_intact(kafka: Loca
         assert producer.flush(60) == 0
         streamed = (metric(scrape_metrics(port), "ksp_requests_streamed_total") or 0.0) - before
     assert failed == []
-    consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": unique_name("spliced-produce"),
-                         "enable.auto.commit": False})
-    received: dict[int, bytes] = {}
-    try:
-        consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
-        deadline = time.monotonic() + 60
-        while len(received) < count and time.monotonic() < deadline:
-            for message in consumer.consume(num_messages=1000, timeout=0.5):
-                assert message.error() is None, message.error()
-                assert int(message.key()) not in received, "a record stored twice"
-                received[int(message.key())] = message.value()
-    finally:
-        consumer.close()
-    assert received == values
+    assert read_keyed(kafka.bootstrap, topic, count) == values
     # 16 MB produced in requests of up to 1 MiB per partition (batch.size): several streamed.
     assert streamed >= 3, streamed

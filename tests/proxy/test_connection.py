@@ -624,17 +624,25 @@ async def open_upstream_with_a_small_request(h: Harness) -> None:
     assert await h.client.receive_frame() == response(1, b"opened")
 
 
+async def send_a_large_produce_in_part(h: Harness) -> tuple[bytes, bytes]:
+    """Open the upstream connection, send the first part of a 1 MB Produce (correlation id 2) and
+    wait until the broker has got well past the proxy's peek; returns (the whole frame with its
+    size prefix, what the broker received so far)."""
+    sent = encode_frame(large_produce(2, 1000 * KIB))
+    await open_upstream_with_a_small_request(h)
+    await h.client_side.send_all(sent[:PEEK_TOO + 200 * KIB])
+    with trio.fail_after(5):  # gathered whole (store and forward), nothing would come
+        early = await receive_at_least(h.broker.stream, PEEK_TOO + 100 * KIB)
+    return sent, early
+
+
 async def test_a_large_produce_reaches_the_broker_before_its_last_byte_leaves_the_client():
     h = Harness(max_frame_size=2 << 20, stream_requests_from=STREAM, tcp=True)
     streamed_before = metrics.REQUESTS_STREAMED._value.get()
-    sent = encode_frame(large_produce(2, 1000 * KIB))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(h.connection.serve)
-        await open_upstream_with_a_small_request(h)
-        await h.client_side.send_all(sent[:PEEK_TOO + 200 * KIB])
         # The broker gets well past the proxy's peek while the client has not sent the rest.
-        with trio.fail_after(5):  # gathered whole (store and forward), nothing would come
-            early = await receive_at_least(h.broker.stream, PEEK_TOO + 100 * KIB)
+        sent, early = await send_a_large_produce_in_part(h)
         await h.client_side.send_all(sent[PEEK_TOO + 200 * KIB:])
         rest = await receive_at_least(h.broker.stream, len(sent) - len(early))
         assert early + rest == sent  # byte for byte
@@ -723,13 +731,9 @@ async def test_a_client_closing_inside_a_spliced_request_closes_both_connections
     fds_before = open_fds()
     h = Harness(max_frame_size=2 << 20, stream_requests_from=STREAM, tcp=True)
     failures_before = metrics.UPSTREAM_FAILURES._value.get()
-    sent = encode_frame(large_produce(2, 1000 * KIB))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(h.connection.serve)
-        await open_upstream_with_a_small_request(h)
-        await h.client_side.send_all(sent[:PEEK_TOO + 200 * KIB])
-        with trio.fail_after(5):
-            await receive_at_least(h.broker.stream, PEEK_TOO + 100 * KIB)
+        await send_a_large_produce_in_part(h)
         await h.client_side.aclose()
         with trio.fail_after(5):
             await h.connection.closed.wait()
