@@ -80,7 +80,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -787,30 +787,33 @@ def fetches_table(results: Sequence[Measurement], consumers: Sequence[int], part
     """Where a share run's time goes, from the consumers' own metrics (the best repeats, as in
     :func:`table`): per consumer, one cycle = the ShareFetch round trip + the consumer's own time
     with the records before its next ShareFetch."""
-    rows = ["| measurement | ShareFetches | records per fetch | round trip ms | cycle ms | "
-            "consumer's own time ms | round trip, proxy − native ms | own time, proxy − native ms |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for native, m in _share_sides(results, consumers, partitions, trees):
+    def row(native: Measurement | None, m: Measurement) -> str | None:
         if m.client is None:
-            continue
+            return None
         own = m.client.own_time_ms(m)
         deltas = ["", ""]
         if m is not native and native is not None and native.client is not None:
             deltas = [f"{m.client.round_trip_ms - native.client.round_trip_ms:+.2f}",
                       f"{own - native.client.own_time_ms(native):+.2f}"]
-        rows.append(f"| {m.label} | {m.client.fetches:,} | {m.client.records_per_fetch:,.0f} | "
-                    f"{m.client.round_trip_ms:.2f} | {m.client.cycle_ms(m):.2f} | {own:.2f} | "
-                    f"{deltas[0]} | {deltas[1]} |")
-    return "\n".join(rows)
+        return (f"| {m.label} | {m.client.fetches:,} | {m.client.records_per_fetch:,.0f} | "
+                f"{m.client.round_trip_ms:.2f} | {m.client.cycle_ms(m):.2f} | {own:.2f} | {deltas[0]} | {deltas[1]} |")
+
+    return _sides_table(["measurement", "ShareFetches", "records per fetch", "round trip ms", "cycle ms",
+                         "consumer's own time ms", "round trip, proxy − native ms", "own time, proxy − native ms"],
+                        row, results, consumers, partitions, trees)
 
 
-def _share_sides(results: Sequence[Measurement], consumers: Sequence[int], partitions: int,
-                 trees: Sequence[str]) -> Iterator[tuple[Measurement | None, Measurement]]:
-    """(native, side) per consumer count, native first and then each tree's proxy (best repeats)."""
+def _sides_table(columns: Sequence[str], row: Callable[[Measurement | None, Measurement], str | None],
+                 results: Sequence[Measurement], consumers: Sequence[int], partitions: int,
+                 trees: Sequence[str]) -> str:
+    """A markdown table with a row per share side (native first, then each tree's proxy, best repeats,
+    per consumer count): `row(native, side)`, a side without the numbers it needs giving None."""
+    rows = ["| " + " | ".join(columns) + " |", "|---|" + "---:|" * (len(columns) - 1)]
     for count in consumers:
         native = best(results, f"share group x{count}, native", partitions)
         sides = [native] + [best(results, f"share group x{count}, {proxy_label(tree)}", partitions) for tree in trees]
-        yield from ((native, m) for m in sides if m is not None)
+        rows += [line for m in sides if m is not None and (line := row(native, m)) is not None]
+    return "\n".join(rows)
 
 
 def cpu_table(results: Sequence[Measurement], consumers: Sequence[int], partitions: int,
@@ -819,19 +822,18 @@ def cpu_table(results: Sequence[Measurement], consumers: Sequence[int], partitio
     seconds per million records by whom, the machine's total, and how busy its cores were. On a
     machine whose cores are all busy, the rates of two sides go roughly as the inverse of their
     totals."""
-    rows = ["| measurement | records/s after first | consumers' JVM s | broker s | proxy s | machine s | "
-            "machine, proxy / native | cores busy |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for native, m in _share_sides(results, consumers, partitions, trees):
+    def row(native: Measurement | None, m: Measurement) -> str | None:
         if m.cpu is None:
-            continue
+            return None
         use = m.cpu.per_million(m.records)
         versus = ("" if m is native or native is None or native.cpu is None else
                   _ratio(use["machine"], native.cpu.per_million(native.records)["machine"]))
-        rows.append(f"| {m.label} | {m.streaming_records_per_second:,.0f} | {use['consumers']:.2f} | "
-                    f"{use['broker']:.2f} | {use['proxy']:.2f} | {use['machine']:.2f} | {versus} | "
-                    f"{m.cpu.busy:.0%} |")
-    return "\n".join(rows)
+        return (f"| {m.label} | {m.streaming_records_per_second:,.0f} | {use['consumers']:.2f} | "
+                f"{use['broker']:.2f} | {use['proxy']:.2f} | {use['machine']:.2f} | {versus} | {m.cpu.busy:.0%} |")
+
+    return _sides_table(["measurement", "records/s after first", "consumers' JVM s", "broker s", "proxy s",
+                         "machine s", "machine, proxy / native", "cores busy"],
+                        row, results, consumers, partitions, trees)
 
 
 def trees_table(results: Sequence[Measurement], consumers: Sequence[int], partitions: int,
