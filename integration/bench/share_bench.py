@@ -11,8 +11,11 @@ One run measures, with the same record count and size:
 
 One broker, started with Kafka's share groups enabled, serves both: the proxy in front of it
 serves share groups itself (its state on a topic of its own), the native runs go to the broker
-directly. Each measurement's sides run back to back, the side that goes first rotating, so the
-machine's speed, which drifts by tens of percent over minutes here, hits both alike (before
+directly. Each measurement's sides run back to back, the side that goes first rotating from cell
+to cell and from repeat to repeat (so with as many repeats as sides every cell runs each side in
+every position; until stop 35 a cell kept its order in every repeat, and a side run second in a
+pair measured a few percent faster), so the machine's speed, which drifts by tens of percent over
+minutes here, hits both alike (``--no-native`` leaves native out, for ``--proxy-trees`` alone; before
 2026-11-27 the proxied runs had a broker of their own and the native runs a second one after it,
 minutes apart: ``--separate-brokers``). Every measurement consumes a fresh group from the earliest
 offset (share groups via share.auto.offset.reset=earliest: the proxy's --share-auto-offset-reset
@@ -568,6 +571,13 @@ def rotated(items: Sequence, shift: int) -> list:
     return [*items[shift:], *items[:shift]]
 
 
+def side_order(sides: Sequence, cell: int, repeat: int) -> list:
+    """The order a cell's sides run in: the first moves on by one from cell to cell and from repeat
+    to repeat, so over as many repeats as there are sides every cell runs each side in every
+    position (a side run second in a pair measured a few percent faster: stop 35)."""
+    return rotated(sides, cell + repeat)
+
+
 def proxy_label(tree: str) -> str:
     return f"proxy {tree}" if tree else "proxy"
 
@@ -591,8 +601,9 @@ def phase_proxy(args: argparse.Namespace, tools: PerfTools, log_dir: Path, *, na
                     upstream=kafka.bootstrap, log_path=log_dir / f"proxy{'-' + tree if tree else ''}.log",
                     extra_args=extra, env={"PYTHONPATH": path} if path else None))
                 proxies.append((tree, proxy, f"http://127.0.0.1:{metrics_port}/metrics"))
-            round_, runs = itertools.count(), itertools.count()
-            for _ in range(args.repeat):
+            runs = itertools.count()
+            for repeat in range(args.repeat):
+                cells = itertools.count()
                 for partitions, topic in topics.items():
                     sides = [(kafka.bootstrap, "direct", "direct")] + [
                         (proxy.bootstrap, "proxy", proxy_label(tree)) for tree, proxy, _ in proxies]
@@ -603,7 +614,7 @@ def phase_proxy(args: argparse.Namespace, tools: PerfTools, log_dir: Path, *, na
                         report_progress(results[-1])
                     for consumers in args.consumers:
                         share_sides = [*proxies, *([None] if native else [])]  # None: native share groups
-                        for side in rotated(share_sides, next(round_)):
+                        for side in side_order(share_sides, next(cells), repeat):
                             if side is None:
                                 results.append(native_share_run(args, tools, kafka.bootstrap, topic, partitions,
                                                                 consumers, kafka.pid))
@@ -897,6 +908,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="where --py-spy writes its raw profiles (one file per run)")
     parser.add_argument("--profile-top", type=int, default=25, help="functions listed per profile")
     parser.add_argument("--json", type=Path, help="also write every measurement here")
+    parser.add_argument("--no-native", action="store_true",
+                        help="leave Kafka's native share groups out: only the --proxy-trees, side by side")
     parser.add_argument("--separate-brokers", action="store_true",
                         help="the proxied runs against a broker without share groups, then the native runs "
                              "against a second broker (the method before 2026-11-27: phases minutes apart)")
@@ -924,7 +937,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.separate_brokers:
             results = phase_proxy(args, tools, log_dir, native=False) + phase_native(args, tools, log_dir)
         else:
-            results = phase_proxy(args, tools, log_dir)
+            results = phase_proxy(args, tools, log_dir, native=not args.no_native)
     finally:
         if not args.keep_logs:
             shutil.rmtree(log_dir, ignore_errors=True)

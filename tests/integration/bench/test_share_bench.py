@@ -24,6 +24,7 @@ from integration.bench.share_bench import (
     profile_summary,
     repeats_table,
     rotated,
+    side_order,
     table,
     trees_table,
     upstream_reads,
@@ -41,6 +42,15 @@ def test_parse_trees_resolves_paths_and_refuses_what_is_not_name_equals_path(tmp
         parse_trees("before")
     with pytest.raises(argparse.ArgumentTypeError):
         parse_trees("=/tmp")
+
+
+def test_every_cell_runs_each_side_first_once_in_as_many_repeats_as_sides():
+    sides = ["base", "trial", "native"]
+    for cell in range(6):
+        firsts = [side_order(sides, cell, repeat)[0] for repeat in range(len(sides))]
+        assert sorted(firsts) == sorted(sides)
+    # Neighbouring cells of one repeat start differently too.
+    assert side_order(["a", "b"], 0, 0)[0] != side_order(["a", "b"], 1, 0)[0]
 
 
 def test_rotated_alternates_which_side_goes_first():
