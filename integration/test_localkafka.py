@@ -9,6 +9,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from confluent_kafka.admin import AdminClient, ConfigResource
+
 from integration.kafka_fixtures import kafka_version, share_proxy_executable, terminate, wait_for_ready_line
 from proxy.localkafka import SHARE_API_KEYS, LocalKafka
 from proxy.localkafka.config import supports_share_groups
@@ -107,3 +109,13 @@ def test_killing_the_launcher_takes_the_broker_with_it(tmp_path: Path) -> None:
         terminate(process)
         for pid in java_processes_using(data_dir):  # only this test's broker: its data dir is unique
             os.kill(pid, signal.SIGKILL)
+
+
+def test_server_properties_override_the_nodes_own_settings(tmp_path: Path) -> None:
+    with LocalKafka(version=kafka_version(), data_dir=tmp_path / "kafka-data",
+                    server_properties={"replica.fetch.wait.max.ms": "123", "num.partitions": "3"}) as kafka:
+        admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+        resource = ConfigResource(ConfigResource.Type.BROKER, str(kafka.broker_id))
+        configs = admin.describe_configs([resource])[resource].result(timeout=30)
+        assert configs["replica.fetch.wait.max.ms"].value == "123"
+        assert configs["num.partitions"].value == "3"  # one the launcher sets itself (1) is overridden too

@@ -11,6 +11,9 @@ A second, broker-only node can join a started one (``LocalKafka(node_id=2, join=
 uses the first node's controller and is formatted (each start, no template) with the first
 node's cluster id. Two brokers let partitions be led by different nodes.
 
+``server_properties`` are written after the node's own settings, so they win (a benchmark's replica
+fetch timing, say).
+
 A secured node (``LocalKafka(security="sasl_ssl" | "sasl_plaintext")``) gets a CA and a
 broker certificate in `<data-dir>/tls/` (`certs.Certificates`), SCRAM-SHA-512 users written into
 the storage at format time, the StandardAuthorizer, and a Java client properties file for admin
@@ -36,6 +39,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -153,6 +157,7 @@ class LocalKafka:
         node_id: int = NODE_ID,
         join: LocalKafka | None = None,
         security: str | None = None,
+        server_properties: Mapping[str, str] | None = None,
     ) -> None:
         if share_groups and not supports_share_groups(version):
             raise LocalKafkaError(f"Apache Kafka {version} has no share groups (KIP-932 needs 4.x)")
@@ -172,6 +177,7 @@ class LocalKafka:
         self.broker_id = node_id
         # The started combined node whose controller (and cluster) this broker-only node joins.
         self.join = join
+        self.server_properties = dict(server_properties or {})
         if join is not None and (not join.running or join.join is not None or join.broker_id == node_id):
             raise LocalKafkaError("a joining node needs a started controller node with another node id")
         self._requested_dir = Path(data_dir) if data_dir is not None else None
@@ -318,7 +324,8 @@ class LocalKafka:
             self._prepare_security()
         settings = self._settings(log_dir)
         config = self.data_dir / "server.properties"
-        config.write_text(render_properties(broker_properties(settings)))
+        # Extra settings last, so they win (e.g. a benchmark's replica fetch timing).
+        config.write_text(render_properties({**broker_properties(settings), **self.server_properties}))
         if self.security is not None:
             self.client_config_path = self.data_dir / "client-admin.properties"
             self.client_config_path.write_text(java_properties_text(self.java_properties()))
