@@ -183,6 +183,7 @@ class ProxyConfig:
     state_write_timeout_ms: int = 30_000
     state_linger_ms: int = 0
     state_writes_in_flight: int = 4
+    state_producers: int = 4
     state_deltas: str = "on"  # on | off: cumulative ShareUpdates between snapshots (proxy/share/state_delta.py)
     state_fencing: str = "none"  # none | transactional: a transactional producer per state partition
     # Scale-out (issue 15, docs/scale-out.md): this instance's id and slot in the ownership group.
@@ -367,6 +368,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("state_fencing", parse_choice("none", "transactional"), "transactional: write each state-topic partition through a transactional producer whose transactional.id (<prefix>.<state topic>.<partition>) is the same for every instance, and take it over before replay, so a second or paused proxy on the same state topic can never overwrite what this one wrote (its writes fail fenced); costs about 3 ms per write and needs transactions on the cluster (default none: one idempotent producer; docs/scale-out.md)", "none|transactional"),
     Option("state_transactional_id_prefix", str, "prefix of the state lanes' transactional ids with --state-fencing transactional; the proxy's principal needs WRITE and DESCRIBE on TransactionalId with this prefix (default ksp-state)", "PREFIX"),
     Option("state_writes_in_flight", int, "how many state writes may be on their way to the broker at once (default 4): an acknowledgement that arrives while a write is in flight is written at once instead of after it; outcomes are applied in order, and a failed write fails every write issued before its failure was known (docs/architecture.md, Durable state). With --state-fencing transactional: always 1", "N"),
+    Option("state_producers", int, "idempotent producers (each its own broker connection and poller thread) the state writes are spread over by state partition: librdkafka sends one ProduceRequest per partition and a broker answers one connection's requests one at a time, so a write touching several state partitions waits for each in turn through one producer (default 4; docs/benchmarks.md, \"State writes spread over producers\"). With --state-fencing transactional: not used (a producer per state partition already)", "N"),
     Option("state_deltas", parse_choice("on", "off"), "on: write a share-partition's state changes as cumulative ShareUpdates (everything changed since its last durable snapshot) when clearly smaller than a snapshot, with a snapshot every --state-snapshot-every updates; off: a full ShareSnapshot per change (default on; docs/architecture.md, Durable state)", "on|off"),
     Option("state_snapshot_every", int, "with --state-deltas on: at most this many ShareUpdates per share-partition before a new snapshot; bounds replay before compaction (default 100)", "N"),
     Option("share_read_cache_bytes", int, "log bytes the share-partition read caches may hold in total, for members queued behind one upstream read (default 67108864)", "BYTES"),
@@ -521,6 +523,8 @@ def _validate(config: ProxyConfig) -> None:
         raise ConfigError("max_connections must be positive")
     if config.state_writes_in_flight < 1:
         raise ConfigError("state_writes_in_flight must be at least 1")
+    if config.state_producers < 1:
+        raise ConfigError("state_producers must be at least 1")
     if config.state_linger_ms < 0:
         raise ConfigError("state_linger_ms must be 0 or positive")
     if config.gc_threshold < 0:

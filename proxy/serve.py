@@ -110,6 +110,7 @@ def share_settings(config: ProxyConfig):
         state_write_timeout_ms=config.state_write_timeout_ms,
         state_linger_ms=config.state_linger_ms,
         state_writes_in_flight=config.state_writes_in_flight,
+        state_producers=config.state_producers,
         state_deltas=config.state_deltas == "on",
         state_fencing="transactional" if config.instance_id is not None else config.state_fencing,
         instance_id=config.instance_id,

@@ -140,6 +140,32 @@ async def test_librdkafkas_partitioner_puts_a_key_where_route_partition_says_and
         assert {r.partition for r in replayed if r.key == update} == {placed[key]}
 
 
+async def test_writes_spread_over_several_producers_land_on_their_partitions_in_submission_order(kafka, state_topic):
+    # --state-producers: each partition is written by one of the producers; its records keep the
+    # order they were submitted in, with several writes in flight at once, as the commit pipeline has them.
+    partitions = StateTopicSpec(state_topic).partitions
+    routes = [state_store.share_partition_route(("group-a", uuid.UUID(int=i), 0)) for i in range(24)]
+    writer = StateLogWriter(kafka.bootstrap, producers=3)
+    writer.start()
+    try:
+        deliveries = [await writer.submit(state_topic, [(b"key-%d" % i, b"%d" % round_, route)
+                                                        for i, route in enumerate(routes)]) for round_ in range(5)]
+        await writer.write(state_topic, [(b"unrouted-key", b"placed by the writer")])
+        for delivery in deliveries:
+            await delivery.wait()
+    finally:
+        await writer.aclose()
+
+    replayed = await replay(kafka.bootstrap, state_topic)
+    for i, route in enumerate(routes):
+        landed = [r for r in replayed if r.key == b"key-%d" % i]
+        assert {r.partition for r in landed} == {route_partition(route, partitions)}
+        assert [r.value for r in sorted(landed, key=lambda r: r.offset)] == [b"%d" % n for n in range(5)]
+    assert len({route_partition(route, partitions) % 3 for route in routes}) == 3  # all three producers wrote
+    unrouted = [r for r in replayed if r.key == b"unrouted-key"]
+    assert [r.partition for r in unrouted] == [route_partition(b"unrouted-key", partitions)]
+
+
 async def test_replay_of_an_empty_state_topic_is_empty(kafka, state_topic):
     assert await replay(kafka.bootstrap, state_topic) == []
 

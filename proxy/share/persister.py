@@ -202,6 +202,16 @@ class StateLogWriter:
     An idempotent producer that hits a *fatal* error (e.g. its producer id fenced, or sequence
     numbers out of sync after a long outage) can never write again; the writer then replaces it
     with a fresh producer before the next write, so the share service recovers without a restart.
+
+    **Producers** (``--state-producers``): librdkafka sends one ProduceRequest per partition, and a
+    broker works through one connection's requests one at a time, so a write touching several
+    state partitions through one producer waits for each partition's request in turn. With
+    ``producers`` > 1 each state partition is written by producer ``partition % producers`` (its
+    own connection, its own poller thread), so the broker takes those requests at once; a
+    partition is always written by the same producer, which keeps each partition's records in
+    submission order. Records without a route are then placed by this writer as librdkafka's
+    partitioner would (:func:`route_partition` of the key), so they too stay with their
+    partition's producer.
     """
 
     def __init__(
@@ -211,8 +221,11 @@ class StateLogWriter:
         client_config: Mapping[str, str] | None = None,
         delivery_timeout_ms: int = 30_000,
         linger_ms: int = 0,
+        producers: int = 1,
         producer_factory: Callable[[dict[str, object]], Producer] = Producer,
     ) -> None:
+        if producers < 1:
+            raise ValueError("a state writer needs at least one producer")
         config = _client_config(bootstrap, client_config)
         config.update(
             {
@@ -226,10 +239,10 @@ class StateLogWriter:
         )
         self._config = config
         self._producer_factory = producer_factory
-        self._producer = producer_factory(config)
+        self._producers = [producer_factory(config) for _ in range(producers)]
         self._token: trio.lowlevel.TrioToken | None = None
         self._stopping = threading.Event()
-        self._poller: threading.Thread | None = None
+        self._pollers: list[threading.Thread] = []
         self._fatal: str | None = None
         self.recreated = 0
         self._partition_counts: dict[str, int] = {}  # topic -> partitions, for routed records
@@ -242,33 +255,39 @@ class StateLogWriter:
     def _recreate_if_fatal(self) -> None:
         if self._fatal is None:
             return
-        log.error("replacing the state producer", reason=self._fatal)
-        old, self._producer = self._producer, self._producer_factory(self._config)
+        # Which producer failed is not known (librdkafka's error callback does not say): all are
+        # replaced, their queued records failing so their writes are retried.
+        log.error("replacing the state producer", reason=self._fatal, producers=len(self._producers))
+        old, self._producers = self._producers, [self._producer_factory(self._config) for _ in self._producers]
         self._fatal = None
         self.recreated += 1
         metrics.STATE_PRODUCER_RECREATED.inc()
-        try:
-            old.purge()  # its queued records fail with _PURGE_QUEUE: their writes report failure
-            old.flush(0)
-        except Exception:  # noqa: BLE001 - a broken producer is dropped whatever it says
-            log.warning("discarding the failed state producer raised", exc_info=True)
+        for producer in old:
+            try:
+                producer.purge()  # its queued records fail with _PURGE_QUEUE: their writes report failure
+                producer.flush(0)
+            except Exception:  # noqa: BLE001 - a broken producer is dropped whatever it says
+                log.warning("discarding the failed state producer raised", exc_info=True)
 
     def start(self) -> None:
         """Start delivering acknowledgements; call from inside trio."""
         self._token = trio.lowlevel.current_trio_token()
-        self._poller = threading.Thread(target=self._poll_loop, name="state-log-poller", daemon=True)
-        self._poller.start()
+        for lane in range(len(self._producers)):
+            poller = threading.Thread(target=self._poll_loop, args=(lane,), name=f"state-log-poller-{lane}",
+                                      daemon=True)
+            poller.start()
+            self._pollers.append(poller)
 
-    def _poll_loop(self) -> None:
+    def _poll_loop(self, lane: int) -> None:
         while not self._stopping.is_set():
-            self._producer.poll(0.05)
+            self._producers[lane].poll(0.05)  # read each time: a fatal error replaces the producers
 
     async def partition_count(self, topic: str) -> int:
         """Partitions of `topic` (metadata, read once); PersistError if unknown."""
         count = self._partition_counts.get(topic)
         if count is not None:
             return count
-        producer = self._producer
+        producer = self._producers[0]
         try:
             metadata = await trio.to_thread.run_sync(lambda: producer.list_topics(topic, timeout=10.0),
                                                      abandon_on_cancel=True)
@@ -301,8 +320,9 @@ class StateLogWriter:
         delivery = Delivery(topic, len(records))
         if not records:
             return delivery
-        routed = any(len(record) == 3 for record in records)
-        partitions = await self.partition_count(topic) if routed else 0
+        lanes = len(self._producers)
+        placed_here = lanes > 1 or any(len(record) == 3 for record in records)
+        partitions = await self.partition_count(topic) if placed_here else 0
         token = self._token
 
         def on_delivery(err: KafkaError | None, _msg: object) -> None:
@@ -320,19 +340,17 @@ class StateLogWriter:
 
         for record in records:
             key, value = record[0], record[1]
-            # -1: librdkafka's partitioner (RD_KAFKA_PARTITION_UA)
-            partition = -1 if len(record) != 3 else (
-                record[2] if isinstance(record[2], int) else route_partition(record[2], partitions))
+            partition = _partition_of(record, partitions, lanes)
             if partition >= max(partitions, 1):
                 delivery.settle(f"partition {partition} of {topic!r} does not exist ({partitions})")
                 continue
             while True:
+                producer = self._producers[max(partition, 0) % lanes]
                 try:
                     if partition < 0:
-                        self._producer.produce(topic, key=key, value=value, on_delivery=on_delivery)
+                        producer.produce(topic, key=key, value=value, on_delivery=on_delivery)
                     else:
-                        self._producer.produce(topic, key=key, value=value, partition=partition,
-                                               on_delivery=on_delivery)
+                        producer.produce(topic, key=key, value=value, partition=partition, on_delivery=on_delivery)
                     break
                 except BufferError:
                     # librdkafka's queue is full: let the poller drain it, then retry.
@@ -344,10 +362,21 @@ class StateLogWriter:
 
     async def aclose(self, timeout_s: float = 10.0) -> None:
         """Flush what is queued, then stop the poller."""
-        await trio.to_thread.run_sync(self._producer.flush, timeout_s)
+        for producer in self._producers:
+            await trio.to_thread.run_sync(producer.flush, timeout_s)
         self._stopping.set()
-        if self._poller is not None:
-            await trio.to_thread.run_sync(self._poller.join, timeout_s)
+        for poller in self._pollers:
+            await trio.to_thread.run_sync(poller.join, timeout_s)
+
+
+def _partition_of(record: StateRecord, partitions: int, lanes: int) -> int:
+    """The partition `record` is produced to; -1 leaves it to librdkafka's partitioner, which only
+    a single producer may do (with several, the partition picks the producer)."""
+    if len(record) == 3:
+        route = record[2]
+        return route if isinstance(route, int) else route_partition(route, partitions)
+    key = record[0]
+    return route_partition(key, partitions) if lanes > 1 and key else -1
 
 
 def replay_state_topic(

@@ -122,6 +122,7 @@ class ShareSettings:
     state_write_timeout_ms: int = 30_000  # the state producer's delivery timeout
     state_linger_ms: int = 0  # the state producer's linger.ms
     state_writes_in_flight: int = DEFAULT_WRITES_IN_FLIGHT  # the commit pipeline's writes on their way at once
+    state_producers: int = 4  # idempotent producers the state writes are spread over by partition
     # Cumulative ShareUpdates between snapshots (--state-deltas, proxy.share.state_delta), and at most
     # this many updates per snapshot (--state-snapshot-every).
     state_deltas: bool = True
@@ -439,7 +440,8 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
                                           client_config=client_config, owned_only=scale_out)
     else:
         writer = StateLogWriter(bootstrap, delivery_timeout_ms=settings.state_write_timeout_ms,
-                                linger_ms=settings.state_linger_ms, client_config=client_config)
+                                linger_ms=settings.state_linger_ms, producers=settings.state_producers,
+                                client_config=client_config)
     writer.start()
     delay = 0.5
     replay_started = trio.current_time()

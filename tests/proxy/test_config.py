@@ -109,6 +109,7 @@ def test_switch_flag_and_boolean_environment():
         (["--upstream", "k:1", "--heap-retain-bytes", "-1"], {}),
         (["--upstream", "k:1", "--state-linger-ms", "-1"], {}),
         (["--upstream", "k:1", "--state-writes-in-flight", "0"], {}),
+        (["--upstream", "k:1", "--state-producers", "0"], {}),
     ],
 )
 def test_invalid_configuration_is_a_config_error(argv, environ):
@@ -232,6 +233,14 @@ def test_state_writes_in_flight_reaches_the_share_settings():
     assert share_settings(parse(["--upstream", "k:1", "--state-writes-in-flight", "1"])).state_writes_in_flight == 1
     assert share_settings(parse(["--upstream", "k:1"], environ={"KSP_STATE_WRITES_IN_FLIGHT": "8"})
                           ).state_writes_in_flight == 8
+
+
+def test_state_producers_reach_the_share_settings():
+    from proxy.serve import share_settings
+
+    assert share_settings(parse(["--upstream", "k:1"])).state_producers == 4
+    assert share_settings(parse(["--upstream", "k:1", "--state-producers", "3"])).state_producers == 3
+    assert share_settings(parse(["--upstream", "k:1"], environ={"KSP_STATE_PRODUCERS": "2"})).state_producers == 2
 
 
 def test_state_delta_flags_reach_the_share_settings():

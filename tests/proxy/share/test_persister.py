@@ -22,9 +22,12 @@ class FakeProducer:
         self.lock = threading.Lock()
         self.purged = False
 
-    def produce(self, topic, key=None, value=None, on_delivery=None) -> None:
+    def produce(self, topic, key=None, value=None, partition=None, on_delivery=None) -> None:
         with self.lock:
             self.pending.append(on_delivery)
+
+    def list_topics(self, topic, timeout):
+        return SimpleNamespace(topics={topic: SimpleNamespace(error=None, partitions={0: None, 1: None})})
 
     def poll(self, timeout: float) -> int:
         with self.lock:
@@ -178,3 +181,54 @@ async def test_submit_hands_every_record_to_the_producer_before_it_returns_and_t
     finally:
         with trio.move_on_after(5):
             await writer.aclose()
+
+
+async def test_with_several_producers_each_partition_is_always_written_by_the_same_one():
+    made: list[RoutingProducer] = []
+    writer = StateLogWriter("unused:9092", producers=2,
+                            producer_factory=lambda config: made.append(RoutingProducer(config, partitions=4))
+                            or made[-1])
+    writer.start()
+    try:
+        routes = [bytes([i]) for i in range(16)]
+        await writer.write("state", [(b"k%d" % i, b"v", route) for i, route in enumerate(routes)])
+        await writer.write("state", [(b"again", b"v", route) for route in routes])
+        assert len(made) == 2 and made[0].produced and made[1].produced
+        for lane, producer in enumerate(made):
+            assert {partition % 2 for _, partition in producer.produced} == {lane}
+        # Per partition, records reach its producer in submission order.
+        for partition in range(4):
+            written = [key for producer in made for key, p in producer.produced if p == partition]
+            expected = [b"k%d" % i for i, route in enumerate(routes) if route_partition(route, 4) == partition]
+            assert written == expected + [b"again"] * len(expected)
+        # A record without a route is placed as librdkafka's partitioner would place it, by the writer.
+        await writer.write("state", [(b"group-key", b"v")])
+        home = route_partition(b"group-key", 4)
+        assert made[home % 2].produced[-1] == (b"group-key", home)
+    finally:
+        with trio.move_on_after(5):
+            await writer.aclose()
+
+
+async def test_a_fatal_error_replaces_every_producer():
+    made: list[FakeProducer] = []
+
+    def factory(config: dict) -> FakeProducer:
+        made.append(FakeProducer(config, fatal=len(made) == 0))  # only the first lane's first producer
+        return made[-1]
+
+    writer = StateLogWriter("unused:9092", producers=2, producer_factory=factory)
+    writer.start()
+    try:
+        with pytest.raises(PersistError, match="FATAL"):
+            await writer.write("state", [(b"k", b"v", 0)])
+        await writer.write("state", [(b"k", b"v2", 0), (b"k", b"v2", 1)])
+        assert len(made) == 4 and made[0].purged and made[1].purged and writer.recreated == 1
+    finally:
+        with trio.move_on_after(5):
+            await writer.aclose()
+
+
+def test_a_writer_needs_a_producer():
+    with pytest.raises(ValueError, match="at least one producer"):
+        StateLogWriter("unused:9092", producers=0, producer_factory=lambda config: None)
