@@ -361,9 +361,11 @@ class StateLogWriter:
         return delivery
 
     async def aclose(self, timeout_s: float = 10.0) -> None:
-        """Flush what is queued, then stop the poller."""
-        for producer in self._producers:
-            await trio.to_thread.run_sync(producer.flush, timeout_s)
+        """Flush what is queued (every producer at once: shutdown waits `timeout_s` at most), then
+        stop the pollers."""
+        async with trio.open_nursery() as nursery:
+            for producer in self._producers:
+                nursery.start_soon(trio.to_thread.run_sync, producer.flush, timeout_s)
         self._stopping.set()
         for poller in self._pollers:
             await trio.to_thread.run_sync(poller.join, timeout_s)

@@ -232,3 +232,20 @@ async def test_a_fatal_error_replaces_every_producer():
 def test_a_writer_needs_a_producer():
     with pytest.raises(ValueError, match="at least one producer"):
         StateLogWriter("unused:9092", producers=0, producer_factory=lambda config: None)
+
+
+async def test_closing_flushes_every_producer_at_once():
+    flushing = []
+
+    class SlowFlush(RoutingProducer):
+        def flush(self, timeout: float = 0) -> int:
+            flushing.append(self)
+            threading.Event().wait(timeout)  # a broker that never answers: flush waits its whole timeout
+            return 1
+
+    writer = StateLogWriter("unused:9092", producers=3, producer_factory=SlowFlush)
+    writer.start()
+    started = trio.current_time()
+    await writer.aclose(timeout_s=0.3)
+    assert len(flushing) == 3
+    assert trio.current_time() - started < 0.8  # not 3 x 0.3 s one after the other
