@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from types import SimpleNamespace
 
@@ -10,6 +11,17 @@ import trio
 from confluent_kafka import KafkaError
 
 from proxy.share.persister import PersistError, StateLogWriter, route_partition
+
+
+@contextlib.asynccontextmanager
+async def running(writer: StateLogWriter):
+    """`writer` started, and closed at the end (within 5 s, whatever its producers do)."""
+    writer.start()
+    try:
+        yield writer
+    finally:
+        with trio.move_on_after(5):
+            await writer.aclose()
 
 
 class FakeProducer:
@@ -55,15 +67,11 @@ async def test_a_fatally_failed_producer_is_replaced_and_the_next_write_succeeds
         return made[-1]
 
     writer = StateLogWriter("unused:9092", producer_factory=factory)
-    writer.start()
-    try:
+    async with running(writer):
         with pytest.raises(PersistError, match="FATAL"):
             await writer.write("state", [(b"k", b"v")])
         await writer.write("state", [(b"k", b"v2")])  # on a new producer
         assert len(made) == 2 and made[0].purged and writer.recreated == 1
-    finally:
-        with trio.move_on_after(5):
-            await writer.aclose()
 
 
 class RoutingProducer:
@@ -114,9 +122,8 @@ async def test_routed_records_go_to_their_routes_partition_and_others_to_the_par
     made: list[RoutingProducer] = []
     writer = StateLogWriter("unused:9092", producer_factory=lambda config: made.append(RoutingProducer(config))
                             or made[-1])
-    writer.start()
-    producer = made[0]
-    try:
+    async with running(writer):
+        producer = made[0]
         await writer.write("state", [(b"group", b"v"), (b"snapshot-key", b"s", b"snapshot-key"),
                                      (b"update-key", b"u", b"snapshot-key"), (b"update-key", None, b"snapshot-key")])
         expected = route_partition(b"snapshot-key", 3)
@@ -133,9 +140,6 @@ async def test_routed_records_go_to_their_routes_partition_and_others_to_the_par
         await writer.write("state", [(b"k", b"v", b"r")])  # (the next start migrates them)
         assert len(made) == 2  # the timed-out write replaced the producer
         assert made[-1].metadata_reads == 0 and made[-1].produced[-1] == (b"k", route_partition(b"r", 3))
-    finally:
-        with trio.move_on_after(5):
-            await writer.aclose()
 
 
 async def test_a_timed_out_write_replaces_the_producer_before_the_retry():
@@ -144,17 +148,13 @@ async def test_a_timed_out_write_replaces_the_producer_before_the_retry():
     made: list[RoutingProducer] = []
     writer = StateLogWriter("unused:9092", producer_factory=lambda config: made.append(RoutingProducer(config))
                             or made[-1])
-    writer.start()
-    try:
+    async with running(writer):
         made[0].failures = 1  # its deliveries fail with _MSG_TIMED_OUT
         with pytest.raises(PersistError, match="timed out|TIMED_OUT"):
             await writer.write("state", [(b"k", b"v")])
         await writer.write("state", [(b"k", b"v")])
         assert len(made) == 2 and made[1].produced == [(b"k", None)]
         assert writer.recreated == 1
-    finally:
-        with trio.move_on_after(5):
-            await writer.aclose()
 
 
 async def test_submit_hands_every_record_to_the_producer_before_it_returns_and_the_delivery_reports_each():
@@ -165,8 +165,7 @@ async def test_submit_hands_every_record_to_the_producer_before_it_returns_and_t
         return made[-1]
 
     writer = StateLogWriter("unused:9092", producer_factory=factory)
-    writer.start()
-    try:
+    async with running(writer):
         first = await writer.submit("state", [(b"a", b"1", b"route"), (b"b", b"1", b"route")])
         second = await writer.submit("state", [(b"a", b"2", b"route")])
         # In the producer, in submission order, before either delivery is known.
@@ -178,9 +177,6 @@ async def test_submit_hands_every_record_to_the_producer_before_it_returns_and_t
         with pytest.raises(PersistError, match="state write to 'state' failed"):
             await failing.wait()
         await (await writer.submit("state", [])).wait()  # nothing to write: delivered at once
-    finally:
-        with trio.move_on_after(5):
-            await writer.aclose()
 
 
 async def test_with_several_producers_each_partition_is_always_written_by_the_same_one():
@@ -188,8 +184,7 @@ async def test_with_several_producers_each_partition_is_always_written_by_the_sa
     writer = StateLogWriter("unused:9092", producers=2,
                             producer_factory=lambda config: made.append(RoutingProducer(config, partitions=4))
                             or made[-1])
-    writer.start()
-    try:
+    async with running(writer):
         routes = [bytes([i]) for i in range(16)]
         await writer.write("state", [(b"k%d" % i, b"v", route) for i, route in enumerate(routes)])
         await writer.write("state", [(b"again", b"v", route) for route in routes])
@@ -205,9 +200,6 @@ async def test_with_several_producers_each_partition_is_always_written_by_the_sa
         await writer.write("state", [(b"group-key", b"v")])
         home = route_partition(b"group-key", 4)
         assert made[home % 2].produced[-1] == (b"group-key", home)
-    finally:
-        with trio.move_on_after(5):
-            await writer.aclose()
 
 
 async def test_a_fatal_error_replaces_every_producer():
@@ -218,15 +210,11 @@ async def test_a_fatal_error_replaces_every_producer():
         return made[-1]
 
     writer = StateLogWriter("unused:9092", producers=2, producer_factory=factory)
-    writer.start()
-    try:
+    async with running(writer):
         with pytest.raises(PersistError, match="FATAL"):
             await writer.write("state", [(b"k", b"v", 0)])
         await writer.write("state", [(b"k", b"v2", 0), (b"k", b"v2", 1)])
         assert len(made) == 4 and made[0].purged and made[1].purged and writer.recreated == 1
-    finally:
-        with trio.move_on_after(5):
-            await writer.aclose()
 
 
 def test_a_writer_needs_a_producer():
