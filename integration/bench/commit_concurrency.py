@@ -123,6 +123,22 @@ async def measure(bootstrap: str, members: int, in_flight: int, seconds: float, 
         await writer.aclose()
 
 
+def start_cluster(stack: contextlib.ExitStack, args: argparse.Namespace) -> LocalKafka:
+    """The broker (and ``--brokers`` - 1 broker-only nodes joined to it, closed with `stack`) with the
+    state topic created, replicated on every node."""
+    slow_followers = ({"replica.fetch.min.bytes": str(1 << 20), "replica.fetch.wait.max.ms": str(args.replica_fetch_wait_ms)}
+                      if args.replica_fetch_wait_ms else {})
+    kafka = stack.enter_context(LocalKafka(version=args.kafka_version, server_properties=slow_followers))
+    for node_id in range(2, args.brokers + 1):
+        stack.enter_context(LocalKafka(version=args.kafka_version, node_id=node_id, join=kafka,
+                                       server_properties=slow_followers))
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    replicated = {"min.insync.replicas": "2"} if args.brokers > 1 else {}
+    admin.create_topics([NewTopic(TOPIC, args.state_partitions, args.brokers,
+                                  config={"cleanup.policy": "compact", **replicated})])[TOPIC].result()
+    return kafka
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--members", type=lambda s: [int(v) for v in s.split(",")], default=[1, 4, 16])
@@ -143,21 +159,11 @@ def main() -> int:
     parser.add_argument("--kafka-version", default=os.environ.get("KSP_KAFKA_VERSION", DEFAULT_VERSION))
     args = parser.parse_args()
     with contextlib.ExitStack() as stack:
-        slow_followers = ({"replica.fetch.min.bytes": str(1 << 20), "replica.fetch.wait.max.ms": str(args.replica_fetch_wait_ms)}
-                          if args.replica_fetch_wait_ms else {})
-        kafka = stack.enter_context(LocalKafka(version=args.kafka_version, server_properties=slow_followers))
-        for node_id in range(2, args.brokers + 1):
-            stack.enter_context(LocalKafka(version=args.kafka_version, node_id=node_id, join=kafka,
-                                           server_properties=slow_followers))
-        admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
-        replicated = {"min.insync.replicas": "2"} if args.brokers > 1 else {}
-        admin.create_topics([NewTopic(TOPIC, args.state_partitions, args.brokers,
-                                      config={"cleanup.policy": "compact", **replicated})])[TOPIC].result()
+        kafka = start_cluster(stack, args)
         followers = (f"followers fetch every {args.replica_fetch_wait_ms} ms" if args.replica_fetch_wait_ms
                      else "followers fetch as data arrives")
         print(f"Kafka {args.kafka_version}, {args.brokers} broker(s) ({followers}), {args.state_partitions} "
-              f"state partitions, "
-              f"{args.seconds:g} s per setting and round, think {args.think_ms:g} ms, "
+              f"state partitions, {args.seconds:g} s per setting and round, think {args.think_ms:g} ms, "
               f"load {tuple(round(v, 2) for v in os.getloadavg())}", flush=True)
         trio.run(measure, kafka.bootstrap, 1, 1, 1.0, args.think_ms)  # warm-up: producer id, metadata
         results: dict[tuple[float, int, int, int], list[tuple[list[float], int]]] = {}
