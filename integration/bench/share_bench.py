@@ -485,12 +485,15 @@ def process_cpu_seconds(pid: int) -> float | None:
 
 @contextlib.contextmanager
 def py_spy(executable: str | None, pid: int, output: Path):
-    """Sample `pid` with py-spy (raw collapsed stacks into `output`) while the block runs."""
+    """Sample `pid` with py-spy (raw collapsed stacks into `output`) while the block runs: only the
+    thread holding the GIL (``--gil``), so the samples are Python at work -- without it a thread
+    blocked in epoll or a send counted as busy in that call (stop 35: epoll and sends were 40 % of
+    the samples, where perf found the interpreter at 60-70 % of the proxy's CPU)."""
     if executable is None:
         yield
         return
     output.parent.mkdir(parents=True, exist_ok=True)
-    process = subprocess.Popen([executable, "record", "--pid", str(pid), "--rate", "200", "--format", "raw",
+    process = subprocess.Popen([executable, "record", "--pid", str(pid), "--rate", "200", "--gil", "--format", "raw",
                                 "--output", str(output)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     time.sleep(0.5)  # attached before the run starts
     try:
@@ -502,6 +505,41 @@ def py_spy(executable: str | None, pid: int, output: Path):
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@contextlib.contextmanager
+def perf_record(executable: str | None, pid: int, output: Path):
+    """Sample `pid` (every thread, user and kernel) with Linux perf into `output` while the block runs."""
+    if executable is None:
+        yield
+        return
+    output.parent.mkdir(parents=True, exist_ok=True)
+    process = subprocess.Popen([executable, "record", "-F", "499", "-g", "-p", str(pid), "-o", str(output)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.5)  # attached before the run starts
+    try:
+        yield
+    finally:
+        process.send_signal(signal.SIGINT)  # perf writes its data on Ctrl-C
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def perf_summary(executable: str, path: Path, top: int = 25) -> str:
+    """Where a perf recording's CPU went: by library (the interpreter, the kernel, libc's copies,
+    ...), then the hottest symbols. Unlike py-spy, perf tells a thread blocked in the kernel from one
+    working there, and counts what the interpreter itself costs."""
+    def report(sort: str) -> list[str]:
+        result = subprocess.run([executable, "report", "-i", str(path), "--no-children", "--sort", sort,
+                                 "--stdio", "-g", "none"], capture_output=True, text=True, timeout=120)
+        return [line.rstrip() for line in result.stdout.splitlines()
+                if line.strip() and not line.startswith("#") and "%" in line]
+    by_library = report("dso")[:8]
+    by_symbol = report("dso,sym")[:top]
+    return "\n".join(["by library (share of samples, every thread):", *by_library, "by symbol:", *by_symbol])
 
 
 def profile_summary(path: Path, top: int = 25) -> str:
@@ -647,7 +685,9 @@ def proxied_share_run(args: argparse.Namespace, tools: PerfTools, proxy: ProxyPr
     pid = proxy.process.pid
     acquired_before = proxy_counter(metrics_url, "ksp_share_records_acquired")
     samples_before = proxy_samples(metrics_url)
-    with py_spy(args.py_spy, pid, profile), CpuSampler(broker_pid, pid) as sampler:
+    recording = profile.with_suffix(".perf.data")
+    with py_spy(args.py_spy, pid, profile), perf_record(args.perf, pid, recording), \
+            CpuSampler(broker_pid, pid) as sampler:
         cpu_before = process_cpu_seconds(pid)
         measured = share_perf(tools, proxy.bootstrap, topic, unique_name("bench-share"), args.records, consumers,
                               f"share group x{consumers}, {proxy_label(tree)}", "proxy", sampler.consumers_started)
@@ -665,6 +705,9 @@ def proxied_share_run(args: argparse.Namespace, tools: PerfTools, proxy: ProxyPr
           file=sys.stderr, flush=True)
     if args.py_spy and profile.exists():
         print(f"    profile {profile}:\n{profile_summary(profile, args.profile_top)}", file=sys.stderr, flush=True)
+    if args.perf and recording.exists():
+        print(f"    perf {recording}:\n{perf_summary(args.perf, recording, args.profile_top)}", file=sys.stderr,
+              flush=True)
     return result
 
 
@@ -904,6 +947,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "in alternating order, e.g. before=/tmp/base,after=.")
     parser.add_argument("--py-spy", default=None, metavar="PATH",
                         help="profile the proxy during each proxied share run with this py-spy executable")
+    parser.add_argument("--perf", default=None, metavar="PATH",
+                        help="also record the proxy with Linux perf (this executable) during each proxied share "
+                             "run: CPU by library and symbol, kernel included (needs perf_event access)")
     parser.add_argument("--profile-dir", type=Path, default=Path(tempfile.gettempdir()) / "share-bench-profiles",
                         help="where --py-spy writes its raw profiles (one file per run)")
     parser.add_argument("--profile-top", type=int, default=25, help="functions listed per profile")
