@@ -239,7 +239,7 @@ class ReadCacheBudget:
 class Fetched:
     """What one share-partition contributes to a ShareFetch response."""
 
-    records: bytes = b""
+    records: bytes | memoryview = b""  # a view of the read cache's bytes when contiguous
     acquired: tuple = ()
     count: int = 0
     error: ErrorCode = ErrorCode.none
@@ -652,15 +652,9 @@ class Reader:
         lo, hi = acquired[0].first_offset, acquired[-1].last_offset
         if hi >= batches[-1].last_offset and leader.cache is cache:
             self.cache_budget.drop(leader)  # all taken: free the bytes
-        view = memoryview(cache.records)
-        chunks = [
-            view[b.position:b.position + b.size]
-            for b in batches
-            if b.last_offset >= lo and b.base_offset <= hi and not b.is_control
-        ]
         metrics.RECORDS_ACQUIRED.inc(result.count)
         observe.EVENTS.acquired(leader.key, acquired)
-        return Fetched(records=b"".join(chunks), acquired=acquired, count=result.count,
+        return Fetched(records=_records_bytes(cache.records, batches, lo, hi), acquired=acquired, count=result.count,
                        leader_id=topic.partitions[tp[1]].leader_id,
                        leader_epoch=topic.partitions[tp[1]].leader_epoch)
 
@@ -700,6 +694,20 @@ class Reader:
         delta = leader.engine.advance_log_start(log_start)
         if delta is not None:
             self.commits.record(leader, delta, Cause.LOG_TRUNCATED)
+
+
+def _records_bytes(records: bytes, batches: tuple[RecordBatchHeader, ...], lo: int, hi: int) -> bytes | memoryview:
+    """The bytes of the batches overlapping offsets `lo`..`hi` (control batches left out). Batches
+    that lie back to back -- nearly always -- are a view of the cache's bytes, not a copy: the
+    response's encoding copies them once anyway, and a ~1 MB join per ShareFetch was a few percent
+    of the proxy's Python time (stop 35, py-spy --gil)."""
+    wanted = [b for b in batches if b.last_offset >= lo and b.base_offset <= hi and not b.is_control]
+    if not wanted:
+        return b""
+    view = memoryview(records)
+    if all(a.position + a.size == b.position for a, b in zip(wanted, wanted[1:])):
+        return view[wanted[0].position:wanted[-1].position + wanted[-1].size]
+    return b"".join(view[b.position:b.position + b.size] for b in wanted)
 
 
 def _unread_tail(leader: Leader) -> ReadCache | None:

@@ -348,3 +348,21 @@ async def test_members_not_pinning_the_window_long_poll_as_before(nursery, autoj
         waiter, 1.2, lambda: harness.fetch(first, acks=[(TPS[0], 0, 49, ACCEPT)], max_records=0))
     assert acquired(result) == [(100, 149, 1)]
     assert trio.current_time() - accepted_at < 0.1
+
+
+def test_records_of_batches_back_to_back_are_a_view_of_the_cache_not_a_copy():
+    from codec.records import ControlType, encode_batch, iter_batches
+    from proxy.share.reader import _records_bytes
+
+    raw = [encode_batch(0, [b"a", b"b"], transactional=True), encode_batch(2, [b"c"], transactional=True),
+           encode_batch(3, [b""], control_type=ControlType.COMMIT), encode_batch(4, [b"d", b"e"])]
+    records = b"".join(raw)
+    batches = tuple(iter_batches(records))
+
+    taken = _records_bytes(records, batches, 0, 2)  # the first two batches, back to back
+    assert isinstance(taken, memoryview) and taken.obj is records
+    assert taken == raw[0] + raw[1]
+    # A control batch between two wanted ones is left out: the rest is joined.
+    assert _records_bytes(records, batches, 1, 4) == raw[0] + raw[1] + raw[3]
+    # Only a control batch in range: nothing.
+    assert _records_bytes(records, batches, 3, 3) == b""
