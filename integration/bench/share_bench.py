@@ -484,48 +484,40 @@ def process_cpu_seconds(pid: int) -> float | None:
 
 
 @contextlib.contextmanager
+def _sampling(command: list[str] | None, output: Path):
+    """Run the sampling profiler `command` (None: nothing) while the block runs; it writes `output`
+    when interrupted, as py-spy and perf do on Ctrl-C."""
+    if command is None:
+        yield
+        return
+    output.parent.mkdir(parents=True, exist_ok=True)
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.5)  # attached before the run starts
+    try:
+        yield
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 def py_spy(executable: str | None, pid: int, output: Path):
     """Sample `pid` with py-spy (raw collapsed stacks into `output`) while the block runs: only the
     thread holding the GIL (``--gil``), so the samples are Python at work -- without it a thread
     blocked in epoll or a send counted as busy in that call (stop 35: epoll and sends were 40 % of
     the samples, where perf found the interpreter at 60-70 % of the proxy's CPU)."""
-    if executable is None:
-        yield
-        return
-    output.parent.mkdir(parents=True, exist_ok=True)
-    process = subprocess.Popen([executable, "record", "--pid", str(pid), "--rate", "200", "--gil", "--format", "raw",
-                                "--output", str(output)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    time.sleep(0.5)  # attached before the run starts
-    try:
-        yield
-    finally:
-        process.send_signal(signal.SIGINT)  # py-spy writes its output on Ctrl-C
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    return _sampling(None if executable is None else [
+        executable, "record", "--pid", str(pid), "--rate", "200", "--gil", "--format", "raw", "--output", str(output)],
+        output)
 
 
-@contextlib.contextmanager
 def perf_record(executable: str | None, pid: int, output: Path):
     """Sample `pid` (every thread, user and kernel) with Linux perf into `output` while the block runs."""
-    if executable is None:
-        yield
-        return
-    output.parent.mkdir(parents=True, exist_ok=True)
-    process = subprocess.Popen([executable, "record", "-F", "499", "-g", "-p", str(pid), "-o", str(output)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(0.5)  # attached before the run starts
-    try:
-        yield
-    finally:
-        process.send_signal(signal.SIGINT)  # perf writes its data on Ctrl-C
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    return _sampling(None if executable is None else [
+        executable, "record", "-F", "499", "-g", "-p", str(pid), "-o", str(output)], output)
 
 
 def perf_summary(executable: str, path: Path, top: int = 25) -> str:
