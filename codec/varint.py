@@ -9,8 +9,13 @@ from __future__ import annotations
 from .errors import CodecError
 
 
+_ONE_BYTE = tuple(bytes((value,)) for value in range(0x80))
+
+
 def write_uvarint(value: int) -> bytes:
     """An unsigned varint of at most 32 bits (Kafka's UNSIGNED_VARINT)."""
+    if 0 <= value < 0x80:  # most lengths and counts: no loop, no new object
+        return _ONE_BYTE[value]
     if not 0 <= value <= 0xFFFFFFFF:
         raise CodecError(f"varint out of range: {value}")
     out = bytearray()

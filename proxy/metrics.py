@@ -137,8 +137,14 @@ def count_response_errors(api_key: int, response: object) -> None:
     For responses the proxy builds itself (share APIs, admin RPCs); forwarded responses are
     never decoded, so their errors are the broker's to count.
     """
-    api = api_name(api_key)
-    for code in _error_codes(response):
+    count_error_codes(api_key, _error_codes(response))
+
+
+def count_error_codes(api_key: int, codes) -> None:
+    """Count each of `codes` (non-zero error codes) as an error `api_key`'s response carried."""
+    api = None
+    for code in codes:
+        api = api or api_name(api_key)
         RESPONSE_ERRORS.labels(api=api, error=error_name(code)).inc()
 
 

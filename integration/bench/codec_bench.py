@@ -4,7 +4,10 @@
 
 1. Encode and decode a ShareFetch v2 response carrying 1 MiB of record bytes
    (through codec.registry: bounds check + kio).
-2. Iterate the batch headers of 64 MiB of records with codec.records.iter_batches,
+2. The proxy's ShareFetch response built from a fetch's outcome, 1 MiB of records over 1, 4 and
+   32 partitions, side by side: kio's entities then kio's encoder (the path before 2026-11-27's
+   stop 36), against codec.share_fetch writing the frame directly (the path now).
+3. Iterate the batch headers of 64 MiB of records with codec.records.iter_batches,
    without and with CRC-32C verification.
 Prints MB/s (1 MB = 2**20 bytes) for each; the best of N repeats.
 """
@@ -83,6 +86,42 @@ def best_of(repeat: int, function) -> float:
     return best
 
 
+def compare_share_fetch_paths(records: bytes, repeat: int) -> None:
+    from codec.headers import RequestHeader, encode_response_header, response_header_version
+    from proxy.share.cluster import PartitionInfo, TopicInfo
+    from proxy.share.manager import FetchOutcome
+    from proxy.share.partition import AcquiredRecords
+    from proxy.share.reader import Fetched
+    from proxy.share.routes import share_fetch_payload, share_fetch_response as proxy_response
+
+    topic_id = uuid.uuid4()
+
+    class Cluster:
+        topic = TopicInfo("bench", topic_id, {p: PartitionInfo(leader_id=1, leader_epoch=0) for p in range(32)})
+
+        def topic_by_id(self, _):
+            return self.topic
+
+    header = RequestHeader(78, 2, correlation_id=1)
+    response_header = encode_response_header(1, response_header_version(78, 2))
+    print("the proxy's ShareFetch response from a fetch's outcome (records a view of the read cache), v2:")
+    for partitions in (1, 4, 32):
+        share = len(records) // partitions
+        view = memoryview(records)
+        outcome = FetchOutcome(lock_ms=30_000, fetched={
+            (topic_id, p): Fetched(records=view[p * share:(p + 1) * share], count=100,
+                                   acquired=(AcquiredRecords(p * 100, p * 100 + 99, 1),))
+            for p in range(partitions)})
+        entities = lambda: encode(proxy_response(outcome, 2, Cluster()), header=response_header)  # noqa: E731
+        direct = lambda: share_fetch_payload(header, outcome, Cluster())  # noqa: E731
+        assert entities() == direct()
+        inner = 200
+        entities_s = best_of(repeat, repeated(inner, entities)) / inner
+        direct_s = best_of(repeat, repeated(inner, direct)) / inner
+        print(f"  {partitions:2d} partitions: kio entities + encoder {entities_s * 1e6:7.1f} us, "
+              f"codec.share_fetch {direct_s * 1e6:7.1f} us, direct / entities {direct_s / entities_s:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
@@ -99,6 +138,8 @@ def main() -> None:
     print(f"ShareFetch v2 response, {len(body) / MIB:.2f} MiB body, 4 partitions:")
     print(f"  encode  {len(body) / MIB / encode_s:9.0f} MB/s  ({encode_s * 1e6:8.1f} us per response)")
     print(f"  decode  {len(body) / MIB / decode_s:9.0f} MB/s  ({decode_s * 1e6:8.1f} us per response)")
+
+    compare_share_fetch_paths(one_mib, args.repeat)
 
     for batch_kib in (16, 1):
         records = records_of(64 * MIB, batch_kib * 1024)

@@ -26,9 +26,12 @@ from dataclasses import fields
 import structlog
 from kio.schema.errors import ErrorCode
 
+from codec.headers import RequestHeader, encode_response_header, response_header_version
 from codec.registry import DEFAULT_REGISTRY, nested_types
+from codec.share_fetch import NodeEndpointAnswer, PartitionAnswer, encode_share_fetch_response
 from proxy.apiversions import VersionRange
 from proxy.connection import ByteBudget, ClientConnection, Request, ServeLocally
+from proxy.metrics import count_error_codes
 from proxy.route_split import item_type, response_payload
 from proxy.share.authorization import AuthorizationPolicy, Operation
 from proxy.share.coordinator import AUTHORIZED_OPERATIONS_OMITTED
@@ -69,7 +72,9 @@ def _serve(handler: Handler):
         header = request.header
         body = memoryview(request.frame)[request.body_offset:]
         entity = DEFAULT_REGISTRY.decode_request(header.api_key, header.api_version, body)
-        return response_payload(request, await handler(entity, request, connection))
+        response = await handler(entity, request, connection)
+        # A handler on the hot path encodes its own frame (share_fetch_payload).
+        return response if isinstance(response, bytes) else response_payload(request, response)
 
     return serve
 
@@ -103,15 +108,15 @@ def share_routes(service: ShareService, policy: AuthorizationPolicy | None = Non
         authz = authorization_for(policy, connection)
         if authz is not None and not await group_allowed(authz, SHARE_FETCH, entity.group_id, Operation.READ):
             # Before any session change (KafkaApis.handleShareFetchRequest).
-            return share_fetch_response(FetchOutcome(ErrorCode.group_authorization_failed, GROUP_DENIED_MESSAGE),
-                                        version, service.cluster)
+            return share_fetch_payload(request.header, FetchOutcome(ErrorCode.group_authorization_failed,
+                                                             GROUP_DENIED_MESSAGE), service.cluster)
         service.watch_connection(connection.id, connection.closed)
         check = None if authz is None else topic_check(authz, service.cluster, SHARE_FETCH)
         with reserved_fetch_bytes(getattr(connection, "budget", None)) as cap:
             outcome = await service.share_fetch(entity, version, connection.id, node_id=connection.node_id,
                                                 max_bytes_cap=cap, check_topics=check)
-        return share_fetch_response(outcome, version, service.cluster, service.advertised_endpoint,
-                                    scale_out=service.ownership is not None)
+        return share_fetch_payload(request.header, outcome, service.cluster, service.advertised_endpoint,
+                                   scale_out=service.ownership is not None)
 
     async def share_acknowledge(entity, request: Request, connection: ClientConnection):
         version = request.header.api_version
@@ -208,63 +213,101 @@ def _ms(ms: int) -> datetime.timedelta:
     return datetime.timedelta(milliseconds=ms)
 
 
-def share_fetch_response(outcome: FetchOutcome, version: int, cluster, advertised_endpoint=None, *,
-                         scale_out: bool = False):
-    """The ShareFetch response (`version`) for what the service did. A partition answered
-    NOT_LEADER_OR_FOLLOWER names its upstream leader (KIP-951: the broker moved it) -- but with
-    ``scale_out`` no leader at all, so the client refreshes metadata, which names the instance
-    leading it: naming that instance here would carry the upstream leader epoch unchanged (a move
-    between instances does not bump it), and Java's KafkaShareConsumer (4.x) ignores a hint whose
-    epoch is not newer *without* refreshing metadata -- after a kill -9 it kept fetching from the
-    dead instance until metadata.max.age.ms (integration/share/test_scale_out.py, the Java-follows
-    test)."""
-    response_type = DEFAULT_REGISTRY.response_type(SHARE_FETCH, version)
+def share_fetch_answers(outcome: FetchOutcome, cluster, advertised_endpoint=None, *, scale_out: bool = False
+                        ) -> tuple[list[tuple[uuid.UUID, list[PartitionAnswer]]], list[NodeEndpointAnswer]]:
+    """What a ShareFetch response says, by topic in response order, and the leader hints.
+
+    A partition answered NOT_LEADER_OR_FOLLOWER names its upstream leader (KIP-951: the broker
+    moved it) -- but with ``scale_out`` no leader at all, so the client refreshes metadata, which
+    names the instance leading it: naming that instance here would carry the upstream leader
+    epoch unchanged (a move between instances does not bump it), and Java's KafkaShareConsumer
+    (4.x) ignores a hint whose epoch is not newer *without* refreshing metadata -- after a
+    kill -9 it kept fetching from the dead instance until metadata.max.age.ms
+    (integration/share/test_scale_out.py, the Java-follows test)."""
     if outcome.error is not ErrorCode.none:
-        return response_type(
-            throttle_time=_ms(0), error_code=outcome.error, error_message=outcome.message,
-            acquisition_lock_timeout=_ms(0), responses=(), node_endpoints=(),
-        )
-    types = nested_types(response_type)
-    partition_type, topic_type = types["PartitionData"], types["ShareFetchableTopicResponse"]
-    leader_type, acquired_type = types["LeaderIdAndEpoch"], types["AcquiredRecords"]
+        return [], []
     fetched, ack_results = outcome.fetched, outcome.acknowledgements
-    by_topic: dict[uuid.UUID, list] = {}
+    by_topic: dict[uuid.UUID, list[PartitionAnswer]] = {}
     moved_leaders: set[int] = set()
     for tp in sorted(set(fetched) | set(ack_results), key=response_order):  # clients hand records out so
-        part = fetched.get(tp) or Fetched()
-        ack_code, ack_message = ack_results.get(tp, (ErrorCode.none, None))
+        part = fetched.get(tp) or _NOTHING_FETCHED
+        ack_code, ack_message = ack_results.get(tp, _NO_ACK_ERROR)
         topic = cluster.topic_by_id(tp[0])
         info = topic.partitions.get(tp[1]) if topic else None
-        leader = (info.leader_id, info.leader_epoch) if info else (-1, -1)
+        leader_id, leader_epoch = (info.leader_id, info.leader_epoch) if info else (-1, -1)
         if part.error is ErrorCode.not_leader_or_follower and info is not None and info.leader_id >= 0:
             if scale_out:
-                leader = (-1, -1)
+                leader_id, leader_epoch = -1, -1
             else:
                 moved_leaders.add(info.leader_id)
-        by_topic.setdefault(tp[0], []).append(partition_type(
-            partition_index=tp[1],
-            error_code=part.error,
-            error_message=part.message,
-            acknowledge_error_code=ack_code,
-            acknowledge_error_message=ack_message,
-            current_leader=leader_type(leader_id=leader[0], leader_epoch=leader[1]),
-            records=part.records,
-            acquired_records=tuple(
-                acquired_type(first_offset=a.first_offset, last_offset=a.last_offset, delivery_count=a.delivery_count)
-                for a in part.acquired
-            ),
-        ))
-    return response_type(
-        throttle_time=_ms(0),
-        error_code=ErrorCode.none,
-        error_message=None,
-        acquisition_lock_timeout=_ms(outcome.lock_ms),
-        responses=tuple(topic_type(topic_id=t, partitions=tuple(ps)) for t, ps in by_topic.items()),
-        node_endpoints=_node_endpoints(types["NodeEndpoint"], moved_leaders, advertised_endpoint),
+        by_topic.setdefault(tp[0], []).append(PartitionAnswer(
+            tp[1], part.error.value, part.message, int(ack_code), ack_message, leader_id, leader_epoch,
+            part.records, part.acquired))
+    return list(by_topic.items()), _node_endpoints(moved_leaders, advertised_endpoint)
+
+
+_NOTHING_FETCHED = Fetched()
+_NO_ACK_ERROR = (ErrorCode.none, None)
+
+
+def share_fetch_payload(header: RequestHeader, outcome: FetchOutcome, cluster, advertised_endpoint=None, *,
+                        scale_out: bool = False) -> bytes:
+    """The ShareFetch response frame for the request `header` names, written by
+    :mod:`codec.share_fetch` (the hot path: no kio entities); its error codes counted as
+    :func:`response_payload` counts them."""
+    topics, endpoints = share_fetch_answers(outcome, cluster, advertised_endpoint, scale_out=scale_out)
+    count_error_codes(SHARE_FETCH, _error_codes_of(outcome.error, topics))
+    return encode_share_fetch_response(
+        encode_response_header(header.correlation_id, response_header_version(SHARE_FETCH, header.api_version)),
+        error_code=outcome.error.value, error_message=outcome.message,
+        lock_ms=outcome.lock_ms if outcome.error is ErrorCode.none else 0,
+        topics=topics, node_endpoints=endpoints,
     )
 
 
-def _node_endpoints(endpoint_type, node_ids, advertised_endpoint) -> tuple:
+def _error_codes_of(error: ErrorCode, topics) -> Iterator[int]:
+    if error is not ErrorCode.none:
+        yield error.value
+    for _, answers in topics:
+        for answer in answers:
+            if answer.error_code:
+                yield answer.error_code
+            if answer.acknowledge_error_code:
+                yield answer.acknowledge_error_code
+
+
+def share_fetch_response(outcome: FetchOutcome, version: int, cluster, advertised_endpoint=None, *,
+                         scale_out: bool = False):
+    """The same response as :func:`share_fetch_payload`, as kio's ShareFetch response entity of
+    `version`: what the tests read, and the specification the hand encoder is checked against."""
+    response_type = DEFAULT_REGISTRY.response_type(SHARE_FETCH, version)
+    types = nested_types(response_type)
+    partition_type, topic_type = types["PartitionData"], types["ShareFetchableTopicResponse"]
+    leader_type, acquired_type, endpoint_type = types["LeaderIdAndEpoch"], types["AcquiredRecords"], types["NodeEndpoint"]
+    topics, endpoints = share_fetch_answers(outcome, cluster, advertised_endpoint, scale_out=scale_out)
+    return response_type(
+        throttle_time=_ms(0),
+        error_code=outcome.error,
+        error_message=outcome.message,
+        acquisition_lock_timeout=_ms(outcome.lock_ms if outcome.error is ErrorCode.none else 0),
+        responses=tuple(topic_type(topic_id=topic_id, partitions=tuple(
+            partition_type(
+                partition_index=a.partition_index,
+                error_code=ErrorCode(a.error_code),
+                error_message=a.error_message,
+                acknowledge_error_code=a.acknowledge_error_code,
+                acknowledge_error_message=a.acknowledge_error_message,
+                current_leader=leader_type(leader_id=a.leader_id, leader_epoch=a.leader_epoch),
+                records=a.records,
+                acquired_records=tuple(acquired_type(first_offset=r.first_offset, last_offset=r.last_offset,
+                                                     delivery_count=r.delivery_count) for r in a.acquired),
+            ) for a in answers)) for topic_id, answers in topics),
+        node_endpoints=tuple(endpoint_type(node_id=e.node_id, host=e.host, port=e.port, rack=e.rack)
+                             for e in endpoints),
+    )
+
+
+def _node_endpoints(node_ids, advertised_endpoint) -> list[NodeEndpointAnswer]:
     """KIP-951 leader hints for moved partitions, with the proxy's endpoints for those nodes."""
     found: dict[int, tuple[str, int]] = {}
     if advertised_endpoint is not None:
@@ -273,8 +316,7 @@ def _node_endpoints(endpoint_type, node_ids, advertised_endpoint) -> tuple:
                 found[node_id] = advertised_endpoint(node_id)
             except KeyError:
                 continue  # a broker the proxy has no listener for yet; the client refreshes metadata
-    return tuple(endpoint_type(node_id=node_id, host=found[node_id][0], port=found[node_id][1], rack=None)
-                 for node_id in sorted(found))
+    return [NodeEndpointAnswer(node_id, found[node_id][0], found[node_id][1], None) for node_id in sorted(found)]
 
 
 def share_acknowledge_response(outcome: AcknowledgeOutcome, version: int):
@@ -306,5 +348,6 @@ def _has_field(entity_type: type, name: str) -> bool:
     return any(f.name == name for f in fields(entity_type))
 
 
-__all__ = ["share_routes", "served_version_ranges", "SERVED_VERSIONS", "share_fetch_response",
+__all__ = ["share_routes", "served_version_ranges", "SERVED_VERSIONS", "share_fetch_answers",
+           "share_fetch_payload", "share_fetch_response",
            "share_acknowledge_response"]

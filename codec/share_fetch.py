@@ -1,0 +1,107 @@
+"""ShareFetch responses written straight to bytes: the share path's hot encoder.
+
+A ShareFetch response is the proxy's most frequent answer and carries the records, so it is
+written here field by field instead of through kio's generic entity walk: no entity objects
+are built, and the records are copied once, into the frame. The layout is that of
+``ShareFetchResponse.json`` for the flexible versions the proxy serves (1 and 2 are the same);
+``tests/codec/test_share_fetch.py`` checks it byte for byte against kio's encoding of the same
+response, so kio stays the specification.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
+
+from codec.varint import write_uvarint
+
+_TOP = struct.Struct(">ih")  # throttle_time_ms, error_code
+_INT32 = struct.Struct(">i")
+_PARTITION_HEAD = struct.Struct(">ih")  # partition_index, error_code
+_INT16 = struct.Struct(">h")
+_LEADER = struct.Struct(">iib")  # leader_id, leader_epoch, no tagged fields
+_ACQUIRED = struct.Struct(">qqhb")  # first_offset, last_offset, delivery_count, no tagged fields
+_NO_TAGS = b"\x00"
+_NULL = b"\x00"  # a null compact string
+
+
+class AcquiredRange(Protocol):
+    first_offset: int
+    last_offset: int
+    delivery_count: int
+
+
+class PartitionAnswer(NamedTuple):
+    """One ``PartitionData`` entry; codes are plain ints."""
+
+    partition_index: int
+    error_code: int
+    error_message: str | None
+    acknowledge_error_code: int
+    acknowledge_error_message: str | None
+    leader_id: int
+    leader_epoch: int
+    records: bytes | memoryview  # never null: kio writes none either
+    acquired: Sequence[AcquiredRange]
+
+
+class NodeEndpointAnswer(NamedTuple):
+    node_id: int
+    host: str
+    port: int
+    rack: str | None
+
+
+def encode_share_fetch_response(
+    header: bytes,
+    *,
+    error_code: int,
+    error_message: str | None,
+    lock_ms: int,
+    topics: Sequence[tuple[uuid.UUID, Sequence[PartitionAnswer]]],
+    node_endpoints: Sequence[NodeEndpointAnswer] = (),
+    throttle_ms: int = 0,
+) -> bytes:
+    """The frame payload: `header` (the response header's bytes) then the body."""
+    parts: list[bytes | memoryview] = [header, _TOP.pack(throttle_ms, error_code), _nullable_string(error_message),
+                                       _INT32.pack(lock_ms), write_uvarint(len(topics) + 1)]
+    append = parts.append
+    for topic_id, partitions in topics:
+        append(topic_id.bytes)
+        append(write_uvarint(len(partitions) + 1))
+        for answer in partitions:
+            append(_PARTITION_HEAD.pack(answer.partition_index, answer.error_code))
+            append(_nullable_string(answer.error_message))
+            append(_INT16.pack(answer.acknowledge_error_code))
+            append(_nullable_string(answer.acknowledge_error_message))
+            append(_LEADER.pack(answer.leader_id, answer.leader_epoch, 0))
+            append(write_uvarint(len(answer.records) + 1))
+            append(answer.records)
+            append(write_uvarint(len(answer.acquired) + 1))
+            for acquired in answer.acquired:
+                append(_ACQUIRED.pack(acquired.first_offset, acquired.last_offset, acquired.delivery_count, 0))
+            append(_NO_TAGS)
+        append(_NO_TAGS)
+    append(write_uvarint(len(node_endpoints) + 1))
+    for endpoint in node_endpoints:
+        append(_INT32.pack(endpoint.node_id))
+        append(_string(endpoint.host))
+        append(_INT32.pack(endpoint.port))
+        append(_nullable_string(endpoint.rack))
+        append(_NO_TAGS)
+    append(_NO_TAGS)
+    return b"".join(parts)
+
+
+def _string(value: str) -> bytes:
+    encoded = value.encode()
+    return write_uvarint(len(encoded) + 1) + encoded
+
+
+def _nullable_string(value: str | None) -> bytes:
+    return _NULL if value is None else _string(value)
+
+
+__all__ = ["AcquiredRange", "NodeEndpointAnswer", "PartitionAnswer", "encode_share_fetch_response"]
