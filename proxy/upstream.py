@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
+import functools
 import io
 import os
 import socket
@@ -456,19 +457,28 @@ def encode_call(request: Any, correlation_id: int, client_id: str) -> bytes:
     return buffer.getvalue()
 
 
-def decode_call_response(frame: bytes, request: Any, correlation_id: int, response_type: type | None = None) -> Any:
-    """The response entity of `request` in `frame`; :class:`UpstreamError` if it is not that response."""
+def decode_call_response(frame: bytes, request: Any, correlation_id: int, response_type: type | None = None, *,
+                         read: Callable[[bytes, int], Any] | None = None) -> Any:
+    """The response of `request` in `frame`: read by `read` (frame, body offset) when given, else
+    kio's entity; :class:`UpstreamError` if it is not that response."""
     api_key, api_version = int(request.__api_key__), int(request.__version__)
     try:
         header, offset = parse_response_header(frame, response_header_version(api_key, api_version))
         if header.correlation_id != correlation_id:
             raise UpstreamError(f"correlation id {header.correlation_id} != {correlation_id}")
-        response, _ = entity_reader(response_type or load_response_schema(api_key, api_version))(frame, offset)
+        if read is not None:
+            return read(frame, offset)
+        response, _ = entity_reader(response_type or _response_schema(api_key, api_version))(frame, offset)
     except UpstreamError:
         raise
     except Exception as exc:
         raise UpstreamError(f"cannot decode upstream response: {exc}") from exc
     return response
+
+
+# kio resolves a schema by import path on every call (pkgutil, the import lock): ~3 % of a
+# share run's proxy CPU before it was cached (py-spy, 2026-11-27).
+_response_schema = functools.cache(load_response_schema)
 
 
 class UpstreamClient:
@@ -479,9 +489,11 @@ class UpstreamClient:
         self._client_id = client_id
         self._next_correlation_id = 1
 
-    async def call(self, request: Any, response_type: type | None = None) -> Any:
+    async def call(self, request: Any, response_type: type | None = None, *,
+                   read: Callable[[bytes, int], Any] | None = None) -> Any:
         """Send `request`, read its response; `response_type` decodes APIs kio does not know
-        under their key (the extension RPCs), kio's schema for the key otherwise."""
+        under their key (the extension RPCs), kio's schema for the key otherwise; `read`
+        (frame, body offset) replaces kio's reader (the share path's Fetch responses)."""
         correlation_id = self._next_correlation_id
         self._next_correlation_id += 1
         try:
@@ -491,7 +503,7 @@ class UpstreamClient:
             raise UpstreamError(f"upstream call failed: {exc}") from exc
         if frame is None:
             raise UpstreamError("upstream closed the connection")
-        return decode_call_response(frame, request, correlation_id, response_type)
+        return decode_call_response(frame, request, correlation_id, response_type, read=read)
 
     async def api_versions(self) -> dict[int, tuple[int, int]]:
         """Broker's (min, max) per API, asked with ApiVersions v0 (which every broker answers)."""

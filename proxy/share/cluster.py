@@ -28,6 +28,9 @@ import structlog
 import trio
 from kio.index import load_request_schema
 
+from codec.fetch import FIRST_VERSION as FIRST_FETCH_VERSION
+from codec.fetch import LAST_VERSION as LAST_FETCH_VERSION
+from codec.fetch import decode_fetch_response
 from codec.registry import nested_types
 from proxy.config import HostPort
 from proxy.errors import UpstreamError
@@ -39,8 +42,8 @@ log = structlog.get_logger(__name__)
 
 METADATA_VERSION = 12  # topic ids and names; served by Kafka 3.x and 4.x alike
 LIST_OFFSETS_VERSION = 7  # 3.9 and 4.x
-FETCH_MIN_VERSION = 13  # the first Fetch version addressed by topic id
-FETCH_MAX_VERSION = 17
+# The Fetch versions codec.fetch reads: from v13, the first addressed by topic id, to v17.
+FETCH_MIN_VERSION, FETCH_MAX_VERSION = FIRST_FETCH_VERSION, LAST_FETCH_VERSION
 LIST_GROUPS = 16
 LIST_GROUPS_MAX_VERSION = 5  # v5 reports the group type (classic, consumer, share, streams)
 
@@ -427,26 +430,29 @@ class Cluster:
             rack_id="",
         )
         async with self._client(leader_id, long_poll=long_poll) as client:
-            response = await client.call(request)
-        metrics.UPSTREAM_FETCHES.labels(kind="long_poll" if long_poll else "read").inc()
+            response = await client.call(request, read=decode_fetch_response)
+        (_LONG_POLL_FETCHES if long_poll else _READ_FETCHES).inc()
         metrics.UPSTREAM_FETCH_PARTITIONS.inc(len(reads))
-        if _code(response.error_code) != NONE:
-            raise UpstreamError(f"Fetch failed: error {_code(response.error_code)}")
-        answers: dict[tuple[uuid.UUID, int], FetchedPartition] = {}
-        for topic in response.responses:
-            for data in topic.partitions:
-                answers[(topic.topic_id, int(data.partition_index))] = FetchedPartition(
-                    error_code=_code(data.error_code),
-                    log_start_offset=int(data.log_start_offset),
-                    aborted_transactions=tuple(
-                        (int(a.producer_id), int(a.first_offset)) for a in (data.aborted_transactions or ())),
-                    records=bytes(data.records or b""),
-                    high_watermark=int(data.high_watermark),
-                )
+        if response.error_code != NONE:
+            raise UpstreamError(f"Fetch failed: error {response.error_code}")
+        answers: dict[tuple[uuid.UUID, int], FetchedPartition] = {
+            (data.topic_id, data.partition_index): FetchedPartition(
+                error_code=data.error_code,
+                log_start_offset=data.log_start_offset,
+                aborted_transactions=data.aborted_transactions or (),
+                records=data.records or b"",
+                high_watermark=data.high_watermark,
+            )
+            for data in response.partitions
+        }
         metrics.UPSTREAM_FETCH_BYTES.inc(sum(len(answer.records) for answer in answers.values()))
         for read in reads:  # a partition the broker left out read nothing
             answers.setdefault((read.topic.topic_id, read.partition), FetchedPartition(NONE, -1, (), b""))
         return answers
+
+
+_READ_FETCHES = metrics.UPSTREAM_FETCHES.labels(kind="read")
+_LONG_POLL_FETCHES = metrics.UPSTREAM_FETCHES.labels(kind="long_poll")
 
 
 @functools.lru_cache(maxsize=8)
