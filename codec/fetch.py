@@ -1,11 +1,13 @@
-"""Fetch responses (v13-v17) read straight from bytes: what the share path's reads need, no more.
+"""Fetch requests written and Fetch responses (v13-v17) read straight from bytes: the share
+path's upstream reads, without kio's entity walk.
 
 Every record a share consumer gets arrived in an upstream Fetch response the proxy decoded. kio's
 generic reader builds an entity per partition, per tagged struct and per aborted transaction;
 this reads the fields the reader uses and skips the rest (tagged fields: the diverging epoch,
-the current leader, the snapshot id, node endpoints). The layout is that of
-``FetchResponse.json``, the same for v13 (the first addressed by topic id) to v17;
-``tests/codec/test_fetch.py`` checks it against kio's reader on kio-encoded responses.
+the current leader, the snapshot id, node endpoints). Requests carry only what a consumer's
+Fetch does (no session, no forgotten topics, the replica and epoch fields at their defaults).
+The layouts are those of ``FetchRequest.json`` / ``FetchResponse.json`` for v13 (the first
+addressed by topic id) to v17; ``tests/codec/test_fetch.py`` checks both against kio.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ import struct
 import uuid
 from typing import NamedTuple
 
+from collections.abc import Sequence
+
 from codec.bounds import read_uvarint
 from codec.errors import MessageDecodeError
+from codec.varint import write_uvarint
 
 FIRST_VERSION = 13
 LAST_VERSION = 17
@@ -24,6 +29,46 @@ _TOP = struct.Struct(">ihi")  # throttle_time_ms, error_code, session_id
 _PARTITION_HEAD = struct.Struct(">ihqqq")  # index, error_code, high_watermark, last_stable, log_start
 _ABORTED = struct.Struct(">qq")  # producer_id, first_offset
 _INT32 = struct.Struct(">i")
+
+
+_REQUEST_HEAD = struct.Struct(">iiibii")  # max_wait_ms, min_bytes, max_bytes, isolation_level, session id, epoch
+_REQUEST_PARTITION = struct.Struct(">iiqiqib")  # partition, leader epoch, offset, last fetched epoch,
+#                                                 log start offset, max bytes, no tagged fields
+_CONSUMER_REPLICA_ID = _INT32.pack(-1)  # before v15 the body starts with it; v15 made it a tagged field
+
+
+class PartitionFetch(NamedTuple):
+    partition: int
+    current_leader_epoch: int
+    fetch_offset: int
+    partition_max_bytes: int
+
+
+def encode_fetch_request(version: int, *, max_wait_ms: int, min_bytes: int, max_bytes: int, isolation_level: int,
+                         topics: Sequence[tuple[uuid.UUID, Sequence[PartitionFetch]]], rack_id: str = "") -> bytes:
+    """A consumer's sessionless Fetch request body (`version` 13-17)."""
+    if not FIRST_VERSION <= version <= LAST_VERSION:
+        raise ValueError(f"Fetch v{version} is not written here (v{FIRST_VERSION}-v{LAST_VERSION} are)")
+    parts = [_CONSUMER_REPLICA_ID] if version < 15 else []
+    parts.append(_REQUEST_HEAD.pack(max_wait_ms, min_bytes, max_bytes, isolation_level, 0, -1))
+    parts.append(write_uvarint(len(topics) + 1))
+    for topic_id, partitions in topics:
+        parts.append(topic_id.bytes)
+        parts.append(write_uvarint(len(partitions) + 1))
+        for p in partitions:
+            parts.append(_REQUEST_PARTITION.pack(p.partition, p.current_leader_epoch, p.fetch_offset, -1, -1,
+                                                 p.partition_max_bytes, 0))
+        parts.append(_NO_TAGS)
+    parts.append(_EMPTY_ARRAY)  # forgotten_topics_data
+    rack = rack_id.encode()
+    parts.append(write_uvarint(len(rack) + 1))
+    parts.append(rack)
+    parts.append(_NO_TAGS)
+    return b"".join(parts)
+
+
+_NO_TAGS = b"\x00"
+_EMPTY_ARRAY = b"\x01"
 
 
 class FetchedPartitionData(NamedTuple):
@@ -108,4 +153,5 @@ def _skip_tags(view: memoryview, position: int, end: int) -> int:
     return position
 
 
-__all__ = ["FIRST_VERSION", "LAST_VERSION", "FetchResponseData", "FetchedPartitionData", "decode_fetch_response"]
+__all__ = ["FIRST_VERSION", "LAST_VERSION", "FetchResponseData", "FetchedPartitionData", "PartitionFetch",
+           "decode_fetch_response", "encode_fetch_request"]

@@ -448,11 +448,32 @@ def _error_name(code: int) -> str:
         return f"error {code}"
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class EncodedRequest:
+    """A request whose body is already written (the share path's Fetch: codec.fetch), sent as it is."""
+
+    api_key: int
+    version: int
+    body: bytes
+
+    @property
+    def __api_key__(self) -> int:  # read as kio's request entities are
+        return self.api_key
+
+    @property
+    def __version__(self) -> int:
+        return self.version
+
+
 def encode_call(request: Any, correlation_id: int, client_id: str) -> bytes:
-    """The frame payload (header + body) of a request entity the proxy sends on its own behalf."""
+    """The frame payload (header + body) of a request the proxy sends on its own behalf: a kio
+    entity, or an :class:`EncodedRequest`."""
     api_key, api_version = int(request.__api_key__), int(request.__version__)
+    header = encode_request_header(RequestHeader(api_key, api_version, correlation_id, client_id))
+    if isinstance(request, EncodedRequest):
+        return header + request.body
     buffer = io.BytesIO()
-    buffer.write(encode_request_header(RequestHeader(api_key, api_version, correlation_id, client_id)))
+    buffer.write(header)
     entity_writer(type(request))(buffer, request)
     return buffer.getvalue()
 

@@ -18,7 +18,6 @@ Metadata is asked on a fresh connection of its own (``refresh``), outside both p
 
 from __future__ import annotations
 
-import functools
 import uuid
 from collections.abc import Sequence
 from contextlib import asynccontextmanager
@@ -30,19 +29,20 @@ from kio.index import load_request_schema
 
 from codec.fetch import FIRST_VERSION as FIRST_FETCH_VERSION
 from codec.fetch import LAST_VERSION as LAST_FETCH_VERSION
-from codec.fetch import decode_fetch_response
+from codec.fetch import PartitionFetch, decode_fetch_response, encode_fetch_request
 from codec.registry import nested_types
 from proxy.config import HostPort
 from proxy.errors import UpstreamError
 from proxy.security import UpstreamSecurity
 from proxy.share import metrics
-from proxy.upstream import UpstreamClient, open_first_upstream, open_upstream
+from proxy.upstream import EncodedRequest, UpstreamClient, open_first_upstream, open_upstream
 
 log = structlog.get_logger(__name__)
 
 METADATA_VERSION = 12  # topic ids and names; served by Kafka 3.x and 4.x alike
 LIST_OFFSETS_VERSION = 7  # 3.9 and 4.x
-# The Fetch versions codec.fetch reads: from v13, the first addressed by topic id, to v17.
+FETCH = 1
+# The Fetch versions codec.fetch writes and reads: from v13, the first addressed by topic id, to v17.
 FETCH_MIN_VERSION, FETCH_MAX_VERSION = FIRST_FETCH_VERSION, LAST_FETCH_VERSION
 LIST_GROUPS = 16
 LIST_GROUPS_MAX_VERSION = 5  # v5 reports the group type (classic, consumer, share, streams)
@@ -410,25 +410,13 @@ class Cluster:
         long_poll: bool = False,
     ) -> dict[tuple[uuid.UUID, int], FetchedPartition]:
         """One upstream Fetch to `leader_id` for `reads` (partitions it leads), answers by partition."""
-        schema, topic_type, partition_type = _fetch_types(self.fetch_version)
-        by_topic: dict[uuid.UUID, list] = {}
+        by_topic: dict[uuid.UUID, list[PartitionFetch]] = {}
         for read in reads:
-            info = read.topic.partitions[read.partition]
-            by_topic.setdefault(read.topic.topic_id, []).append(partition_type(
-                partition=read.partition, current_leader_epoch=info.leader_epoch, fetch_offset=read.offset,
-                log_start_offset=-1, partition_max_bytes=read.max_bytes))
-        request = schema(
-            max_wait=_timedelta_ms(max_wait_ms),
-            min_bytes=1,
-            max_bytes=sum(read.max_bytes for read in reads),
-            isolation_level=1 if read_committed else 0,
-            session_id=0,
-            session_epoch=-1,
-            topics=tuple(topic_type(topic_id=topic_id, partitions=tuple(partitions))
-                         for topic_id, partitions in by_topic.items()),
-            forgotten_topics_data=(),
-            rack_id="",
-        )
+            by_topic.setdefault(read.topic.topic_id, []).append(PartitionFetch(
+                read.partition, read.topic.partitions[read.partition].leader_epoch, read.offset, read.max_bytes))
+        request = EncodedRequest(FETCH, self.fetch_version, encode_fetch_request(
+            self.fetch_version, max_wait_ms=max_wait_ms, min_bytes=1, max_bytes=sum(read.max_bytes for read in reads),
+            isolation_level=1 if read_committed else 0, topics=list(by_topic.items())))
         async with self._client(leader_id, long_poll=long_poll) as client:
             response = await client.call(request, read=decode_fetch_response)
         (_LONG_POLL_FETCHES if long_poll else _READ_FETCHES).inc()
@@ -455,20 +443,6 @@ _READ_FETCHES = metrics.UPSTREAM_FETCHES.labels(kind="read")
 _LONG_POLL_FETCHES = metrics.UPSTREAM_FETCHES.labels(kind="long_poll")
 
 
-@functools.lru_cache(maxsize=8)
-def _fetch_types(version: int) -> tuple[type, type, type]:
-    """The Fetch request class of `version` and its topic and partition classes (looked up once:
-    kio resolves them by import path on every call)."""
-    schema = load_request_schema(1, version)
-    types = nested_types(schema)
-    return schema, types["FetchTopic"], types["FetchPartition"]
-
-
 def _code(error_code: object) -> int:
     return int(getattr(error_code, "value", error_code))
 
-
-def _timedelta_ms(ms: int):
-    import datetime
-
-    return datetime.timedelta(milliseconds=ms)

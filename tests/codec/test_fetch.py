@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import datetime
 import uuid
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kio.index import load_response_schema
+from kio.index import load_request_schema, load_response_schema
 
 from codec.errors import MessageDecodeError
-from codec.fetch import FIRST_VERSION, LAST_VERSION, decode_fetch_response
-from codec.registry import encode
+from codec.fetch import FIRST_VERSION, LAST_VERSION, PartitionFetch, decode_fetch_response, encode_fetch_request
+from codec.registry import encode, nested_types
 
 from .strategies import entities
 
@@ -51,3 +52,34 @@ def test_a_cut_or_padded_body_is_refused(version, data):
         decode_fetch_response(body[:cut])
     with pytest.raises(MessageDecodeError, match="after its body"):
         decode_fetch_response(body + b"\x00")
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@settings(max_examples=100, deadline=None)
+@given(
+    max_wait_ms=st.integers(0, 2**31 - 1), min_bytes=st.integers(0, 2**31 - 1), max_bytes=st.integers(0, 2**31 - 1),
+    isolation_level=st.sampled_from([0, 1]), rack_id=st.text(max_size=150),
+    topics=st.lists(st.tuples(st.uuids().filter(lambda u: u.int != 0), st.lists(st.builds(
+        PartitionFetch, partition=st.integers(0, 2**31 - 1), current_leader_epoch=st.integers(-1, 2**31 - 1),
+        fetch_offset=st.integers(0, 2**63 - 1), partition_max_bytes=st.integers(0, 2**31 - 1)), max_size=3)),
+        max_size=3),
+)
+def test_a_consumers_fetch_request_is_kios_encoding_byte_for_byte(version, max_wait_ms, min_bytes, max_bytes,
+                                                                   isolation_level, rack_id, topics):
+    schema = load_request_schema(1, version)
+    types = nested_types(schema)
+    expected = encode(schema(
+        max_wait=datetime.timedelta(milliseconds=max_wait_ms), min_bytes=min_bytes, max_bytes=max_bytes,
+        isolation_level=isolation_level, session_id=0, session_epoch=-1,
+        topics=tuple(types["FetchTopic"](topic_id=topic_id, partitions=tuple(types["FetchPartition"](
+            partition=p.partition, current_leader_epoch=p.current_leader_epoch, fetch_offset=p.fetch_offset,
+            log_start_offset=-1, partition_max_bytes=p.partition_max_bytes) for p in partitions))
+            for topic_id, partitions in topics),
+        forgotten_topics_data=(), rack_id=rack_id))
+    assert encode_fetch_request(version, max_wait_ms=max_wait_ms, min_bytes=min_bytes, max_bytes=max_bytes,
+                                isolation_level=isolation_level, topics=topics, rack_id=rack_id) == expected
+
+
+def test_versions_it_does_not_write_are_refused():
+    with pytest.raises(ValueError, match="v12"):
+        encode_fetch_request(12, max_wait_ms=0, min_bytes=1, max_bytes=1, isolation_level=0, topics=[])
