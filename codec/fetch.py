@@ -79,7 +79,7 @@ class FetchedPartitionData(NamedTuple):
     last_stable_offset: int
     log_start_offset: int
     aborted_transactions: tuple[tuple[int, int], ...] | None  # (producer_id, first_offset)
-    records: bytes | None
+    records: memoryview | None  # a view of the frame: nothing copied
 
 
 class FetchResponseData(NamedTuple):
@@ -89,7 +89,8 @@ class FetchResponseData(NamedTuple):
 
 
 def decode_fetch_response(frame: bytes | bytearray | memoryview, offset: int = 0) -> FetchResponseData:
-    """The Fetch response body at `offset` of `frame`; :class:`MessageDecodeError` if malformed."""
+    """The Fetch response body at `offset` of `frame`; :class:`MessageDecodeError` if malformed.
+    Each partition's records are a view of `frame` (keeping it alive; copy what must outlive it)."""
     view = memoryview(frame)
     end = len(view)
     try:
@@ -117,7 +118,7 @@ def decode_fetch_response(frame: bytes | bytearray | memoryview, offset: int = 0
                 records = None
                 if size:
                     _need(position, size - 1, end)
-                    records = bytes(view[position:position + size - 1])
+                    records = view[position:position + size - 1]
                     position += size - 1
                 position = _skip_tags(view, position, end)
                 partitions.append(FetchedPartitionData(topic_id, index, code, high_watermark, last_stable,

@@ -88,7 +88,7 @@ class FetchedPartition:
     error_code: int
     log_start_offset: int
     aborted_transactions: tuple[tuple[int, int], ...]
-    records: bytes
+    records: bytes | memoryview  # a view of the response when it carried this partition's records only
     high_watermark: int = -1  # the partition's end offset as the leader answered (-1 unknown)
 
 
@@ -423,12 +423,16 @@ class Cluster:
         metrics.UPSTREAM_FETCH_PARTITIONS.inc(len(reads))
         if response.error_code != NONE:
             raise UpstreamError(f"Fetch failed: error {response.error_code}")
+        # Records stay a view of the response frame (no ~1 MB copy per read) when they are all it
+        # carries; records of several partitions are copied out, or a small cached remainder of
+        # one would keep the whole frame alive, uncounted by the read cache's byte budget.
+        with_records = sum(1 for data in response.partitions if data.records)
         answers: dict[tuple[uuid.UUID, int], FetchedPartition] = {
             (data.topic_id, data.partition_index): FetchedPartition(
                 error_code=data.error_code,
                 log_start_offset=data.log_start_offset,
                 aborted_transactions=data.aborted_transactions or (),
-                records=data.records or b"",
+                records=(data.records if with_records == 1 else bytes(data.records)) if data.records else b"",
                 high_watermark=data.high_watermark,
             )
             for data in response.partitions

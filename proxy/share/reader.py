@@ -164,7 +164,7 @@ class MetadataRefresher:
 class ReadCache:
     """The batches of the last upstream read of a share-partition, kept until taken."""
 
-    records: bytes
+    records: bytes | memoryview  # a view of the Fetch response that read them, or bytes
     batches: tuple[RecordBatchHeader, ...]
     aborted_transactions: tuple[tuple[int, int], ...]
 
@@ -183,7 +183,8 @@ class ReadCache:
         start, end = batches[0].position, batches[-1].position + batches[-1].size
         if start == 0 and end == len(self.records):
             return self
-        return ReadCache(self.records[start:end], tuple(b._replace(position=b.position - start) for b in batches),
+        return ReadCache(bytes(memoryview(self.records)[start:end]),
+                         tuple(b._replace(position=b.position - start) for b in batches),
                          self.aborted_transactions)
 
     def followed_by(self, later: ReadCache) -> ReadCache:
@@ -197,7 +198,7 @@ class ReadCache:
         shift = len(self.records) - start
         aborted = self.aborted_transactions + tuple(
             a for a in later.aborted_transactions if a not in self.aborted_transactions)
-        return ReadCache(self.records + later.records[start:],
+        return ReadCache(b"".join((self.records, memoryview(later.records)[start:])),
                          self.batches + tuple(b._replace(position=b.position + shift) for b in added), aborted)
 
 
@@ -696,7 +697,7 @@ class Reader:
             self.commits.record(leader, delta, Cause.LOG_TRUNCATED)
 
 
-def _records_bytes(records: bytes, batches: tuple[RecordBatchHeader, ...], lo: int, hi: int) -> bytes | memoryview:
+def _records_bytes(records: bytes | memoryview, batches: tuple[RecordBatchHeader, ...], lo: int, hi: int) -> bytes | memoryview:
     """The bytes of the batches overlapping offsets `lo`..`hi` (control batches left out). Batches
     that lie back to back -- nearly always -- are a view of the cache's bytes, not a copy: the
     response's encoding copies them once anyway, and a ~1 MB join per ShareFetch was a few percent

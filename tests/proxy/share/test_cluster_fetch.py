@@ -153,3 +153,20 @@ async def test_a_partition_the_topic_lacks_is_an_error_without_a_request(brokers
     answers = await make_cluster().fetch_many([PartitionRead(AUDIT, 9, 0, 1000)], read_committed=False)
     assert isinstance(answers[(AUDIT.topic_id, 9)], UpstreamError)
     assert brokers.fetches == []
+
+
+async def test_records_are_a_view_of_the_response_only_when_they_are_all_it_carries(brokers, autojump_clock):
+    """One partition with records: a view of the frame (no copy). Several: each copied out, so a
+    small remainder cached for one cannot keep the whole response alive."""
+    cluster = make_cluster()
+    alone = await cluster.fetch_many([PartitionRead(ORDERS, 1, 0, 1000)], read_committed=False)
+    assert isinstance(alone[(ORDERS.topic_id, 1)].records, memoryview)
+    brokers.errors[("orders", 2)] = OFFSET_OUT_OF_RANGE  # no records: it does not count
+    with_empty = await cluster.fetch_many([PartitionRead(ORDERS, p, 0, 1000) for p in (0, 2)], read_committed=False)
+    assert isinstance(with_empty[(ORDERS.topic_id, 0)].records, memoryview)
+    assert with_empty[(ORDERS.topic_id, 2)].records == b""
+    several = await cluster.fetch_many([PartitionRead(ORDERS, 0, 0, 1000), PartitionRead(AUDIT, 0, 5, 2000)],
+                                       read_committed=False)
+    assert {type(answer.records) for answer in several.values()} == {bytes}
+    assert {key: value(answer) for key, answer in several.items()} == {(ORDERS.topic_id, 0): (0, 1),
+                                                                        (AUDIT.topic_id, 0): (5, 6)}

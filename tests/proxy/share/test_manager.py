@@ -109,8 +109,9 @@ class FakeCluster:
             if last_offset >= offset and (not chunks or size + len(batch) <= max_bytes):
                 chunks.append(batch)
                 size += len(batch)
-        return FetchedPartition(error_code=0, log_start_offset=0, aborted_transactions=(), records=b"".join(chunks),
-                                high_watermark=self.end_offset(partition))
+        # A view, as the real cluster answers a partition whose records are all its response carries.
+        return FetchedPartition(error_code=0, log_start_offset=0, aborted_transactions=(),
+                                records=memoryview(b"".join(chunks)), high_watermark=self.end_offset(partition))
 
     async def fetch_many(self, reads, *, read_committed):
         """One upstream Fetch for several partitions (one broker here): each served as `fetch` serves it."""

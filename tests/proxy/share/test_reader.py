@@ -366,3 +366,24 @@ def test_records_of_batches_back_to_back_are_a_view_of_the_cache_not_a_copy():
     assert _records_bytes(records, batches, 1, 4) == raw[0] + raw[1] + raw[3]
     # Only a control batch in range: nothing.
     assert _records_bytes(records, batches, 3, 3) == b""
+
+
+def test_a_cache_of_a_responses_view_copies_out_its_tail_and_joins_what_is_read_on():
+    """Records a view of a Fetch response: the tail kept is copied out (the response can go), and
+    records read on after them join into one cache."""
+    from codec.records import encode_batch, iter_batches
+
+    raw = [encode_batch(offset, [b"x" * 100]) for offset in range(4)]
+    frame = b"header" + b"".join(raw)
+    view = memoryview(frame)[len(b"header"):]
+    cache = ReadCache(view, tuple(iter_batches(view)), ())
+
+    tail = cache.tail_from(2)
+    assert type(tail.records) is bytes and tail.records == raw[2] + raw[3]
+    assert [b.base_offset for b in tail.batches] == [2, 3] and tail.batches[0].position == 0
+
+    later = b"".join(encode_batch(offset, [b"y"]) for offset in (3, 4))  # batch 3 again, then 4
+    joined = cache.followed_by(ReadCache(memoryview(later), tuple(iter_batches(later)), ()))
+    assert [b.base_offset for b in joined.batches] == [0, 1, 2, 3, 4]
+    assert [bytes(b) for b in (memoryview(joined.records)[b.position:b.position + b.size] for b in joined.batches)] == [
+        *raw, encode_batch(4, [b"y"])]
