@@ -7,7 +7,11 @@
 2. The proxy's ShareFetch response built from a fetch's outcome, 1 MiB of records over 1, 4 and
    32 partitions, side by side: kio's entities then kio's encoder (the path before 2026-11-27's
    stop 36), against codec.share_fetch writing the frame directly (the path now).
-3. Iterate the batch headers of 64 MiB of records with codec.records.iter_batches,
+3. The share reader's upstream Fetch (v17) for 1 and 4 partitions, 1 MiB of records in all,
+   side by side: the request built as kio entities and encoded by kio, the response read by kio
+   and its records copied out (before stop 36), against codec.fetch writing the request and reading
+   the response with the records a view of it (now).
+4. Iterate the batch headers of 64 MiB of records with codec.records.iter_batches,
    without and with CRC-32C verification.
 Prints MB/s (1 MB = 2**20 bytes) for each; the best of N repeats.
 """
@@ -122,6 +126,56 @@ def compare_share_fetch_paths(records: bytes, repeat: int) -> None:
               f"codec.share_fetch {direct_s * 1e6:7.1f} us, direct / entities {direct_s / entities_s:.2f}")
 
 
+def compare_fetch_paths(records: bytes, repeat: int) -> None:
+    from kio.index import load_request_schema, load_response_schema
+    from kio.serial import entity_reader
+
+    from codec.fetch import PartitionFetch, decode_fetch_response, encode_fetch_request
+    from codec.registry import nested_types
+
+    version = 17
+    request_type, response_type = load_request_schema(1, version), load_response_schema(1, version)
+    request_types, response_types = nested_types(request_type), nested_types(response_type)
+    topic_id = uuid.uuid4()
+    print(f"the share reader's upstream Fetch v{version}, request written and response read, 1 MiB of records:")
+    for partitions in (1, 4):
+        share = len(records) // partitions
+        reads = [PartitionFetch(p, 0, p * 1000, share) for p in range(partitions)]
+        body = encode(response_type(
+            throttle_time=datetime.timedelta(0), error_code=ErrorCode.none, session_id=i32(0),
+            responses=(response_types["FetchableTopicResponse"](topic_id=topic_id, partitions=tuple(
+                response_types["PartitionData"](
+                    partition_index=i32(p), error_code=ErrorCode.none, high_watermark=i64(10**6),
+                    last_stable_offset=i64(10**6), log_start_offset=i64(0), aborted_transactions=None,
+                    records=Records(records[p * share:(p + 1) * share]))
+                for p in range(partitions))),)))
+
+        def with_kio():
+            encode(request_type(
+                max_wait=datetime.timedelta(0), min_bytes=i32(1), max_bytes=i32(len(records)), isolation_level=0,
+                session_id=i32(0), session_epoch=i32(-1),
+                topics=(request_types["FetchTopic"](topic_id=topic_id, partitions=tuple(
+                    request_types["FetchPartition"](partition=i32(r.partition), current_leader_epoch=i32(0),
+                                                    fetch_offset=i64(r.fetch_offset), log_start_offset=i64(-1),
+                                                    partition_max_bytes=i32(r.partition_max_bytes))
+                    for r in reads)),),
+                forgotten_topics_data=(), rack_id=""))
+            response, _ = entity_reader(response_type)(body, 0)
+            return [bytes(p.records) for t in response.responses for p in t.partitions]
+
+        def with_codec():
+            encode_fetch_request(version, max_wait_ms=0, min_bytes=1, max_bytes=len(records), isolation_level=0,
+                                 topics=[(topic_id, reads)])
+            return [p.records for p in decode_fetch_response(body).partitions]
+
+        assert with_kio() == with_codec()
+        inner = 200
+        kio_s = best_of(repeat, repeated(inner, with_kio)) / inner
+        codec_s = best_of(repeat, repeated(inner, with_codec)) / inner
+        print(f"  {partitions} partition{'s' if partitions > 1 else ' '}: kio {kio_s * 1e6:7.1f} us, "
+              f"codec.fetch {codec_s * 1e6:7.1f} us, codec / kio {codec_s / kio_s:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
@@ -140,6 +194,7 @@ def main() -> None:
     print(f"  decode  {len(body) / MIB / decode_s:9.0f} MB/s  ({decode_s * 1e6:8.1f} us per response)")
 
     compare_share_fetch_paths(one_mib, args.repeat)
+    compare_fetch_paths(one_mib, args.repeat)
 
     for batch_kib in (16, 1):
         records = records_of(64 * MIB, batch_kib * 1024)
