@@ -211,6 +211,19 @@ def scan_batches(records: bytes | bytearray | memoryview | None, *, verify_crc: 
     return BatchScan(entries, complete, total - complete)
 
 
+def partial_batch(records: bytes | bytearray | memoryview, position: int) -> tuple[int, int] | None:
+    """(base offset, whole size) of the batch cut short at `position` -- the partial tail a Fetch
+    response may end with -- once its first 12 bytes are there; None when there is none or its
+    length is impossible."""
+    view = memoryview(records)
+    if len(view) - position < LOG_OVERHEAD:
+        return None
+    base_offset, batch_length = _PREFIX.unpack_from(view, position)
+    if batch_length < 0 or LOG_OVERHEAD + batch_length <= len(view) - position:
+        return None  # not a batch's start, or not cut short
+    return base_offset, LOG_OVERHEAD + batch_length
+
+
 def _read_varint(view: memoryview, position: int, end: int, max_bytes: int) -> tuple[int, int]:
     """A zig-zag signed varint (records use signed varints), bounds-checked."""
     raw = 0

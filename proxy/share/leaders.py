@@ -76,6 +76,9 @@ class Leader:
     # read at a time, and the batches of the last read kept for the members queued behind it.
     bytes_per_record: float = 0.0
     batch_bytes: int = 0  # the largest log batch of recent reads (decaying): a read's floor
+    # (base offset, size) of the log batch the last read ended inside: a read from that offset
+    # asks for it exactly (proxy.share.reader._read_size). None: the last read ended on a boundary.
+    next_batch: tuple[int, int] | None = None
     read_lock: trio.Lock = field(default_factory=trio.Lock)
     readers_waiting: int = 0
     # (member, SPSO, answers): how many fetches of the member pinning the full window at that SPSO

@@ -66,7 +66,7 @@ import trio
 from kio.schema.errors import ErrorCode
 
 from codec.errors import RecordBatchError
-from codec.records import RecordBatchHeader, iter_batches
+from codec.records import LOG_OVERHEAD, RecordBatchHeader, iter_batches, partial_batch
 from proxy.errors import UpstreamError
 from proxy.share import metrics, observe
 from proxy.share.assignor import TopicIdPartition
@@ -507,10 +507,12 @@ class Reader:
         # one partition's records instead of topping up from the next (one state write per commit).
         return end - max(offset, batches[0].base_offset) >= records or 0 <= leader.high_watermark <= end
 
-    def _read_size(self, leader: Leader, records: int, max_bytes: int) -> int:
-        """Bytes to read for `records` (and the members queued behind this read), from the
-        partition's learned bytes per record, no more than the record-lock limit lets be acquired;
-        plus, when the read starts at redeliveries inside the window, the window's bytes."""
+    def _read_size(self, leader: Leader, read_from: int, records: int, max_bytes: int) -> int:
+        """Bytes to read from offset `read_from` for `records` (and the members queued behind this
+        read), from the partition's learned bytes per record, no more than the record-lock limit
+        lets be acquired; plus, when the read starts at redeliveries inside the window, the
+        window's bytes. A read that would end inside the second batch is cut to the first batch
+        exactly, when its size is known (see :func:`_whole_batches`)."""
         cap = self.max_fetch_bytes_per_partition
         read_bytes = min(max_bytes, cap)
         window_bytes = 0
@@ -534,7 +536,7 @@ class Reader:
             read_bytes = min(read_bytes, FIRST_FETCH_BYTES)
         # Never less than the partition's log batches: a broker answers a partition whose next
         # batch exceeds its PartitionMaxBytes with nothing, unless it comes first in the response.
-        return min(max(read_bytes, min(leader.batch_bytes, cap), 1) + window_bytes, cap)
+        return _whole_batches(leader, read_from, min(max(read_bytes, min(leader.batch_bytes, cap), 1) + window_bytes, cap))
 
     async def _read_many(
         self, candidates: list[_Held], records: int, max_bytes: int,
@@ -549,15 +551,15 @@ class Reader:
             tp, leader, topic = held
             kept = _unread_tail(leader)
             if kept is None:
-                size = self._read_size(leader, records, max_bytes)
-                read = PartitionRead(topic, tp[1], leader.engine.next_fetch_offset(), size)
+                start = leader.engine.next_fetch_offset()
+                read = PartitionRead(topic, tp[1], start, self._read_size(leader, start, records, max_bytes))
             else:
                 # The cache holds fewer records than wanted: read on from its end and keep them,
                 # rather than read them again (with small log batches that doubled what was read).
                 after = kept.batches[-1].last_offset + 1
                 wanted = max(records - (after - leader.engine.next_fetch_offset()), 1)
-                size = self._read_size(leader, wanted, max_bytes)
-                read = PartitionRead(topic, tp[1], after, size)
+                read = PartitionRead(topic, tp[1], after, self._read_size(leader, after, wanted, max_bytes))
+            size = read.max_bytes
             if reads and total + size > self.max_batched_read_bytes:
                 break
             total += size
@@ -607,9 +609,11 @@ class Reader:
         if data.log_start_offset > engine.start_offset:
             self._log_start(leader, data.log_start_offset)
         try:
-            batches = [b for b in iter_batches(data.records) if isinstance(b, RecordBatchHeader)]
+            entries = list(iter_batches(data.records))
         except RecordBatchError as exc:
             return Fetched(error=ErrorCode.corrupt_message, message=str(exc))
+        batches = [b for b in entries if isinstance(b, RecordBatchHeader)]
+        leader.next_batch = partial_batch(data.records, entries[-1].position + entries[-1].size if entries else 0)
         if not batches:
             if kept is not None:  # nothing after them yet: what was cached is still there to take
                 self.cache_budget.store(leader, kept)
@@ -695,6 +699,24 @@ class Reader:
         delta = leader.engine.advance_log_start(log_start)
         if delta is not None:
             self.commits.record(leader, delta, Cause.LOG_TRUNCATED)
+
+
+def _whole_batches(leader: Leader, read_from: int, read_bytes: int) -> int:
+    """`read_bytes`, or the first batch exactly -- and the next batch's first 12 bytes, which say
+    its size -- when the last read ended inside the batch at `read_from` and `read_bytes` would end
+    inside it or the one after it.
+
+    A broker sends a partition's log bytes up to PartitionMaxBytes, so such a read ended with part
+    of a batch, sent, received and thrown away (with 32 partitions, batches of ~80 KB and reads of
+    ~1.7 of them: 15-22 % of the bytes read, share_bench stop 36). The first batch alone brings the
+    same whole batches, and the 12 bytes after it size the next read the same way: reads chain on
+    batch boundaries. (A read smaller than its first batch gets it whole only as the response's
+    first partition; asked exactly, it always does.)"""
+    known = leader.next_batch
+    if known is None or known[0] != read_from:
+        return read_bytes
+    size = known[1]
+    return size + LOG_OVERHEAD if read_bytes < 2 * size else read_bytes
 
 
 def _records_bytes(records: bytes | memoryview, batches: tuple[RecordBatchHeader, ...], lo: int, hi: int) -> bytes | memoryview:

@@ -127,3 +127,16 @@ def test_a_hostile_batch_length_is_a_partial_tail_not_an_allocation():
     data = encode_batch(0, [b"a"]) + struct.pack(">qi", 1, 2**31 - 1) + b"\x00" * 50
     scan = scan_batches(data)
     assert len(scan.entries) == 1 and scan.truncated_bytes == 62
+
+
+def test_a_partial_tail_names_its_batchs_base_offset_and_whole_size_once_12_bytes_are_there():
+    from codec.records import partial_batch
+
+    first, second = encode_batch(100, [b"a" * 50]), encode_batch(101, [b"b" * 70, b"c"])
+    records = first + second
+    assert partial_batch(records, len(first)) is None  # whole: nothing cut short
+    assert partial_batch(records[:len(first) + 11], len(first)) is None  # its length not there yet
+    assert partial_batch(records[:len(first) + 12], len(first)) == (101, len(second))
+    assert partial_batch(records[:-1], len(first)) == (101, len(second))
+    assert partial_batch(first + (-1).to_bytes(8, "big", signed=True) + (-5).to_bytes(4, "big", signed=True),
+                         len(first)) is None  # an impossible length is no batch

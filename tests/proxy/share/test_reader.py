@@ -387,3 +387,42 @@ def test_a_cache_of_a_responses_view_copies_out_its_tail_and_joins_what_is_read_
     assert [b.base_offset for b in joined.batches] == [0, 1, 2, 3, 4]
     assert [bytes(b) for b in (memoryview(joined.records)[b.position:b.position + b.size] for b in joined.batches)] == [
         *raw, encode_batch(4, [b"y"])]
+
+
+class BrokerBytesCluster(ReadBytesCluster):
+    """FakeCluster answering as a broker does: the log's bytes from the offset up to
+    PartitionMaxBytes, so a read can end inside a batch (the first batch always whole)."""
+
+    async def fetch(self, topic, partition, offset, *, max_bytes, max_wait_ms, read_committed):
+        answer = await super().fetch(topic, partition, offset, max_bytes=1 << 40, max_wait_ms=max_wait_ms,
+                                     read_committed=read_committed)
+        first = next((len(batch) for last, batch in self.logs[partition] if last >= offset), 0)
+        return dataclasses.replace(answer, records=answer.records[:max(max_bytes, first)])
+
+
+async def test_a_read_that_would_end_inside_the_next_batch_asks_for_the_first_batch_exactly(nursery, autojump_clock):
+    """Batches of 64 and 96 KiB in turn, fetches of 20 x 4 KiB records (reads of ~100 KiB): each
+    such read carried part of the batch after, sent and thrown away. Once a read ends inside a
+    batch (its size in the first 12 bytes received), the next asks for that batch exactly and the
+    12 bytes after it, which size the read after that: reads chain on batch boundaries."""
+    from codec.records import iter_batches
+
+    cluster = BrokerBytesCluster(partitions=1)
+    harness = await start_service(nursery, cluster=cluster)
+    log_bytes = sum(len(harness.cluster.append([bytes(4 * KIB)] * (16 if i % 2 else 24))) for i in range(40))
+    member = harness.member("m")
+    result = await harness.fetch(member, partitions=TPS[:1], max_records=20)
+    taken = sum(partitions_of(result).values())
+    while taken < 20 * 40:
+        acks = [(TPS[0], first, last, ACCEPT) for first, last, _ in acquired(result, TPS[0])]
+        await trio.sleep(0.05)
+        result = await harness.fetch(member, acks=acks, max_records=20)
+        assert partitions_of(result), "a fetch came back empty with records left"
+        taken += sum(partitions_of(result).values())
+    assert taken == 20 * 40
+    sizes = {batch.base_offset: batch.size for _, raw in cluster.logs[0] for batch in iter_batches(raw)}
+    later = [(offset, size) for request in cluster.fetch_requests[1:] for _, offset, size in request]
+    assert later and all(size == sizes[offset] + 12 for offset, size in later), later
+    # The first read (1 MiB, nothing learned yet) ends inside a batch; every later one 12 bytes past
+    # a boundary (at the log's end, on it).
+    assert cluster.read_bytes <= log_bytes + 96 * KIB + 12 * len(later), f"read {cluster.read_bytes / log_bytes:.2f} x"
