@@ -18,7 +18,10 @@ them twice: with log batches smaller than a fetch takes, 1.2-2.6 x the bytes con
 Reads are sized for what can be acquired: the records wanted times the bytes per record learned
 from earlier reads, never less than the partition's largest recent log batch (a broker answers a
 partition whose next batch exceeds its PartitionMaxBytes with nothing unless it comes first in
-the response).
+the response). A broker sends log bytes up to PartitionMaxBytes, so a read may end inside a
+batch; those bytes are thrown away, but their first 12 say the batch's size, and the next read
+from it asks for that batch and the 12 bytes after it exactly, so reads chain on batch boundaries
+(:func:`_whole_batches`).
 
 **Read-ahead.** Once a fetch has taken records, the partitions of its session whose caches hold
 fewer than a fetch takes, and whose log had more at their last read, are read in the background
