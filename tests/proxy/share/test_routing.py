@@ -69,3 +69,38 @@ def test_share_responses_refused_here_carry_no_current_leader_and_no_node_endpoi
     (partition,) = acknowledged.responses[0].partitions
     assert int(partition.current_leader.leader_id) == -1
     assert acknowledged.node_endpoints == ()
+
+
+def test_the_hand_encoded_share_fetch_counts_its_error_codes_as_the_entity_would():
+    from kio.schema.errors import ErrorCode
+
+    from codec.headers import RequestHeader
+    from proxy import metrics
+    from proxy.share.cluster import PartitionInfo, TopicInfo
+    from proxy.share.manager import FetchOutcome
+    from proxy.share.reader import Fetched
+    from proxy.share.routes import share_fetch_payload, share_fetch_response
+    from tests.proxy.test_metrics import sample
+
+    class Cluster:
+        def topic_by_id(self, topic_id):
+            return TopicInfo("orders", TOPIC, {p: PartitionInfo(leader_id=1, leader_epoch=7) for p in range(3)})
+
+    def errors() -> dict[str, float]:
+        return {name: sample("ksp_response_errors_total", api="ShareFetch", error=name)
+                for name in ("NOT_LEADER_OR_FOLLOWER", "INVALID_RECORD_STATE", "UNKNOWN_MEMBER_ID")}
+
+    outcomes = [
+        FetchOutcome(fetched={(TOPIC, 0): Fetched(error=ErrorCode.not_leader_or_follower), (TOPIC, 1): Fetched()},
+                     acknowledgements={(TOPIC, 1): (ErrorCode.invalid_record_state, None),
+                                       (TOPIC, 2): (ErrorCode.none, None)}),
+        FetchOutcome(ErrorCode.unknown_member_id, "who?"),
+    ]
+    before = errors()
+    for outcome in outcomes:
+        share_fetch_payload(RequestHeader(78, 2, 1), outcome, Cluster())
+    by_payload = {name: count - before[name] for name, count in errors().items()}
+    for outcome in outcomes:
+        metrics.count_response_errors(78, share_fetch_response(outcome, 2, Cluster()))
+    assert by_payload == {name: count - before[name] - by_payload[name] for name, count in errors().items()} == {
+        "NOT_LEADER_OR_FOLLOWER": 1, "INVALID_RECORD_STATE": 1, "UNKNOWN_MEMBER_ID": 1}
