@@ -710,10 +710,10 @@ def _whole_batches(leader: Leader, read_from: int, read_bytes: int) -> int:
     inside it or the one after it.
 
     A broker sends a partition's log bytes up to PartitionMaxBytes, so such a read ended with part
-    of a batch, sent, received and thrown away (with 32 partitions, batches of ~80 KB and reads of
-    ~1.7 of them: 15-22 % of the bytes read, share_bench stop 36). The first batch alone brings the
-    same whole batches, and the 12 bytes after it size the next read the same way: reads chain on
-    batch boundaries. (A read smaller than its first batch gets it whole only as the response's
+    of a batch, sent, received and thrown away (part of the 1.09-1.22 x the bytes consumed that
+    share_bench read with 32 partitions in stop 36). The first batch alone brings the same whole
+    batches, and the 12 bytes after it size the next read the same way: reads chain on batch
+    boundaries. (A read smaller than its first batch gets it whole only as the response's
     first partition; asked exactly, it always does.)"""
     known = leader.next_batch
     if known is None or known[0] != read_from:
