@@ -22,6 +22,7 @@ import argparse
 import datetime
 import time
 import uuid
+from collections.abc import Callable
 
 from kio.schema.errors import ErrorCode
 from kio.schema.share_fetch.v2 import response as sf
@@ -90,6 +91,17 @@ def best_of(repeat: int, function) -> float:
     return best
 
 
+def side_by_side(label: str, repeat: int, before: tuple[str, Callable[[], object]],
+                 after: tuple[str, Callable[[], object]], inner: int = 200) -> None:
+    """Time two ways of doing the same thing (checked equal first); print both and after / before."""
+    (before_name, before_call), (after_name, after_call) = before, after
+    assert before_call() == after_call()
+    before_s = best_of(repeat, repeated(inner, before_call)) / inner
+    after_s = best_of(repeat, repeated(inner, after_call)) / inner
+    print(f"  {label}: {before_name} {before_s * 1e6:7.1f} us, {after_name} {after_s * 1e6:7.1f} us, "
+          f"{after_name} / {before_name.split()[0]} {after_s / before_s:.2f}")
+
+
 def compare_share_fetch_paths(records: bytes, repeat: int) -> None:
     from codec.headers import RequestHeader, encode_response_header, response_header_version
     from proxy.share.cluster import PartitionInfo, TopicInfo
@@ -116,14 +128,10 @@ def compare_share_fetch_paths(records: bytes, repeat: int) -> None:
             (topic_id, p): Fetched(records=view[p * share:(p + 1) * share], count=100,
                                    acquired=(AcquiredRecords(p * 100, p * 100 + 99, 1),))
             for p in range(partitions)})
-        entities = lambda: encode(proxy_response(outcome, 2, Cluster()), header=response_header)  # noqa: E731
-        direct = lambda: share_fetch_payload(header, outcome, Cluster())  # noqa: E731
-        assert entities() == direct()
-        inner = 200
-        entities_s = best_of(repeat, repeated(inner, entities)) / inner
-        direct_s = best_of(repeat, repeated(inner, direct)) / inner
-        print(f"  {partitions:2d} partitions: kio entities + encoder {entities_s * 1e6:7.1f} us, "
-              f"codec.share_fetch {direct_s * 1e6:7.1f} us, direct / entities {direct_s / entities_s:.2f}")
+        side_by_side(f"{partitions:2d} partitions", repeat,
+                     ("kio entities + encoder", lambda: encode(proxy_response(outcome, 2, Cluster()),
+                                                               header=response_header)),
+                     ("codec.share_fetch", lambda: share_fetch_payload(header, outcome, Cluster())))
 
 
 def compare_fetch_paths(records: bytes, repeat: int) -> None:
@@ -168,12 +176,7 @@ def compare_fetch_paths(records: bytes, repeat: int) -> None:
                                  topics=[(topic_id, reads)])
             return [p.records for p in decode_fetch_response(body).partitions]
 
-        assert with_kio() == with_codec()
-        inner = 200
-        kio_s = best_of(repeat, repeated(inner, with_kio)) / inner
-        codec_s = best_of(repeat, repeated(inner, with_codec)) / inner
-        print(f"  {partitions} partition{'s' if partitions > 1 else ' '}: kio {kio_s * 1e6:7.1f} us, "
-              f"codec.fetch {codec_s * 1e6:7.1f} us, codec / kio {codec_s / kio_s:.2f}")
+        side_by_side(f"{partitions:2d} partitions", repeat, ("kio", with_kio), ("codec.fetch", with_codec))
 
 
 def main() -> None:
