@@ -29,11 +29,13 @@ _TOP = struct.Struct(">ihi")  # throttle_time_ms, error_code, session_id
 _PARTITION_HEAD = struct.Struct(">ihqqq")  # index, error_code, high_watermark, last_stable, log_start
 _ABORTED = struct.Struct(">qq")  # producer_id, first_offset
 _INT32 = struct.Struct(">i")
+_NO_TAGS = b"\x00"
+_EMPTY_ARRAY = b"\x01"  # a compact array's length + 1
 
-
-_REQUEST_HEAD = struct.Struct(">iiibii")  # max_wait_ms, min_bytes, max_bytes, isolation_level, session id, epoch
-_REQUEST_PARTITION = struct.Struct(">iiqiqib")  # partition, leader epoch, offset, last fetched epoch,
-#                                                 log start offset, max bytes, no tagged fields
+# max_wait_ms, min_bytes, max_bytes, isolation_level, session_id, session_epoch
+_REQUEST_HEAD = struct.Struct(">iiibii")
+# partition, current leader epoch, fetch offset, last fetched epoch, log start offset, max bytes, no tags
+_REQUEST_PARTITION = struct.Struct(">iiqiqib")
 _CONSUMER_REPLICA_ID = _INT32.pack(-1)  # before v15 the body starts with it; v15 made it a tagged field
 
 
@@ -65,10 +67,6 @@ def encode_fetch_request(version: int, *, max_wait_ms: int, min_bytes: int, max_
     parts.append(rack)
     parts.append(_NO_TAGS)
     return b"".join(parts)
-
-
-_NO_TAGS = b"\x00"
-_EMPTY_ARRAY = b"\x01"
 
 
 class FetchedPartitionData(NamedTuple):

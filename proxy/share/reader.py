@@ -514,7 +514,7 @@ class Reader:
         """Bytes to read from offset `read_from` for `records` (and the members queued behind this
         read), from the partition's learned bytes per record, no more than the record-lock limit
         lets be acquired; plus, when the read starts at redeliveries inside the window, the
-        window's bytes. A read that would end inside the second batch is cut to the first batch
+        window's bytes. A read that would end inside its first or second batch asks for the first
         exactly, when its size is known (see :func:`_whole_batches`)."""
         cap = self.max_fetch_bytes_per_partition
         read_bytes = min(max_bytes, cap)
@@ -539,7 +539,8 @@ class Reader:
             read_bytes = min(read_bytes, FIRST_FETCH_BYTES)
         # Never less than the partition's log batches: a broker answers a partition whose next
         # batch exceeds its PartitionMaxBytes with nothing, unless it comes first in the response.
-        return _whole_batches(leader, read_from, min(max(read_bytes, min(leader.batch_bytes, cap), 1) + window_bytes, cap))
+        read_bytes = min(max(read_bytes, min(leader.batch_bytes, cap), 1) + window_bytes, cap)
+        return min(_whole_batches(leader, read_from, read_bytes), cap)
 
     async def _read_many(
         self, candidates: list[_Held], records: int, max_bytes: int,
