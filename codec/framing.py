@@ -22,6 +22,7 @@ socket for, so a large frame comes in a few large reads.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 
 from codec.errors import FrameError
 
@@ -38,6 +39,24 @@ def encode_frame(payload: bytes) -> bytes:
 def encode_size_prefix(size: int) -> bytes:
     """Return just the int32 prefix for a payload of ``size`` bytes (for scatter writes)."""
     return size.to_bytes(SIZE_PREFIX_BYTES, "big", signed=True)
+
+
+class ScatteredPayload:
+    """A frame payload in pieces (bytes, and views of large record bytes held elsewhere), sent
+    with one scatter write: the records reach the socket without first being copied into one
+    buffer. ``len()`` is its size in bytes; ``bytes()`` joins it."""
+
+    __slots__ = ("parts", "size")
+
+    def __init__(self, parts: Sequence[bytes | memoryview]) -> None:
+        self.parts = tuple(parts)
+        self.size = sum(memoryview(part).nbytes for part in self.parts)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self.parts)
 
 
 class FrameDecoder:

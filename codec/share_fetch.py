@@ -2,7 +2,9 @@
 
 A ShareFetch response is the proxy's most frequent answer and carries the records, so it is
 written here field by field instead of through kio's generic entity walk: no entity objects
-are built, and the records are copied once, into the frame. The layout is that of
+are built, and records of ``SCATTER_MIN_BYTES`` or more are not copied at all -- they stay
+separate pieces of a :class:`~codec.framing.ScatteredPayload`, written to the socket with the
+rest in one scatter write. The layout is that of
 ``ShareFetchResponse.json`` for the flexible versions the proxy serves (1 and 2 are the same);
 ``tests/codec/test_share_fetch.py`` checks it byte for byte against kio's encoding of the same
 response, so kio stays the specification.
@@ -15,7 +17,12 @@ import uuid
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
+from codec.framing import ScatteredPayload
 from codec.varint import write_uvarint
+
+# Records at least this large go out as a piece of their own; smaller ones are copied in with the
+# fields around them (one more iovec costs more than copying a few KiB).
+SCATTER_MIN_BYTES = 64 * 1024
 
 _TOP = struct.Struct(">ih")  # throttle_time_ms, error_code
 _INT32 = struct.Struct(">i")
@@ -54,7 +61,7 @@ class NodeEndpointAnswer(NamedTuple):
     rack: str | None
 
 
-def encode_share_fetch_response(
+def share_fetch_response_parts(
     header: bytes,
     *,
     error_code: int,
@@ -63,11 +70,12 @@ def encode_share_fetch_response(
     topics: Sequence[tuple[uuid.UUID, Sequence[PartitionAnswer]]],
     node_endpoints: Sequence[NodeEndpointAnswer] = (),
     throttle_ms: int = 0,
-) -> bytes:
-    """The frame payload: `header` (the response header's bytes) then the body."""
-    parts: list[bytes | memoryview] = [header, _TOP.pack(throttle_ms, error_code), _nullable_string(error_message),
+) -> ScatteredPayload:
+    """The frame payload in pieces: `header` (the response header's bytes) then the body."""
+    pieces: list[bytes | memoryview] = []  # runs of small fields joined, and large records as they are
+    run: list[bytes | memoryview] = [header, _TOP.pack(throttle_ms, error_code), _nullable_string(error_message),
                                        _INT32.pack(lock_ms), write_uvarint(len(topics) + 1)]
-    append = parts.append
+    append = run.append
     for topic_id, partitions in topics:
         append(topic_id.bytes)
         append(write_uvarint(len(partitions) + 1))
@@ -77,8 +85,14 @@ def encode_share_fetch_response(
             append(_INT16.pack(answer.acknowledge_error_code))
             append(_nullable_string(answer.acknowledge_error_message))
             append(_LEADER.pack(answer.leader_id, answer.leader_epoch, 0))
-            append(write_uvarint(len(answer.records) + 1))
-            append(answer.records)
+            records = answer.records
+            append(write_uvarint(len(records) + 1))
+            if len(records) >= SCATTER_MIN_BYTES:
+                pieces.append(b"".join(run))
+                pieces.append(records)
+                run.clear()
+            else:
+                append(records)
             append(write_uvarint(len(answer.acquired) + 1))
             for acquired in answer.acquired:
                 append(_ACQUIRED.pack(acquired.first_offset, acquired.last_offset, acquired.delivery_count, 0))
@@ -92,7 +106,13 @@ def encode_share_fetch_response(
         append(_nullable_string(endpoint.rack))
         append(_NO_TAGS)
     append(_NO_TAGS)
-    return b"".join(parts)
+    pieces.append(b"".join(run))
+    return ScatteredPayload(pieces)
+
+
+def encode_share_fetch_response(header: bytes, **fields) -> bytes:
+    """The frame payload as one buffer (:func:`share_fetch_response_parts` joined)."""
+    return bytes(share_fetch_response_parts(header, **fields))
 
 
 def _string(value: str) -> bytes:
@@ -104,4 +124,5 @@ def _nullable_string(value: str | None) -> bytes:
     return _NULL if value is None else _string(value)
 
 
-__all__ = ["AcquiredRange", "NodeEndpointAnswer", "PartitionAnswer", "encode_share_fetch_response"]
+__all__ = ["SCATTER_MIN_BYTES", "AcquiredRange", "NodeEndpointAnswer", "PartitionAnswer", "encode_share_fetch_response",
+           "share_fetch_response_parts"]

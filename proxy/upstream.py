@@ -31,7 +31,7 @@ from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
 
 from codec.errors import CodecError, SaslError
-from codec.framing import FrameDecoder, encode_size_prefix
+from codec.framing import FrameDecoder, ScatteredPayload, encode_size_prefix
 from codec.headers import (
     RequestHeader,
     encode_request_header,
@@ -216,15 +216,17 @@ class FramedStream:
             decoder.feed(data)
         return frame
 
-    async def send_frame(self, payload: bytes) -> None:
+    async def send_frame(self, payload: bytes | ScatteredPayload) -> None:
         prefix = encode_size_prefix(len(payload))
+        parts = payload.parts if isinstance(payload, ScatteredPayload) else (payload,)
         if self._socket is not None:
-            await _send_scattered(self._socket, prefix, payload)
+            await _send_scattered(self._socket, prefix, *parts)
         elif len(payload) <= _JOIN_LIMIT:
-            await self.stream.send_all(prefix + payload)
+            await self.stream.send_all(b"".join((prefix, *parts)))
         else:
             await self.stream.send_all(prefix)
-            await self.stream.send_all(payload)
+            for part in parts:
+                await self.stream.send_all(part)
 
     async def send_bytes(self, *buffers: bytes) -> None:
         """Raw bytes, in order (a streamed frame's prefix and pieces): no framing added."""

@@ -131,7 +131,7 @@ def compare_share_fetch_paths(records: bytes, repeat: int) -> None:
         side_by_side(f"{partitions:2d} partitions", repeat,
                      ("kio entities + encoder", lambda: encode(proxy_response(outcome, 2, Cluster()),
                                                                header=response_header)),
-                     ("codec.share_fetch", lambda: share_fetch_payload(header, outcome, Cluster())))
+                     ("codec.share_fetch", lambda: bytes(share_fetch_payload(header, outcome, Cluster()))))
 
 
 def compare_fetch_paths(records: bytes, repeat: int) -> None:

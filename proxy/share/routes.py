@@ -28,7 +28,8 @@ from kio.schema.errors import ErrorCode
 
 from codec.headers import RequestHeader, encode_response_header, response_header_version
 from codec.registry import DEFAULT_REGISTRY, nested_types
-from codec.share_fetch import NodeEndpointAnswer, PartitionAnswer, encode_share_fetch_response
+from codec.framing import ScatteredPayload
+from codec.share_fetch import NodeEndpointAnswer, PartitionAnswer, share_fetch_response_parts
 from proxy.apiversions import VersionRange
 from proxy.connection import ByteBudget, ClientConnection, Request, ServeLocally
 from proxy.metrics import count_error_codes
@@ -74,7 +75,9 @@ def _serve(handler: Handler):
         entity = DEFAULT_REGISTRY.decode_request(header.api_key, header.api_version, body)
         response = await handler(entity, request, connection)
         # A handler on the hot path encodes its own frame (share_fetch_payload).
-        return response if isinstance(response, bytes) else response_payload(request, response)
+        if isinstance(response, (bytes, ScatteredPayload)):
+            return response
+        return response_payload(request, response)
 
     return serve
 
@@ -251,13 +254,13 @@ _NO_ACK_ERROR = (ErrorCode.none, None)
 
 
 def share_fetch_payload(header: RequestHeader, outcome: FetchOutcome, cluster, advertised_endpoint=None, *,
-                        scale_out: bool = False) -> bytes:
+                        scale_out: bool = False) -> ScatteredPayload:
     """The ShareFetch response frame for the request `header` names, written by
-    :mod:`codec.share_fetch` (the hot path: no kio entities); its error codes counted as
-    :func:`response_payload` counts them."""
+    :mod:`codec.share_fetch` (the hot path: no kio entities, large records not copied); its error
+    codes counted as :func:`response_payload` counts them."""
     topics, endpoints = share_fetch_answers(outcome, cluster, advertised_endpoint, scale_out=scale_out)
     count_error_codes(SHARE_FETCH, _error_codes_of(outcome.error, topics))
-    return encode_share_fetch_response(
+    return share_fetch_response_parts(
         encode_response_header(header.correlation_id, response_header_version(SHARE_FETCH, header.api_version)),
         error_code=outcome.error.value, error_message=outcome.message,
         lock_ms=outcome.lock_ms if outcome.error is ErrorCode.none else 0,

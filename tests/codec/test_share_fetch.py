@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import uuid
+from unittest import mock
 
 import pytest
 from hypothesis import given, settings
@@ -12,7 +13,12 @@ from kio.index import load_response_schema
 from kio.schema.errors import ErrorCode
 
 from codec.registry import encode, nested_types
-from codec.share_fetch import NodeEndpointAnswer, PartitionAnswer, encode_share_fetch_response
+from codec.share_fetch import (
+    NodeEndpointAnswer,
+    PartitionAnswer,
+    encode_share_fetch_response,
+    share_fetch_response_parts,
+)
 from proxy.share.partition import AcquiredRecords
 
 SERVED = (1, 2)
@@ -73,7 +79,10 @@ def test_every_response_is_kios_encoding_byte_for_byte(version, header, error_co
                                                         throttle_ms, topics, node_endpoints):
     fields = dict(error_code=error_code, error_message=error_message, lock_ms=lock_ms, topics=topics,
                   node_endpoints=node_endpoints, throttle_ms=throttle_ms)
-    assert encode_share_fetch_response(header, **fields) == kio_encoding(version, header, **fields)
+    expected = kio_encoding(version, header, **fields)
+    assert encode_share_fetch_response(header, **fields) == expected
+    with mock.patch("codec.share_fetch.SCATTER_MIN_BYTES", 100):  # records as pieces of their own too
+        assert bytes(share_fetch_response_parts(header, **fields)) == expected
 
 
 def test_a_megabyte_of_records_lands_whole_after_a_three_byte_length():
@@ -88,6 +97,12 @@ def test_a_megabyte_of_records_lands_whole_after_a_three_byte_length():
     at = 4 + 2 + 1 + 4 + 1 + 16 + 1 + 4 + 2 + 1 + 2 + 1 + 9
     assert payload[at:at + 3] == bytes([0x81, 0x80, 0x40])  # 1 MiB + 1 as an unsigned varint
     assert payload[at + 3:at + 3 + len(records)] == records
+    # As pieces, the records are the caller's view itself, not a copy.
+    parts = share_fetch_response_parts(
+        b"", error_code=0, error_message=None, lock_ms=30_000,
+        topics=[(topic, [PartitionAnswer(5, 0, None, 0, None, 1, 0, view := memoryview(records),
+                                         [AcquiredRecords(0, 99, 1)])])]).parts
+    assert [part is view for part in parts] == [False, True, False] and bytes(parts[0])[-3:] == bytes([0x81, 0x80, 0x40])
     assert payload == kio_encoding(2, b"", error_code=0, error_message=None, lock_ms=30_000,
                                    topics=[(topic, [PartitionAnswer(5, 0, None, 0, None, 1, 0, records,
                                                                     [AcquiredRecords(0, 99, 1)])])],

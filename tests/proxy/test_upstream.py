@@ -237,3 +237,28 @@ async def test_a_streamed_frame_cut_short_raises_eof():
     with pytest.raises(EOFError):
         while await streamed.receive_more():
             pass
+
+
+async def test_a_scattered_payload_goes_in_one_scatter_write_and_arrives_as_one_frame(writev):
+    from codec.framing import ScatteredPayload
+
+    client, server = await tcp_pair()
+    records = os.urandom(300_000)
+    payload = ScatteredPayload([b"head", memoryview(records)[1000:], b"", b"tail"])
+    assert len(payload) == 8 + len(records) - 1000
+    await FramedStream(client, 1 << 20).send_frame(payload)
+    assert writev.calls[0] > 4 and sum(writev.calls) == 4 + len(payload)
+    assert await FramedStream(server, 1 << 20).receive_frame() == bytes(payload)
+    await client.aclose()
+    await server.aclose()
+
+
+async def test_over_a_non_socket_stream_scattered_payloads_still_go_whole():
+    from codec.framing import ScatteredPayload
+
+    left, right = trio.testing.memory_stream_pair()
+    sender, receiver = FramedStream(left, 1 << 20), FramedStream(right, 1 << 20)
+    for payload in (ScatteredPayload([b"small ", b"pieces"]), ScatteredPayload([b"big", os.urandom(200_000)])):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sender.send_frame, payload)
+            assert await receiver.receive_frame() == bytes(payload)

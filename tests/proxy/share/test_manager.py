@@ -239,7 +239,7 @@ class Harness:
         response = share_fetch_response(outcome, version, self.cluster, self.service.advertised_endpoint)
         # The frame the proxy sends (hand-encoded) is kio's encoding of that response, byte for byte.
         header = RequestHeader(78, version, correlation_id=7)
-        assert share_fetch_payload(header, outcome, self.cluster, self.service.advertised_endpoint) == encode(
+        assert bytes(share_fetch_payload(header, outcome, self.cluster, self.service.advertised_endpoint)) == encode(
             response, header=encode_response_header(7, response_header_version(78, version)))
         if response.error_code == ErrorCode.none and epoch is None:
             member.epoch += 1
