@@ -6,7 +6,8 @@
    (through codec.registry: bounds check + kio).
 2. The proxy's ShareFetch response built from a fetch's outcome, 1 MiB of records over 1, 4 and
    32 partitions, side by side: kio's entities then kio's encoder (the path before 2026-11-27's
-   stop 36), against codec.share_fetch writing the frame directly (the path now).
+   stop 36), against codec.share_fetch writing the frame directly, joined into one buffer (as
+   the tests compare it), and as the proxy sends it (large records left as views: no copy).
 3. The share reader's upstream Fetch (v17) for 1 and 4 partitions, 1 MiB of records in all,
    side by side: the request built as kio entities and encoded by kio, the response read by kio
    and its records copied out (before stop 36), against codec.fetch writing the request and reading
@@ -132,6 +133,9 @@ def compare_share_fetch_paths(records: bytes, repeat: int) -> None:
                      ("kio entities + encoder", lambda: encode(proxy_response(outcome, 2, Cluster()),
                                                                header=response_header)),
                      ("codec.share_fetch", lambda: bytes(share_fetch_payload(header, outcome, Cluster()))))
+        pieces_s = best_of(repeat, repeated(200, lambda: share_fetch_payload(header, outcome, Cluster()))) / 200
+        print(f"  {partitions:2d} partitions: codec.share_fetch as sent (records not joined, one writev) "
+              f"{pieces_s * 1e6:7.1f} us")
 
 
 def compare_fetch_paths(records: bytes, repeat: int) -> None:
