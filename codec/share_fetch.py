@@ -7,17 +7,23 @@ separate pieces of a :class:`~codec.framing.ScatteredPayload`, written to the so
 rest in one scatter write. The layout is that of
 ``ShareFetchResponse.json`` for the flexible versions the proxy serves (1 and 2 are the same);
 ``tests/codec/test_share_fetch.py`` checks it byte for byte against kio's encoding of the same
-response, so kio stays the specification.
+response (:func:`kio_share_fetch_response`, the form the tests read), so kio stays the
+specification.
 """
 
 from __future__ import annotations
 
+import datetime
 import struct
 import uuid
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
+from kio.index import load_response_schema
+from kio.schema.errors import ErrorCode
+
 from codec.framing import ScatteredPayload
+from codec.registry import nested_types
 from codec.varint import write_uvarint
 
 # Records at least this large go out as a piece of their own; smaller ones are copied in with the
@@ -115,6 +121,41 @@ def encode_share_fetch_response(header: bytes, **fields) -> bytes:
     return bytes(share_fetch_response_parts(header, **fields))
 
 
+def kio_share_fetch_response(
+    version: int,
+    *,
+    error_code: int,
+    error_message: str | None,
+    lock_ms: int,
+    topics: Sequence[tuple[uuid.UUID, Sequence[PartitionAnswer]]],
+    node_endpoints: Sequence[NodeEndpointAnswer] = (),
+    throttle_ms: int = 0,
+):
+    """The same response as kio's ShareFetch response entity of `version`: what tests read and
+    compare the hand-written bytes with, and the way the proxy built it before (codec_bench)."""
+    response_type = load_response_schema(78, version)
+    types = nested_types(response_type)
+    topic_type, partition_type = types["ShareFetchableTopicResponse"], types["PartitionData"]
+    leader_type, acquired_type, endpoint_type = types["LeaderIdAndEpoch"], types["AcquiredRecords"], types["NodeEndpoint"]
+    return response_type(
+        throttle_time=datetime.timedelta(milliseconds=throttle_ms),
+        error_code=ErrorCode(error_code),
+        error_message=error_message,
+        acquisition_lock_timeout=datetime.timedelta(milliseconds=lock_ms),
+        responses=tuple(topic_type(topic_id=topic_id, partitions=tuple(
+            partition_type(
+                partition_index=a.partition_index, error_code=ErrorCode(a.error_code), error_message=a.error_message,
+                acknowledge_error_code=a.acknowledge_error_code, acknowledge_error_message=a.acknowledge_error_message,
+                current_leader=leader_type(leader_id=a.leader_id, leader_epoch=a.leader_epoch),
+                records=a.records,
+                acquired_records=tuple(acquired_type(first_offset=r.first_offset, last_offset=r.last_offset,
+                                                     delivery_count=r.delivery_count) for r in a.acquired),
+            ) for a in answers)) for topic_id, answers in topics),
+        node_endpoints=tuple(endpoint_type(node_id=e.node_id, host=e.host, port=e.port, rack=e.rack)
+                             for e in node_endpoints),
+    )
+
+
 def _string(value: str) -> bytes:
     encoded = value.encode()
     return write_uvarint(len(encoded) + 1) + encoded
@@ -125,4 +166,4 @@ def _nullable_string(value: str | None) -> bytes:
 
 
 __all__ = ["SCATTER_MIN_BYTES", "AcquiredRange", "NodeEndpointAnswer", "PartitionAnswer", "encode_share_fetch_response",
-           "share_fetch_response_parts"]
+           "kio_share_fetch_response", "share_fetch_response_parts"]

@@ -142,9 +142,8 @@ def count_response_errors(api_key: int, response: object) -> None:
 
 def count_error_codes(api_key: int, codes) -> None:
     """Count each of `codes` (non-zero error codes) as an error `api_key`'s response carried."""
-    api = None
+    api = api_name(api_key)
     for code in codes:
-        api = api or api_name(api_key)
         RESPONSE_ERRORS.labels(api=api, error=error_name(code)).inc()
 
 

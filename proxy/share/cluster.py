@@ -426,13 +426,13 @@ class Cluster:
         # Records stay a view of the response frame (no ~1 MB copy per read) when they are all it
         # carries; records of several partitions are copied out, or a small cached remainder of
         # one would keep the whole frame alive, uncounted by the read cache's byte budget.
-        with_records = sum(1 for data in response.partitions if data.records)
+        keep_view = sum(1 for data in response.partitions if data.records) == 1
         answers: dict[tuple[uuid.UUID, int], FetchedPartition] = {
             (data.topic_id, data.partition_index): FetchedPartition(
                 error_code=data.error_code,
                 log_start_offset=data.log_start_offset,
                 aborted_transactions=data.aborted_transactions or (),
-                records=(data.records if with_records == 1 else bytes(data.records)) if data.records else b"",
+                records=(data.records if keep_view else bytes(data.records)) if data.records else b"",
                 high_watermark=data.high_watermark,
             )
             for data in response.partitions

@@ -22,6 +22,7 @@ import functools
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import fields
+from typing import Any
 
 import structlog
 from kio.schema.errors import ErrorCode
@@ -216,9 +217,11 @@ def _ms(ms: int) -> datetime.timedelta:
     return datetime.timedelta(milliseconds=ms)
 
 
-def share_fetch_answers(outcome: FetchOutcome, cluster, advertised_endpoint=None, *, scale_out: bool = False
-                        ) -> tuple[list[tuple[uuid.UUID, list[PartitionAnswer]]], list[NodeEndpointAnswer]]:
-    """What a ShareFetch response says, by topic in response order, and the leader hints.
+def share_fetch_fields(outcome: FetchOutcome, cluster, advertised_endpoint=None, *,
+                       scale_out: bool = False) -> dict[str, Any]:
+    """What the ShareFetch response for `outcome` says: the fields of
+    :func:`codec.share_fetch.share_fetch_response_parts` (partitions by topic in response order,
+    the leader hints).
 
     A partition answered NOT_LEADER_OR_FOLLOWER names its upstream leader (KIP-951: the broker
     moved it) -- but with ``scale_out`` no leader at all, so the client refreshes metadata, which
@@ -228,7 +231,8 @@ def share_fetch_answers(outcome: FetchOutcome, cluster, advertised_endpoint=None
     kill -9 it kept fetching from the dead instance until metadata.max.age.ms
     (integration/share/test_scale_out.py, the Java-follows test)."""
     if outcome.error is not ErrorCode.none:
-        return [], []
+        return dict(error_code=outcome.error.value, error_message=outcome.message, lock_ms=0, topics=[],
+                    node_endpoints=[])
     fetched, ack_results = outcome.fetched, outcome.acknowledgements
     by_topic: dict[uuid.UUID, list[PartitionAnswer]] = {}
     moved_leaders: set[int] = set()
@@ -246,7 +250,8 @@ def share_fetch_answers(outcome: FetchOutcome, cluster, advertised_endpoint=None
         by_topic.setdefault(tp[0], []).append(PartitionAnswer(
             tp[1], part.error.value, part.message, int(ack_code), ack_message, leader_id, leader_epoch,
             part.records, part.acquired))
-    return list(by_topic.items()), _node_endpoints(moved_leaders, advertised_endpoint)
+    return dict(error_code=ErrorCode.none.value, error_message=outcome.message, lock_ms=outcome.lock_ms,
+                topics=list(by_topic.items()), node_endpoints=_node_endpoints(moved_leaders, advertised_endpoint))
 
 
 _NOTHING_FETCHED = Fetched()
@@ -258,56 +263,22 @@ def share_fetch_payload(header: RequestHeader, outcome: FetchOutcome, cluster, a
     """The ShareFetch response frame for the request `header` names, written by
     :mod:`codec.share_fetch` (the hot path: no kio entities, large records not copied); its error
     codes counted as :func:`response_payload` counts them."""
-    topics, endpoints = share_fetch_answers(outcome, cluster, advertised_endpoint, scale_out=scale_out)
-    count_error_codes(SHARE_FETCH, _error_codes_of(outcome.error, topics))
+    fields = share_fetch_fields(outcome, cluster, advertised_endpoint, scale_out=scale_out)
+    count_error_codes(SHARE_FETCH, _error_codes_of(fields["error_code"], fields["topics"]))
     return share_fetch_response_parts(
         encode_response_header(header.correlation_id, response_header_version(SHARE_FETCH, header.api_version)),
-        error_code=outcome.error.value, error_message=outcome.message,
-        lock_ms=outcome.lock_ms if outcome.error is ErrorCode.none else 0,
-        topics=topics, node_endpoints=endpoints,
-    )
+        **fields)
 
 
-def _error_codes_of(error: ErrorCode, topics) -> Iterator[int]:
-    if error is not ErrorCode.none:
-        yield error.value
+def _error_codes_of(error_code: int, topics) -> Iterator[int]:
+    if error_code:
+        yield error_code
     for _, answers in topics:
         for answer in answers:
             if answer.error_code:
                 yield answer.error_code
             if answer.acknowledge_error_code:
                 yield answer.acknowledge_error_code
-
-
-def share_fetch_response(outcome: FetchOutcome, version: int, cluster, advertised_endpoint=None, *,
-                         scale_out: bool = False):
-    """The same response as :func:`share_fetch_payload`, as kio's ShareFetch response entity of
-    `version`: what the tests read, and the specification the hand encoder is checked against."""
-    response_type = DEFAULT_REGISTRY.response_type(SHARE_FETCH, version)
-    types = nested_types(response_type)
-    partition_type, topic_type = types["PartitionData"], types["ShareFetchableTopicResponse"]
-    leader_type, acquired_type, endpoint_type = types["LeaderIdAndEpoch"], types["AcquiredRecords"], types["NodeEndpoint"]
-    topics, endpoints = share_fetch_answers(outcome, cluster, advertised_endpoint, scale_out=scale_out)
-    return response_type(
-        throttle_time=_ms(0),
-        error_code=outcome.error,
-        error_message=outcome.message,
-        acquisition_lock_timeout=_ms(outcome.lock_ms if outcome.error is ErrorCode.none else 0),
-        responses=tuple(topic_type(topic_id=topic_id, partitions=tuple(
-            partition_type(
-                partition_index=a.partition_index,
-                error_code=ErrorCode(a.error_code),
-                error_message=a.error_message,
-                acknowledge_error_code=a.acknowledge_error_code,
-                acknowledge_error_message=a.acknowledge_error_message,
-                current_leader=leader_type(leader_id=a.leader_id, leader_epoch=a.leader_epoch),
-                records=a.records,
-                acquired_records=tuple(acquired_type(first_offset=r.first_offset, last_offset=r.last_offset,
-                                                     delivery_count=r.delivery_count) for r in a.acquired),
-            ) for a in answers)) for topic_id, answers in topics),
-        node_endpoints=tuple(endpoint_type(node_id=e.node_id, host=e.host, port=e.port, rack=e.rack)
-                             for e in endpoints),
-    )
 
 
 def _node_endpoints(node_ids, advertised_endpoint) -> list[NodeEndpointAnswer]:
@@ -351,6 +322,5 @@ def _has_field(entity_type: type, name: str) -> bool:
     return any(f.name == name for f in fields(entity_type))
 
 
-__all__ = ["share_routes", "served_version_ranges", "SERVED_VERSIONS", "share_fetch_answers",
-           "share_fetch_payload", "share_fetch_response",
+__all__ = ["share_routes", "served_version_ranges", "SERVED_VERSIONS", "share_fetch_fields", "share_fetch_payload",
            "share_acknowledge_response"]

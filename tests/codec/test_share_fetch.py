@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import datetime
 import uuid
 from unittest import mock
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kio.index import load_response_schema
 from kio.schema.errors import ErrorCode
 
-from codec.registry import encode, nested_types
+from codec.registry import encode
 from codec.share_fetch import (
     NodeEndpointAnswer,
     PartitionAnswer,
     encode_share_fetch_response,
+    kio_share_fetch_response,
     share_fetch_response_parts,
 )
 from proxy.share.partition import AcquiredRecords
@@ -41,27 +40,8 @@ endpoints = st.builds(NodeEndpointAnswer, node_id=INT32, host=st.text(min_size=1
                       rack=st.none() | st.text(max_size=10))
 
 
-def kio_encoding(version, header, *, error_code, error_message, lock_ms, topics, node_endpoints, throttle_ms=0):
-    response_type = load_response_schema(78, version)
-    types = nested_types(response_type)
-    return encode(response_type(
-        throttle_time=datetime.timedelta(milliseconds=throttle_ms),
-        error_code=ErrorCode(error_code),
-        error_message=error_message,
-        acquisition_lock_timeout=datetime.timedelta(milliseconds=lock_ms),
-        responses=tuple(types["ShareFetchableTopicResponse"](topic_id=topic_id, partitions=tuple(
-            types["PartitionData"](
-                partition_index=a.partition_index, error_code=ErrorCode(a.error_code), error_message=a.error_message,
-                acknowledge_error_code=a.acknowledge_error_code, acknowledge_error_message=a.acknowledge_error_message,
-                current_leader=types["LeaderIdAndEpoch"](leader_id=a.leader_id, leader_epoch=a.leader_epoch),
-                records=bytes(a.records),
-                acquired_records=tuple(types["AcquiredRecords"](
-                    first_offset=r.first_offset, last_offset=r.last_offset, delivery_count=r.delivery_count)
-                    for r in a.acquired),
-            ) for a in answers)) for topic_id, answers in topics),
-        node_endpoints=tuple(types["NodeEndpoint"](node_id=e.node_id, host=e.host, port=e.port, rack=e.rack)
-                             for e in node_endpoints),
-    ), header=header)
+def kio_encoding(version, header, **fields):
+    return encode(kio_share_fetch_response(version, **fields), header=header)
 
 
 @pytest.mark.parametrize("version", SERVED)
