@@ -15,7 +15,7 @@ import dataclasses
 import functools
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from .errors import MessageDecodeError
 
@@ -45,7 +45,8 @@ class _RunsPastEnd(MessageDecodeError):
     pass
 
 
-def _need(position: int, size: int, end: int) -> int:
+def advance(position: int, size: int, end: int) -> int:
+    """The position `size` bytes on from `position`; MessageDecodeError if that runs past `end`."""
     if size < 0 or position + size > end:
         raise _RunsPastEnd(f"field of {size} bytes at {position} runs past the end of the body ({end})")
     return position + size
@@ -66,12 +67,12 @@ def read_uvarint(buffer: memoryview, position: int, end: int) -> tuple[int, int]
 
 
 def _int16(buffer: memoryview, position: int, end: int) -> tuple[int, int]:
-    _need(position, 2, end)
+    advance(position, 2, end)
     return int.from_bytes(buffer[position : position + 2], "big", signed=True), position + 2
 
 
 def _int32(buffer: memoryview, position: int, end: int) -> tuple[int, int]:
-    _need(position, 4, end)
+    advance(position, 4, end)
     return int.from_bytes(buffer[position : position + 4], "big", signed=True), position + 4
 
 
@@ -80,7 +81,7 @@ def _byte_string_skipper(kafka_type: str, flexible: bool) -> Skipper:
 
         def skip_compact(buffer: memoryview, position: int, end: int) -> int:
             length_plus_one, position = read_uvarint(buffer, position, end)
-            return position if length_plus_one == 0 else _need(position, length_plus_one - 1, end)
+            return position if length_plus_one == 0 else advance(position, length_plus_one - 1, end)
 
         return skip_compact
     read_length = _int16 if kafka_type == "string" else _int32
@@ -89,7 +90,7 @@ def _byte_string_skipper(kafka_type: str, flexible: bool) -> Skipper:
         length, position = read_length(buffer, position, end)
         if length < -1:
             raise MessageDecodeError(f"negative length {length}")
-        return position if length == -1 else _need(position, length, end)
+        return position if length == -1 else advance(position, length, end)
 
     return skip_legacy
 
@@ -136,7 +137,7 @@ def _field_skipper(field: dataclasses.Field, flexible: bool) -> Skipper:
             return skip_entity
 
         def skip_nullable_entity(buffer: memoryview, position: int, end: int) -> int:
-            _need(position, 1, end)
+            advance(position, 1, end)
             marker = buffer[position]
             return position + 1 if marker == 0xFF else skip_entity(buffer, position + 1, end)
 
@@ -148,7 +149,7 @@ def _primitive_skipper(field: dataclasses.Field, flexible: bool) -> Skipper:
     kafka_type = field.metadata["kafka_type"]
     if kafka_type in _FIXED_SIZES:
         size = _FIXED_SIZES[kafka_type]
-        return lambda buffer, position, end: _need(position, size, end)
+        return lambda buffer, position, end: advance(position, size, end)
     if kafka_type in ("string", "bytes", "records"):
         return _byte_string_skipper(kafka_type, flexible)
     raise MessageDecodeError(f"cannot bound-check kafka_type {kafka_type!r}")
@@ -175,20 +176,26 @@ def entity_skipper(entity_type: type) -> Skipper:
             position = skip(buffer, position, end)
         if not flexible:
             return position
-        count, position = read_uvarint(buffer, position, end)
-        if count > end - position:
-            raise MessageDecodeError(f"{count} tagged fields in {end - position} remaining bytes")
-        for _ in range(count):
-            tag, position = read_uvarint(buffer, position, end)
-            size, position = read_uvarint(buffer, position, end)
-            field_end = _need(position, size, end)
-            known = tagged.get(tag)
-            if known is not None and known(buffer, position, field_end) != field_end:
-                raise MessageDecodeError(f"tagged field {tag} does not fill its {size} bytes")
-            position = field_end
-        return position
+        return skip_tagged_fields(buffer, position, end, tagged)
 
     return skip_entity
+
+
+def skip_tagged_fields(buffer: memoryview, position: int, end: int,
+                       known: Mapping[int, Skipper] | None = None) -> int:
+    """Where the tagged fields at `position` end; each tag in `known` is checked to fill its bytes."""
+    count, position = read_uvarint(buffer, position, end)
+    if count > end - position:
+        raise MessageDecodeError(f"{count} tagged fields in {end - position} remaining bytes")
+    for _ in range(count):
+        tag, position = read_uvarint(buffer, position, end)
+        size, position = read_uvarint(buffer, position, end)
+        field_end = advance(position, size, end)
+        skip = known.get(tag) if known else None
+        if skip is not None and skip(buffer, position, field_end) != field_end:
+            raise MessageDecodeError(f"tagged field {tag} does not fill its {size} bytes")
+        position = field_end
+    return position
 
 
 def check_bounds(entity_type: type, body: bytes | bytearray | memoryview) -> int:

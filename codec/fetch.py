@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 from collections.abc import Sequence
 
-from codec.bounds import read_uvarint
+from codec.bounds import advance, read_uvarint, skip_tagged_fields
 from codec.errors import MessageDecodeError
 from codec.varint import write_uvarint
 
@@ -97,9 +97,9 @@ def decode_fetch_response(frame: bytes | bytearray | memoryview, offset: int = 0
         topics, position = _array_length(view, position, end)
         partitions: list[FetchedPartitionData] = []
         for _ in range(topics):
-            _need(position, 16, end)
-            topic_id = uuid.UUID(bytes=bytes(view[position:position + 16]))
-            count, position = _array_length(view, position + 16, end)
+            topic_end = advance(position, 16, end)
+            topic_id = uuid.UUID(bytes=bytes(view[position:topic_end]))
+            count, position = _array_length(view, topic_end, end)
             for _ in range(count):
                 index, code, high_watermark, last_stable, log_start = _PARTITION_HEAD.unpack_from(view, position)
                 position += _PARTITION_HEAD.size
@@ -109,20 +109,20 @@ def decode_fetch_response(frame: bytes | bytearray | memoryview, offset: int = 0
                     entries = []
                     for _ in range(aborted_count - 1):
                         entries.append(_ABORTED.unpack_from(view, position))
-                        position = _skip_tags(view, position + _ABORTED.size, end)
+                        position = skip_tagged_fields(view, position + _ABORTED.size, end)
                     aborted = tuple(entries)
                 position += _INT32.size  # preferred_read_replica
                 size, position = read_uvarint(view, position, end)
                 records = None
                 if size:
-                    _need(position, size - 1, end)
-                    records = view[position:position + size - 1]
-                    position += size - 1
-                position = _skip_tags(view, position, end)
+                    records_end = advance(position, size - 1, end)
+                    records = view[position:records_end]
+                    position = records_end
+                position = skip_tagged_fields(view, position, end)
                 partitions.append(FetchedPartitionData(topic_id, index, code, high_watermark, last_stable,
                                                        log_start, aborted, records))
-            position = _skip_tags(view, position, end)
-        position = _skip_tags(view, position, end)
+            position = skip_tagged_fields(view, position, end)
+        position = skip_tagged_fields(view, position, end)
     except struct.error as exc:
         raise MessageDecodeError(f"Fetch response runs past the end of the body: {exc}") from None
     if position != end:
@@ -130,26 +130,11 @@ def decode_fetch_response(frame: bytes | bytearray | memoryview, offset: int = 0
     return FetchResponseData(error_code, session_id, partitions)
 
 
-def _need(position: int, size: int, end: int) -> None:
-    if position + size > end:
-        raise MessageDecodeError("Fetch response runs past the end of the body")
-
-
 def _array_length(view: memoryview, position: int, end: int) -> tuple[int, int]:
     """A compact array's length (null read as empty: no Fetch response array is nullable but
     aborted_transactions, which is read apart)."""
     count, position = read_uvarint(view, position, end)
     return max(count - 1, 0), position
-
-
-def _skip_tags(view: memoryview, position: int, end: int) -> int:
-    count, position = read_uvarint(view, position, end)
-    for _ in range(count):
-        _, position = read_uvarint(view, position, end)  # the tag
-        size, position = read_uvarint(view, position, end)
-        _need(position, size, end)
-        position += size
-    return position
 
 
 __all__ = ["FIRST_VERSION", "LAST_VERSION", "FetchResponseData", "FetchedPartitionData", "PartitionFetch",

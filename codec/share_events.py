@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Sequence
 
 from .errors import ShareEventError
-from .varint import write_uvarint
+from .varint import write_compact_string, write_uvarint
 
 
 class EventKind(enum.IntEnum):
@@ -135,12 +135,10 @@ class UnsupportedEventVersion(ShareEventError):
 
 
 def _compact_string(text: str | None) -> bytes:
-    if text is None:
-        return b"\x00"
-    data = text.encode("utf-8")
-    if len(data) > _MAX_STRING_BYTES:
-        raise ShareEventError(f"string of {len(data)} bytes is longer than {_MAX_STRING_BYTES}")
-    return write_uvarint(len(data) + 1) + data
+    # UTF-8 takes at most 4 bytes a character: only a long string needs measuring.
+    if text is not None and len(text) > _MAX_STRING_BYTES // 4 and len(text.encode("utf-8")) > _MAX_STRING_BYTES:
+        raise ShareEventError(f"string of {len(text.encode('utf-8'))} bytes is longer than {_MAX_STRING_BYTES}")
+    return write_compact_string(text)
 
 
 def encode_event_key(group_id: str, topic_id: uuid.UUID, partition: int) -> bytes:

@@ -24,7 +24,7 @@ from kio.schema.errors import ErrorCode
 
 from codec.framing import ScatteredPayload
 from codec.registry import nested_types
-from codec.varint import write_uvarint
+from codec.varint import write_compact_string, write_uvarint
 
 # Records at least this large go out as a piece of their own; smaller ones are copied in with the
 # fields around them (one more iovec costs more than copying a few KiB).
@@ -37,7 +37,6 @@ _INT16 = struct.Struct(">h")
 _LEADER = struct.Struct(">iib")  # leader_id, leader_epoch, no tagged fields
 _ACQUIRED = struct.Struct(">qqhb")  # first_offset, last_offset, delivery_count, no tagged fields
 _NO_TAGS = b"\x00"
-_NULL = b"\x00"  # a null compact string
 
 
 class AcquiredRange(Protocol):
@@ -79,7 +78,7 @@ def share_fetch_response_parts(
 ) -> ScatteredPayload:
     """The frame payload in pieces: `header` (the response header's bytes) then the body."""
     pieces: list[bytes | memoryview] = []  # runs of small fields joined, and large records as they are
-    run: list[bytes | memoryview] = [header, _TOP.pack(throttle_ms, error_code), _nullable_string(error_message),
+    run: list[bytes | memoryview] = [header, _TOP.pack(throttle_ms, error_code), write_compact_string(error_message),
                                        _INT32.pack(lock_ms), write_uvarint(len(topics) + 1)]
     append = run.append
     for topic_id, partitions in topics:
@@ -87,9 +86,9 @@ def share_fetch_response_parts(
         append(write_uvarint(len(partitions) + 1))
         for answer in partitions:
             append(_PARTITION_HEAD.pack(answer.partition_index, answer.error_code))
-            append(_nullable_string(answer.error_message))
+            append(write_compact_string(answer.error_message))
             append(_INT16.pack(answer.acknowledge_error_code))
-            append(_nullable_string(answer.acknowledge_error_message))
+            append(write_compact_string(answer.acknowledge_error_message))
             append(_LEADER.pack(answer.leader_id, answer.leader_epoch, 0))
             records = answer.records
             append(write_uvarint(len(records) + 1))
@@ -107,9 +106,9 @@ def share_fetch_response_parts(
     append(write_uvarint(len(node_endpoints) + 1))
     for endpoint in node_endpoints:
         append(_INT32.pack(endpoint.node_id))
-        append(_string(endpoint.host))
+        append(write_compact_string(endpoint.host))
         append(_INT32.pack(endpoint.port))
-        append(_nullable_string(endpoint.rack))
+        append(write_compact_string(endpoint.rack))
         append(_NO_TAGS)
     append(_NO_TAGS)
     pieces.append(b"".join(run))
@@ -154,15 +153,6 @@ def kio_share_fetch_response(
         node_endpoints=tuple(endpoint_type(node_id=e.node_id, host=e.host, port=e.port, rack=e.rack)
                              for e in node_endpoints),
     )
-
-
-def _string(value: str) -> bytes:
-    encoded = value.encode()
-    return write_uvarint(len(encoded) + 1) + encoded
-
-
-def _nullable_string(value: str | None) -> bytes:
-    return _NULL if value is None else _string(value)
 
 
 __all__ = ["SCATTER_MIN_BYTES", "AcquiredRange", "NodeEndpointAnswer", "PartitionAnswer", "encode_share_fetch_response",

@@ -1,4 +1,5 @@
-"""Kafka's unsigned varint writer (compact lengths, tag numbers), shared by every encoder in codec/.
+"""Kafka's unsigned varint writer (compact lengths, tag numbers) and compact string writer, shared
+by every encoder in codec/.
 
 Kept free of kio so the event-log codec (and through it the pure engine and Spark workers) can
 use it without loading kio's schema index.
@@ -24,3 +25,11 @@ def write_uvarint(value: int) -> bytes:
         value >>= 7
     out.append(value)
     return bytes(out)
+
+
+def write_compact_string(text: str | None) -> bytes:
+    """A (nullable) COMPACT_STRING: its UTF-8 length + 1 as an unsigned varint, 0 for null."""
+    if text is None:
+        return b"\x00"
+    data = text.encode("utf-8")
+    return write_uvarint(len(data) + 1) + data

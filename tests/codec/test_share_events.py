@@ -275,3 +275,12 @@ def test_decoding_keeps_pace_with_a_spark_job():
         topic, rows = decode_event_rows(value)
     rate = 50 * len(rows) / (time.perf_counter() - started)
     assert rate > 100_000, f"{rate:.0f} events/s"
+
+
+def test_a_string_past_kafkas_limit_is_refused_and_one_at_it_written():
+    from codec.share_events import encode_event_key
+
+    at_limit = "é" * (0x7FFF // 2)  # 2 UTF-8 bytes a character: 32,766 bytes
+    assert at_limit in encode_event_key(at_limit, uuid.UUID(int=1), 0).decode("utf-8", "ignore")
+    with pytest.raises(ShareEventError, match="32768 bytes is longer than 32767"):
+        encode_event_key("é" * 0x4000, uuid.UUID(int=1), 0)
