@@ -66,17 +66,20 @@ class NodeEndpointAnswer(NamedTuple):
     rack: str | None
 
 
-def share_fetch_response_parts(
-    header: bytes,
-    *,
-    error_code: int,
-    error_message: str | None,
-    lock_ms: int,
-    topics: Sequence[tuple[uuid.UUID, Sequence[PartitionAnswer]]],
-    node_endpoints: Sequence[NodeEndpointAnswer] = (),
-    throttle_ms: int = 0,
-) -> ScatteredPayload:
-    """The frame payload in pieces: `header` (the response header's bytes) then the body."""
+class ShareFetchBody(NamedTuple):
+    """What a ShareFetch response says; codes are plain ints."""
+
+    error_code: int
+    error_message: str | None
+    lock_ms: int
+    topics: Sequence[tuple[uuid.UUID, Sequence[PartitionAnswer]]]  # by topic, in response order
+    node_endpoints: Sequence[NodeEndpointAnswer] = ()
+    throttle_ms: int = 0
+
+
+def share_fetch_response_parts(header: bytes, body: ShareFetchBody) -> ScatteredPayload:
+    """The frame payload in pieces: `header` (the response header's bytes) then `body`."""
+    error_code, error_message, lock_ms, topics, node_endpoints, throttle_ms = body
     pieces: list[bytes | memoryview] = []  # runs of small fields joined, and large records as they are
     run: list[bytes | memoryview] = [header, _TOP.pack(throttle_ms, error_code), write_compact_string(error_message),
                                        _INT32.pack(lock_ms), write_uvarint(len(topics) + 1)]
@@ -115,23 +118,15 @@ def share_fetch_response_parts(
     return ScatteredPayload(pieces)
 
 
-def encode_share_fetch_response(header: bytes, **fields) -> bytes:
+def encode_share_fetch_response(header: bytes, body: ShareFetchBody) -> bytes:
     """The frame payload as one buffer (:func:`share_fetch_response_parts` joined)."""
-    return bytes(share_fetch_response_parts(header, **fields))
+    return bytes(share_fetch_response_parts(header, body))
 
 
-def kio_share_fetch_response(
-    version: int,
-    *,
-    error_code: int,
-    error_message: str | None,
-    lock_ms: int,
-    topics: Sequence[tuple[uuid.UUID, Sequence[PartitionAnswer]]],
-    node_endpoints: Sequence[NodeEndpointAnswer] = (),
-    throttle_ms: int = 0,
-):
+def kio_share_fetch_response(version: int, body: ShareFetchBody):
     """The same response as kio's ShareFetch response entity of `version`: what tests read and
     compare the hand-written bytes with, and the way the proxy built it before (codec_bench)."""
+    error_code, error_message, lock_ms, topics, node_endpoints, throttle_ms = body
     response_type = load_response_schema(78, version)
     types = nested_types(response_type)
     topic_type, partition_type = types["ShareFetchableTopicResponse"], types["PartitionData"]
@@ -155,5 +150,6 @@ def kio_share_fetch_response(
     )
 
 
-__all__ = ["SCATTER_MIN_BYTES", "AcquiredRange", "NodeEndpointAnswer", "PartitionAnswer", "encode_share_fetch_response",
+__all__ = ["SCATTER_MIN_BYTES", "AcquiredRange", "NodeEndpointAnswer", "PartitionAnswer", "ShareFetchBody",
+           "encode_share_fetch_response",
            "kio_share_fetch_response", "share_fetch_response_parts"]

@@ -110,7 +110,7 @@ def compare_share_fetch_paths(records: bytes, repeat: int) -> None:
     from proxy.share.partition import AcquiredRecords
     from proxy.share.reader import Fetched
     from codec.share_fetch import kio_share_fetch_response
-    from proxy.share.routes import share_fetch_fields, share_fetch_payload
+    from proxy.share.routes import share_fetch_body, share_fetch_payload
 
     topic_id = uuid.uuid4()
 
@@ -132,7 +132,7 @@ def compare_share_fetch_paths(records: bytes, repeat: int) -> None:
             for p in range(partitions)})
         side_by_side(f"{partitions:2d} partitions", repeat,
                      ("kio entities + encoder", lambda: encode(kio_share_fetch_response(
-                         2, **share_fetch_fields(outcome, Cluster())), header=response_header)),
+                         2, share_fetch_body(outcome, Cluster())), header=response_header)),
                      ("codec.share_fetch", lambda: bytes(share_fetch_payload(header, outcome, Cluster()))))
         pieces_s = best_of(repeat, repeated(200, lambda: share_fetch_payload(header, outcome, Cluster()))) / 200
         print(f"  {partitions:2d} partitions: codec.share_fetch as sent (records not joined, one writev) "

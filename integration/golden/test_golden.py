@@ -12,7 +12,7 @@ import pytest
 
 from codec.records import ControlType, encode_batch, iter_batches
 from codec.registry import DEFAULT_REGISTRY, encode
-from codec.share_fetch import NodeEndpointAnswer, PartitionAnswer, encode_share_fetch_response
+from codec.share_fetch import NodeEndpointAnswer, PartitionAnswer, ShareFetchBody, encode_share_fetch_response
 from codec.share_state import DeliveryState, decode_record, encode_record
 from proxy.share.partition import AckRange
 
@@ -73,8 +73,8 @@ def test_kafka_parses_our_bytes_and_writes_them_back_identically(name, version, 
 def test_the_proxys_hand_encoded_share_fetch_response_is_kafkas_bytes(version, kafka_bytes):
     """codec.share_fetch (the proxy's hot path, no kio) writes what Kafka's own serializer wrote."""
     expected = cases.share_fetch_response(version, kafka_bytes["fixed_records"])
-    ours = encode_share_fetch_response(
-        b"", error_code=int(expected.error_code), error_message=expected.error_message,
+    ours = encode_share_fetch_response(b"", ShareFetchBody(
+        error_code=int(expected.error_code), error_message=expected.error_message,
         lock_ms=int(expected.acquisition_lock_timeout.total_seconds() * 1000),
         throttle_ms=int(expected.throttle_time.total_seconds() * 1000),
         topics=[(topic.topic_id, [
@@ -82,7 +82,7 @@ def test_the_proxys_hand_encoded_share_fetch_response_is_kafkas_bytes(version, k
                             p.acknowledge_error_message, p.current_leader.leader_id, p.current_leader.leader_epoch,
                             p.records, p.acquired_records) for p in topic.partitions]) for topic in expected.responses],
         node_endpoints=[NodeEndpointAnswer(e.node_id, e.host, e.port, e.rack) for e in expected.node_endpoints],
-    )
+    ))
     assert ours == kafka_bytes[f"share_fetch_response_v{version}"]
 
 

@@ -22,7 +22,6 @@ import functools
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import fields
-from typing import Any
 
 import structlog
 from kio.schema.errors import ErrorCode
@@ -30,7 +29,7 @@ from kio.schema.errors import ErrorCode
 from codec.headers import RequestHeader, encode_response_header, response_header_version
 from codec.registry import DEFAULT_REGISTRY, nested_types
 from codec.framing import ScatteredPayload
-from codec.share_fetch import NodeEndpointAnswer, PartitionAnswer, share_fetch_response_parts
+from codec.share_fetch import NodeEndpointAnswer, PartitionAnswer, ShareFetchBody, share_fetch_response_parts
 from proxy.apiversions import VersionRange
 from proxy.connection import ByteBudget, ClientConnection, Request, ServeLocally
 from proxy.metrics import count_error_codes
@@ -217,10 +216,9 @@ def _ms(ms: int) -> datetime.timedelta:
     return datetime.timedelta(milliseconds=ms)
 
 
-def share_fetch_fields(outcome: FetchOutcome, cluster, advertised_endpoint=None, *,
-                       scale_out: bool = False) -> dict[str, Any]:
-    """What the ShareFetch response for `outcome` says: the fields of
-    :func:`codec.share_fetch.share_fetch_response_parts` (partitions by topic in response order,
+def share_fetch_body(outcome: FetchOutcome, cluster, advertised_endpoint=None, *,
+                     scale_out: bool = False) -> ShareFetchBody:
+    """What the ShareFetch response for `outcome` says (partitions by topic in response order,
     the leader hints).
 
     A partition answered NOT_LEADER_OR_FOLLOWER names its upstream leader (KIP-951: the broker
@@ -231,8 +229,7 @@ def share_fetch_fields(outcome: FetchOutcome, cluster, advertised_endpoint=None,
     kill -9 it kept fetching from the dead instance until metadata.max.age.ms
     (integration/share/test_scale_out.py, the Java-follows test)."""
     if outcome.error is not ErrorCode.none:
-        return dict(error_code=outcome.error.value, error_message=outcome.message, lock_ms=0, topics=[],
-                    node_endpoints=[])
+        return ShareFetchBody(outcome.error.value, outcome.message, lock_ms=0, topics=())
     fetched, ack_results = outcome.fetched, outcome.acknowledgements
     by_topic: dict[uuid.UUID, list[PartitionAnswer]] = {}
     moved_leaders: set[int] = set()
@@ -250,8 +247,8 @@ def share_fetch_fields(outcome: FetchOutcome, cluster, advertised_endpoint=None,
         by_topic.setdefault(tp[0], []).append(PartitionAnswer(
             tp[1], part.error.value, part.message, int(ack_code), ack_message, leader_id, leader_epoch,
             part.records, part.acquired))
-    return dict(error_code=ErrorCode.none.value, error_message=outcome.message, lock_ms=outcome.lock_ms,
-                topics=list(by_topic.items()), node_endpoints=_node_endpoints(moved_leaders, advertised_endpoint))
+    return ShareFetchBody(ErrorCode.none.value, outcome.message, outcome.lock_ms, list(by_topic.items()),
+                          _node_endpoints(moved_leaders, advertised_endpoint))
 
 
 _NOTHING_FETCHED = Fetched()
@@ -263,17 +260,16 @@ def share_fetch_payload(header: RequestHeader, outcome: FetchOutcome, cluster, a
     """The ShareFetch response frame for the request `header` names, written by
     :mod:`codec.share_fetch` (the hot path: no kio entities, large records not copied); its error
     codes counted as :func:`response_payload` counts them."""
-    fields = share_fetch_fields(outcome, cluster, advertised_endpoint, scale_out=scale_out)
-    count_error_codes(SHARE_FETCH, _error_codes_of(fields["error_code"], fields["topics"]))
+    body = share_fetch_body(outcome, cluster, advertised_endpoint, scale_out=scale_out)
+    count_error_codes(SHARE_FETCH, _error_codes_of(body))
     return share_fetch_response_parts(
-        encode_response_header(header.correlation_id, response_header_version(SHARE_FETCH, header.api_version)),
-        **fields)
+        encode_response_header(header.correlation_id, response_header_version(SHARE_FETCH, header.api_version)), body)
 
 
-def _error_codes_of(error_code: int, topics) -> Iterator[int]:
-    if error_code:
-        yield error_code
-    for _, answers in topics:
+def _error_codes_of(body: ShareFetchBody) -> Iterator[int]:
+    if body.error_code:
+        yield body.error_code
+    for _, answers in body.topics:
         for answer in answers:
             if answer.error_code:
                 yield answer.error_code
@@ -322,5 +318,5 @@ def _has_field(entity_type: type, name: str) -> bool:
     return any(f.name == name for f in fields(entity_type))
 
 
-__all__ = ["share_routes", "served_version_ranges", "SERVED_VERSIONS", "share_fetch_fields", "share_fetch_payload",
+__all__ = ["share_routes", "served_version_ranges", "SERVED_VERSIONS", "share_fetch_body", "share_fetch_payload",
            "share_acknowledge_response"]

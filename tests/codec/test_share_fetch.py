@@ -14,6 +14,7 @@ from codec.registry import encode
 from codec.share_fetch import (
     NodeEndpointAnswer,
     PartitionAnswer,
+    ShareFetchBody,
     encode_share_fetch_response,
     kio_share_fetch_response,
     share_fetch_response_parts,
@@ -40,8 +41,8 @@ endpoints = st.builds(NodeEndpointAnswer, node_id=INT32, host=st.text(min_size=1
                       rack=st.none() | st.text(max_size=10))
 
 
-def kio_encoding(version, header, **fields):
-    return encode(kio_share_fetch_response(version, **fields), header=header)
+def kio_encoding(version, header, body):
+    return encode(kio_share_fetch_response(version, body), header=header)
 
 
 @pytest.mark.parametrize("version", SERVED)
@@ -57,33 +58,26 @@ def kio_encoding(version, header, **fields):
 )
 def test_every_response_is_kios_encoding_byte_for_byte(version, header, error_code, error_message, lock_ms,
                                                         throttle_ms, topics, node_endpoints):
-    fields = dict(error_code=error_code, error_message=error_message, lock_ms=lock_ms, topics=topics,
-                  node_endpoints=node_endpoints, throttle_ms=throttle_ms)
-    expected = kio_encoding(version, header, **fields)
-    assert encode_share_fetch_response(header, **fields) == expected
+    body = ShareFetchBody(error_code, error_message, lock_ms, topics, node_endpoints, throttle_ms)
+    expected = kio_encoding(version, header, body)
+    assert encode_share_fetch_response(header, body) == expected
     with mock.patch("codec.share_fetch.SCATTER_MIN_BYTES", 100):  # records as pieces of their own too
-        assert bytes(share_fetch_response_parts(header, **fields)) == expected
+        assert bytes(share_fetch_response_parts(header, body)) == expected
 
 
 def test_a_megabyte_of_records_lands_whole_after_a_three_byte_length():
     records = bytes(range(256)) * 4096
     topic = uuid.uuid4()
-    payload = encode_share_fetch_response(
-        b"", error_code=0, error_message=None, lock_ms=30_000,
-        topics=[(topic, [PartitionAnswer(5, 0, None, 0, None, 1, 0, memoryview(records),
-                                         [AcquiredRecords(0, 99, 1)])])])
+    view = memoryview(records)
+    body = ShareFetchBody(0, None, 30_000, [(topic, [PartitionAnswer(5, 0, None, 0, None, 1, 0, view,
+                                                                     [AcquiredRecords(0, 99, 1)])])])
+    payload = encode_share_fetch_response(b"", body)
     # throttle 4 + error 2 + message 1 + lock 4 + topics 1 + uuid 16 + partitions 1 + index 4 + error 2
     # + message 1 + ack error 2 + ack message 1 + leader 9, then the records' compact length
     at = 4 + 2 + 1 + 4 + 1 + 16 + 1 + 4 + 2 + 1 + 2 + 1 + 9
     assert payload[at:at + 3] == bytes([0x81, 0x80, 0x40])  # 1 MiB + 1 as an unsigned varint
     assert payload[at + 3:at + 3 + len(records)] == records
     # As pieces, the records are the caller's view itself, not a copy.
-    parts = share_fetch_response_parts(
-        b"", error_code=0, error_message=None, lock_ms=30_000,
-        topics=[(topic, [PartitionAnswer(5, 0, None, 0, None, 1, 0, view := memoryview(records),
-                                         [AcquiredRecords(0, 99, 1)])])]).parts
+    parts = share_fetch_response_parts(b"", body).parts
     assert [part is view for part in parts] == [False, True, False] and bytes(parts[0])[-3:] == bytes([0x81, 0x80, 0x40])
-    assert payload == kio_encoding(2, b"", error_code=0, error_message=None, lock_ms=30_000,
-                                   topics=[(topic, [PartitionAnswer(5, 0, None, 0, None, 1, 0, records,
-                                                                    [AcquiredRecords(0, 99, 1)])])],
-                                   node_endpoints=())
+    assert payload == kio_encoding(2, b"", body)

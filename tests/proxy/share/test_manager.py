@@ -32,7 +32,7 @@ from proxy.share.coordinator import CoordinatorConfig, ShareGroupConfig, ShareGr
 from proxy.share.manager import ShareService, ShareServiceConfig
 from proxy.share.partition import PartitionConfig, SharePartition
 from proxy.share.persister import PersistError
-from proxy.share.routes import share_acknowledge_response, share_fetch_fields, share_fetch_payload
+from proxy.share.routes import share_acknowledge_response, share_fetch_body, share_fetch_payload
 from proxy.share.states import AcknowledgeType, RecordState
 
 TOPIC_ID = uuid.UUID("0b6c1f4e-0000-4000-8000-000000000001")
@@ -238,7 +238,7 @@ class Harness:
         )
         outcome = await self.service.share_fetch(request, version, member.connection, node_id=member.node)
         response = kio_share_fetch_response(
-            version, **share_fetch_fields(outcome, self.cluster, self.service.advertised_endpoint))
+            version, share_fetch_body(outcome, self.cluster, self.service.advertised_endpoint))
         # The frame the proxy sends (hand-encoded) is kio's encoding of that response, byte for byte.
         header = RequestHeader(78, version, correlation_id=7)
         assert bytes(share_fetch_payload(header, outcome, self.cluster, self.service.advertised_endpoint)) == encode(

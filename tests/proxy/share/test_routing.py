@@ -49,11 +49,11 @@ def test_share_responses_refused_here_carry_no_current_leader_and_no_node_endpoi
     from proxy.share.cluster import PartitionInfo, TopicInfo
     from proxy.share.manager import NOT_LED_HERE, AcknowledgeOutcome, FetchOutcome
     from proxy.share.reader import Fetched
-    from proxy.share.routes import share_acknowledge_response, share_fetch_fields
+    from proxy.share.routes import share_acknowledge_response, share_fetch_body
 
     def share_fetch_response(outcome, version, cluster, advertised_endpoint=None, *, scale_out=False):
-        return kio_share_fetch_response(version, **share_fetch_fields(outcome, cluster, advertised_endpoint,
-                                                                      scale_out=scale_out))
+        return kio_share_fetch_response(version, share_fetch_body(outcome, cluster, advertised_endpoint,
+                                                                  scale_out=scale_out))
 
     class Cluster:
         def topic_by_id(self, topic_id):
@@ -85,7 +85,7 @@ def test_the_hand_encoded_share_fetch_counts_its_error_codes_as_the_entity_would
     from proxy.share.manager import FetchOutcome
     from proxy.share.reader import Fetched
     from codec.share_fetch import kio_share_fetch_response
-    from proxy.share.routes import share_fetch_fields, share_fetch_payload
+    from proxy.share.routes import share_fetch_body, share_fetch_payload
     from tests.proxy.test_metrics import sample
 
     class Cluster:
@@ -107,6 +107,6 @@ def test_the_hand_encoded_share_fetch_counts_its_error_codes_as_the_entity_would
         share_fetch_payload(RequestHeader(78, 2, 1), outcome, Cluster())
     by_payload = {name: count - before[name] for name, count in errors().items()}
     for outcome in outcomes:
-        metrics.count_response_errors(78, kio_share_fetch_response(2, **share_fetch_fields(outcome, Cluster())))
+        metrics.count_response_errors(78, kio_share_fetch_response(2, share_fetch_body(outcome, Cluster())))
     assert by_payload == {name: count - before[name] - by_payload[name] for name, count in errors().items()} == {
         "NOT_LEADER_OR_FOLLOWER": 1, "INVALID_RECORD_STATE": 1, "UNKNOWN_MEMBER_ID": 1}
