@@ -59,6 +59,15 @@ _CLOSED_ERRNOS = frozenset({errno.EBADF, errno.ENOTSOCK})
 # frame to a reader parsing as it reads, 21 writes and 1.3 ms CPU at 16 KiB, 9 writes and
 # 0.85 ms at 1 MiB). The kernel's own limit (the socket's send buffer) still applies.
 NOTSENT_LOWAT = 1024 * 1024
+# The same towards a broker, larger. A broker reads a connection's next request only once it has
+# answered the one before, into a receive buffer of 100 KB by default (socket.receive.buffer.bytes);
+# the rest of a large Produce waits in the sender's socket meanwhile. With 1 MiB the proxy could
+# not leave a whole ~1 MB request there: it waited for the broker to read, woke and pushed the rest
+# -- a wait and a wake-up per request (strace of a 1-connection produce run) -- where a producer
+# talking to the broker directly (no limit; its send buffer autotuned up to net.ipv4.tcp_wmem's
+# 4 MiB) leaves the kernel to it. 4 MiB lets a few requests' bytes queue in the kernel as they do
+# for that producer, and the proxy goes on with the next request.
+UPSTREAM_NOTSENT_LOWAT = 4 * 1024 * 1024
 
 
 class StreamedFrame:
@@ -181,13 +190,13 @@ class FramedStream:
     ``send_all``.
     """
 
-    def __init__(self, stream: trio.abc.Stream, max_frame_size: int) -> None:
+    def __init__(self, stream: trio.abc.Stream, max_frame_size: int, *, notsent_lowat: int = NOTSENT_LOWAT) -> None:
         self.stream = stream
         self._decoder = FrameDecoder(max_frame_size)
         self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
         if self._socket is not None and hasattr(socket, "TCP_NOTSENT_LOWAT"):
             with contextlib.suppress(OSError):  # not a TCP socket (a Unix socket in tests)
-                self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, NOTSENT_LOWAT)
+                self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, notsent_lowat)
         # trio time after which the broker ends this connection's SASL session (KIP-368
         # connections.max.reauth.ms); None: no limit. Pools stop reusing a connection before then.
         self.session_expires_at: float | None = None
@@ -295,7 +304,7 @@ async def open_upstream(
         if stream is not None:
             await trio.aclose_forcefully(stream)
         raise UpstreamError(f"cannot connect to upstream {address}: {exc or 'timed out'}") from exc
-    framed = FramedStream(stream, max_frame_size)
+    framed = FramedStream(stream, max_frame_size, notsent_lowat=UPSTREAM_NOTSENT_LOWAT)
     if authenticate and security is not None and security.sasl is not None:
         try:
             with trio.fail_after(timeout):

@@ -11,7 +11,16 @@ import trio
 import trio.testing
 
 from codec.framing import encode_frame
-from proxy.upstream import MAX_RECEIVE, NOTSENT_LOWAT, RECEIVE_CHUNK, FramedStream, StreamedFrame
+from proxy.config import HostPort
+from proxy.upstream import (
+    MAX_RECEIVE,
+    NOTSENT_LOWAT,
+    RECEIVE_CHUNK,
+    UPSTREAM_NOTSENT_LOWAT,
+    FramedStream,
+    StreamedFrame,
+    open_upstream,
+)
 
 
 async def tcp_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
@@ -205,6 +214,21 @@ async def test_a_tcp_stream_may_queue_more_unsent_bytes_than_trios_default():
     assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT) == NOTSENT_LOWAT
     await client.aclose()
     await server.aclose()
+
+
+async def test_a_connection_to_a_broker_may_queue_a_few_large_requests_unsent():
+    # A broker reads the next request only after answering the last: a whole ~1 MB Produce must
+    # fit in the kernel behind it, or the proxy waits and wakes once per request to push its rest.
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    upstream = await open_upstream(HostPort("127.0.0.1", port), timeout=5, max_frame_size=1 << 20)
+    server = await listeners[0].accept()
+    try:
+        unsent_limit = upstream.stream.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT)
+    finally:
+        for resource in (upstream, server, *listeners):
+            await resource.aclose()
+    assert unsent_limit == UPSTREAM_NOTSENT_LOWAT > 2 * NOTSENT_LOWAT
 
 
 async def test_a_frame_the_caller_wants_streamed_comes_in_pieces_and_the_next_one_whole():
