@@ -669,6 +669,14 @@ class Reader:
 
     async def _wait_for_work(self, work: trio.Event, idle_partitions, deadline: float) -> None:
         """Sleep until records may be acquirable: a release/expiry, new upstream data, or the deadline."""
+        if not idle_partitions:
+            # Nothing to long-poll upstream (the partitions' records are all taken or being read, or
+            # the record-lock limit is reached): wait for work, re-checking every 0.5 s in case a
+            # partition appeared. No nursery: with many members on few partitions most fetches wait
+            # here, and every acknowledgement wakes them all.
+            with trio.move_on_at(min(deadline, trio.current_time() + 0.5)):
+                await work.wait()
+            return
         with trio.move_on_at(deadline):
             async with trio.open_nursery() as nursery:
                 async def on_work() -> None:
@@ -693,11 +701,6 @@ class Reader:
                 nursery.start_soon(on_work)
                 for tp, offset in idle_partitions[:4]:
                     nursery.start_soon(on_new_data, tp, offset)
-                if not idle_partitions:
-                    # Nothing to long-poll upstream (e.g. the record-lock limit is reached):
-                    # re-check periodically in case a partition appeared.
-                    await trio.sleep(0.5)
-                    nursery.cancel_scope.cancel()
 
     def _log_start(self, leader: Leader, log_start: int) -> None:
         delta = leader.engine.advance_log_start(log_start)

@@ -350,6 +350,42 @@ async def test_members_not_pinning_the_window_long_poll_as_before(nursery, autoj
     assert trio.current_time() - accepted_at < 0.1
 
 
+class ReaderTasks(trio.abc.Instrument):
+    """Counts the tasks the reader starts."""
+
+    def __init__(self) -> None:
+        self.spawned = 0
+
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        self.spawned += task.name.startswith("proxy.share.reader.")
+
+
+async def test_a_fetch_waiting_with_nothing_to_long_poll_starts_no_task_per_wake_up(nursery, autojump_clock):
+    """With many members on few partitions most fetches wait while others hold or read every
+    partition, and every acknowledgement wakes them all: such a wait costs no task (nor nursery)."""
+    harness = await start_service(nursery, config=service_config(max_record_locks=100))
+    for _ in range(4):
+        harness.cluster.append([b"x"] * 50)
+    holder, waiter = harness.member("holder"), harness.member("waiter")
+    assert acquired(await harness.fetch(holder)) == [(0, 99, 1)]  # the record-lock limit is reached
+
+    async def wake_waiters() -> None:
+        for _ in range(20):
+            await trio.sleep(0.1)
+            harness.service.work.fire()
+
+    nursery.start_soon(wake_waiters)
+    counter = ReaderTasks()
+    trio.lowlevel.add_instrument(counter)
+    try:
+        start = trio.current_time()
+        assert acquired(await harness.fetch(waiter, max_wait_ms=1_000)) == []
+    finally:
+        trio.lowlevel.remove_instrument(counter)
+    assert trio.current_time() - start == pytest.approx(1.0, abs=0.1)  # woken 10 times, still waits
+    assert counter.spawned == 0
+
+
 def test_records_of_batches_back_to_back_are_a_view_of_the_cache_not_a_copy():
     from codec.records import ControlType, encode_batch, iter_batches
     from proxy.share.reader import _records_bytes
