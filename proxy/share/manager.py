@@ -615,12 +615,8 @@ class ShareService:
                 if newest:
                     acknowledged.append((tp, newest))
                 # Any acknowledgement may free record locks, so waiting fetches re-check (Kafka
-                # completes delayed share fetches on every acknowledgement, not only on release) --
-                # when it commits: a staged one frees nothing before (stage_acknowledge), and its
-                # commit wakes them (_settled). Woken now too, they found nothing: with 16 members
-                # on 4 partitions that was half of ~8 fruitless wake-ups per ShareFetch.
-                if staged is None or not staged.change_id:
-                    released = True
+                # completes delayed share fetches on every acknowledgement, not only on release).
+                released = True
                 self._schedule(leader)  # a renewal moves the lock deadline
                 if staged is not None:
                     waits.append((tp, leader, self.commits.record(leader, staged.delta, Cause.ACKNOWLEDGED, staged)))

@@ -589,29 +589,6 @@ async def test_acceptance_wakes_a_fetch_waiting_on_the_record_lock_limit(nursery
     assert trio.current_time() - accepted_at < 0.1
 
 
-async def test_an_acceptance_wakes_waiting_fetches_once_when_it_commits(nursery, autojump_clock):
-    """A staged acknowledgement frees no record lock before its state write commits; waking the
-    waiting fetches when it is staged as well only had them all look again and find nothing."""
-    harness = await start_service(nursery, config=service_config(max_record_locks=100))
-    for _ in range(3):
-        harness.cluster.append([b"x"] * 50)
-    holder, waiter = harness.member("holder"), harness.member("waiter")
-    assert acquired(await harness.fetch(holder)) == [(0, 99, 1)]  # all record locks taken
-    signal, wake_ups = harness.service.work, []
-    fire = signal.fire
-
-    def counted_fire() -> None:
-        wake_ups.append(trio.current_time())
-        fire()
-
-    signal.fire = counted_fire
-    result, accepted_at = await harness.long_poll_while(
-        waiter, 1.2, lambda: harness.acknowledge(holder, [(TP, 0, 99, ACCEPT)]))
-    assert acquired(result) == [(100, 149, 1)]
-    assert trio.current_time() - accepted_at < 0.1
-    assert len(wake_ups) == 1
-
-
 # ----- lock expiry and releases without a delivery ---------------------------------------------
 
 
