@@ -27,8 +27,9 @@ import structlog
 import trio
 from kio.index import load_request_schema
 
-from codec.fetch import FIRST_VERSION as FIRST_FETCH_VERSION
-from codec.fetch import LAST_VERSION as LAST_FETCH_VERSION
+# The Fetch versions codec.fetch writes and reads: from v13, the first addressed by topic id, to v17.
+from codec.fetch import FIRST_VERSION as FETCH_MIN_VERSION
+from codec.fetch import LAST_VERSION as FETCH_MAX_VERSION
 from codec.fetch import PartitionFetch, decode_fetch_response, encode_fetch_request
 from codec.registry import nested_types
 from proxy.config import HostPort
@@ -42,8 +43,6 @@ log = structlog.get_logger(__name__)
 METADATA_VERSION = 12  # topic ids and names; served by Kafka 3.x and 4.x alike
 LIST_OFFSETS_VERSION = 7  # 3.9 and 4.x
 FETCH = 1
-# The Fetch versions codec.fetch writes and reads: from v13, the first addressed by topic id, to v17.
-FETCH_MIN_VERSION, FETCH_MAX_VERSION = FIRST_FETCH_VERSION, LAST_FETCH_VERSION
 LIST_GROUPS = 16
 LIST_GROUPS_MAX_VERSION = 5  # v5 reports the group type (classic, consumer, share, streams)
 

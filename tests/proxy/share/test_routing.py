@@ -45,31 +45,26 @@ def test_every_live_instance_is_listed_with_this_one_always_among_them():
 
 
 def test_share_responses_refused_here_carry_no_current_leader_and_no_node_endpoint():
-    from codec.share_fetch import kio_share_fetch_response
     from proxy.share.cluster import PartitionInfo, TopicInfo
     from proxy.share.manager import NOT_LED_HERE, AcknowledgeOutcome, FetchOutcome
     from proxy.share.reader import Fetched
     from proxy.share.routes import share_acknowledge_response, share_fetch_body
 
-    def share_fetch_response(outcome, version, cluster, advertised_endpoint=None, *, scale_out=False):
-        return kio_share_fetch_response(version, share_fetch_body(outcome, cluster, advertised_endpoint,
-                                                                  scale_out=scale_out))
-
     class Cluster:
         def topic_by_id(self, topic_id):
             return TopicInfo("orders", TOPIC, {3: PartitionInfo(leader_id=1, leader_epoch=7)})
 
-    fetched = share_fetch_response(FetchOutcome(fetched={(TOPIC, 3): Fetched(error=NOT_LED_HERE[0])}), 1,
-                                   Cluster(), scale_out=True)
-    (partition,) = fetched.responses[0].partitions
-    assert (int(partition.current_leader.leader_id), int(partition.current_leader.leader_epoch)) == (-1, -1)
-    assert fetched.node_endpoints == ()
+    fetched = share_fetch_body(FetchOutcome(fetched={(TOPIC, 3): Fetched(error=NOT_LED_HERE[0])}),
+                               Cluster(), scale_out=True)
+    ((_, (partition,)),) = fetched.topics
+    assert (partition.leader_id, partition.leader_epoch) == (-1, -1)
+    assert tuple(fetched.node_endpoints) == ()
     # One instance: the upstream broker moved the partition (KIP-951), named with the proxy's endpoint.
-    one = share_fetch_response(FetchOutcome(fetched={(TOPIC, 3): Fetched(error=NOT_LED_HERE[0])}), 1,
-                               Cluster(), lambda node_id: ("proxy.local", 9092 + node_id))
-    (partition,) = one.responses[0].partitions
-    assert (int(partition.current_leader.leader_id), int(partition.current_leader.leader_epoch)) == (1, 7)
-    assert [(int(e.node_id), e.host, int(e.port)) for e in one.node_endpoints] == [(1, "proxy.local", 9093)]
+    one = share_fetch_body(FetchOutcome(fetched={(TOPIC, 3): Fetched(error=NOT_LED_HERE[0])}),
+                           Cluster(), lambda node_id: ("proxy.local", 9092 + node_id))
+    ((_, (partition,)),) = one.topics
+    assert (partition.leader_id, partition.leader_epoch) == (1, 7)
+    assert [(e.node_id, e.host, e.port) for e in one.node_endpoints] == [(1, "proxy.local", 9093)]
     acknowledged = share_acknowledge_response(AcknowledgeOutcome(acknowledgements={(TOPIC, 3): NOT_LED_HERE}), 1)
     (partition,) = acknowledged.responses[0].partitions
     assert int(partition.current_leader.leader_id) == -1
