@@ -86,6 +86,7 @@ from proxy.share.commit import Cause, CommitPipeline
 from proxy.share.leaders import Leader, PartitionRegistry
 from proxy.share.partition import AcquireMode
 from proxy.share.persister import PersistError
+from proxy.share.sessions import response_order
 
 log = structlog.get_logger(__name__)
 
@@ -314,7 +315,7 @@ class Reader:
     async def fetch_records(
         self, partitions, group_id: str, member_id: str, params: FetchParams,
     ) -> dict[TopicIdPartition, Fetched]:
-        order = sorted(partitions, key=lambda tp: (str(tp[0]), tp[1]))
+        order = sorted(partitions, key=response_order)
         if order:
             shift = next(self._rotation) % len(order)
             order = order[shift:] + order[:shift]  # rotate so no partition starves

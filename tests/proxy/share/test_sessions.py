@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from kio.schema.errors import ErrorCode
@@ -19,6 +20,7 @@ from proxy.share.sessions import (
     ShareSessionCache,
     ShareSessionError,
     next_epoch,
+    response_order,
 )
 
 N = 1  # the node (proxy listener's broker id) the sessions live on
@@ -36,6 +38,14 @@ def error_of(call) -> ErrorCode:
 @pytest.fixture
 def cache() -> ShareSessionCache:
     return ShareSessionCache(max_sessions=3)
+
+
+@given(st.lists(st.tuples(st.uuids(), st.integers(0, 2**31 - 1)), max_size=40))
+def test_partitions_are_listed_in_the_order_of_their_topic_ids_text(partitions):
+    # The order responses list partitions in (and forgotten-partition bookkeeping assumes) stays
+    # the topic id's text order, then partition, though it is no longer computed from the text.
+    by_text = sorted(partitions, key=lambda tp: (str(tp[0]), tp[1]))
+    assert sorted(partitions, key=response_order) == by_text
 
 
 def test_default_limit_is_kafkas():
