@@ -88,6 +88,10 @@ class Leader:
     # The partition's end offset from the last upstream read (-1: none yet); metrics compute lag
     # from it without asking the cluster (proxy.share.observe).
     high_watermark: int = -1
+    # trio time of the last upstream read that found nothing past the next fetch offset: for a
+    # moment after it, fetches take the partition as caught up without reading it again
+    # (proxy.share.reader.CAUGHT_UP_RECHECK_S).
+    caught_up_at: float = -math.inf
     # Dropped from the registry (deleted, or handed to another instance): never written again --
     # a write of this engine after its share-partition was rebuilt elsewhere would regress it.
     removed: bool = False

@@ -776,6 +776,7 @@ def _fetch_params(request, max_bytes_cap: int | None = None) -> FetchParams:
         batch_size=int(getattr(request, "batch_size", 0) or 0) or None,
         mode=AcquireMode(int(getattr(request, "share_acquire_mode", 0) or 0)),
         deadline=trio.current_time() + max_wait_ms / 1000,
+        waits=max_wait_ms > 0,
     )
 
 

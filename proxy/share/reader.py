@@ -59,6 +59,7 @@ requests hit them.
 from __future__ import annotations
 
 import itertools
+import math
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
@@ -95,6 +96,13 @@ MIN_FETCH_BYTES = 64 * 1024
 # A fetch whose member itself pins a full window is answered after this hold, doubling with each
 # early answer at the same SPSO (see Reader._pinned_deadline).
 SELF_PINNED_HOLD_S = 0.01
+# For this long after an upstream read found a partition's log at its end, fetches take it as
+# caught up without reading it again: with many members on a partially drained topic nearly every
+# fetch visited a drained partition and waited for an empty read (share_bench, stop 38). A fetch
+# that waits long-polls such partitions as before, and new records a long poll sees end it at once;
+# a fetch that may not wait reads them; records appended while fetches are answered from other
+# partitions are seen at most this late.
+CAUGHT_UP_RECHECK_S = 0.1
 
 
 MOVED_MESSAGE = "This share-partition moved to another proxy instance while the fetch waited; refresh metadata."
@@ -261,6 +269,7 @@ class FetchParams:
     batch_size: int | None
     mode: AcquireMode
     deadline: float  # trio time
+    waits: bool = True  # MaxWaitMs > 0: the client lets the fetch wait for records
 
 
 @dataclass(slots=True)
@@ -351,7 +360,7 @@ class Reader:
             if pinned_deadline is not None and trio.current_time() >= pinned_deadline:
                 metrics.SELF_PINNED_ANSWERS.inc()
                 return results
-            await self._wait_for_work(work, idle_partitions,
+            await self._wait_for_work(work, group_id, idle_partitions,
                                       params.deadline if pinned_deadline is None else min(pinned_deadline, params.deadline))
 
     def _pinned_deadline(
@@ -419,6 +428,9 @@ class Reader:
             return None
         outcome = leader.cache if self._cache_covers(leader, budget.records) else None
         if outcome is None:
+            if params.waits and self._caught_up_lately(leader):
+                # A fetch that may wait long-polls it; one that may not (MaxWaitMs 0) reads it.
+                return Fetched(idle_at=leader.engine.next_fetch_offset())
             outcome = (await self._read_many([prepared], budget.records, budget.bytes)).get(tp)
         if isinstance(outcome, ReadCache):
             return self._acquire(leader, topic, tp, member_id, outcome, budget, params)
@@ -496,6 +508,13 @@ class Reader:
         finally:
             if queued:  # cancelled while waiting for the lock
                 leader.readers_waiting -= 1
+
+    @staticmethod
+    def _caught_up_lately(leader: Leader) -> bool:
+        """Whether a read found the partition's log ending at its next fetch offset a moment ago
+        (nothing to redeliver since, nothing new seen by a long poll)."""
+        return (0 <= leader.high_watermark <= leader.engine.next_fetch_offset()
+                and trio.current_time() - leader.caught_up_at < CAUGHT_UP_RECHECK_S)
 
     def _cache_covers(self, leader: Leader, records: int) -> bool:
         """Whether the read cache holds `records` from the next fetch offset on, or all the log has."""
@@ -623,6 +642,7 @@ class Reader:
             if kept is not None:  # nothing after them yet: what was cached is still there to take
                 self.cache_budget.store(leader, kept)
                 return kept
+            leader.caught_up_at = trio.current_time()
             return Fetched(idle_at=offset)
         records_read = sum(b.record_count for b in batches) or 1
         observed = (batches[-1].position + batches[-1].size) / records_read
@@ -668,7 +688,7 @@ class Reader:
                        leader_id=topic.partitions[tp[1]].leader_id,
                        leader_epoch=topic.partitions[tp[1]].leader_epoch)
 
-    async def _wait_for_work(self, work: trio.Event, idle_partitions, deadline: float) -> None:
+    async def _wait_for_work(self, work: trio.Event, group_id: str, idle_partitions, deadline: float) -> None:
         """Sleep until records may be acquirable: a release/expiry, new upstream data, or the deadline."""
         if not idle_partitions:
             # Nothing to long-poll upstream (the partitions' records are all taken or being read, or
@@ -697,6 +717,9 @@ class Reader:
                     else:
                         if not data.records and data.error_code == NONE:
                             return  # upstream long-poll ran out: the next round re-checks the deadline
+                    leader = self.registry.active((group_id, tp[0], tp[1]))
+                    if leader is not None:  # the next round reads it, not taking it as caught up
+                        leader.caught_up_at = -math.inf
                     nursery.cancel_scope.cancel()
 
                 nursery.start_soon(on_work)

@@ -13,7 +13,7 @@ import trio
 
 from proxy.share.leaders import Leader
 from proxy.share.partition import PartitionConfig, SharePartition
-from proxy.share.reader import MetadataRefresher, ReadCache, ReadCacheBudget
+from proxy.share.reader import CAUGHT_UP_RECHECK_S, MetadataRefresher, ReadCache, ReadCacheBudget
 from tests.proxy.share.test_manager import ACCEPT, RELEASE, TOPIC_ID, FakeCluster, acquired, service_config, start_service
 
 MIB = 1024 * 1024
@@ -275,6 +275,44 @@ async def test_caught_up_partitions_are_not_read_ahead(nursery, autojump_clock):
     # Partition 0 read to its end, partition 1 empty: the fetch read (it found nothing), no read-ahead.
     assert len(harness.cluster.fetch_requests) <= reads + 2
     assert all(len(request) == 1 for request in harness.cluster.fetch_requests[reads:])
+
+
+@pytest.mark.timeout(20)  # the bug this guards against spins: a long poll ending at once, again and again
+async def test_a_partition_read_to_its_end_is_not_read_again_by_every_fetch_that_may_wait(nursery, autojump_clock):
+    """With many members on a partly drained topic nearly every fetch visited a drained partition
+    and waited for an empty upstream read first. For a moment after a read found the log's end,
+    fetches that may wait take the partition as caught up and long-poll it; records the long poll
+    sees are read at once; a fetch that may not wait still reads."""
+    harness = await start_service(nursery, cluster=FakeCluster(partitions=1))
+    harness.cluster.append([b"a", b"b"])
+    member = harness.member("m")
+    assert acquired(await harness.fetch(member, max_records=10)) == [(0, 1, 1)]
+    assert acquired(await harness.fetch(member, acks=[(TPS[0], 0, 1, ACCEPT)])) == []  # read: the log's end
+    reads = len(harness.cluster.fetch_requests)
+
+    for _ in range(4):
+        assert acquired(await harness.fetch(member, max_wait_ms=10)) == []
+    assert len(harness.cluster.fetch_requests) == reads  # long-polled, not read
+
+    harness.cluster.append([b"c"])
+    assert acquired(await harness.fetch(member)) == [(2, 2, 1)]  # MaxWaitMs 0: read at once
+    assert len(harness.cluster.fetch_requests) == reads + 1
+    assert acquired(await harness.fetch(member, acks=[(TPS[0], 2, 2, ACCEPT)])) == []  # the end again
+    reads = len(harness.cluster.fetch_requests)
+
+    async def append_soon() -> None:
+        await trio.sleep(0.02)
+        harness.cluster.append([b"d"])
+
+    nursery.start_soon(append_soon)
+    start = trio.current_time()
+    assert acquired(await harness.fetch(member, max_wait_ms=1_000)) == [(3, 3, 1)]
+    assert trio.current_time() - start < CAUGHT_UP_RECHECK_S  # the long poll saw it: read at once
+    assert acquired(await harness.fetch(member, acks=[(TPS[0], 3, 3, ACCEPT)])) == []
+    await trio.sleep(CAUGHT_UP_RECHECK_S)
+    reads = len(harness.cluster.fetch_requests)
+    assert acquired(await harness.fetch(member, max_wait_ms=10)) == []
+    assert len(harness.cluster.fetch_requests) == reads + 1  # the moment passed: read again
 
 
 class SlowCluster(FakeCluster):
