@@ -315,6 +315,44 @@ async def test_a_partition_read_to_its_end_is_not_read_again_by_every_fetch_that
     assert len(harness.cluster.fetch_requests) == reads + 1  # the moment passed: read again
 
 
+def long_polls(cluster: FakeCluster) -> int:
+    """Upstream fetches that were long polls: every fetch less the partition reads of Fetches."""
+    return cluster.fetches - sum(len(request) for request in cluster.fetch_requests)
+
+
+async def test_fetches_waiting_on_a_caught_up_partition_share_one_long_poll_that_wake_ups_leave_running(
+        nursery, autojump_clock):
+    """Every acknowledgement wakes every waiting fetch. The partitions they wait on are long-polled
+    upstream once, not once per fetch and wake-up: a long poll cancelled by a wake-up cost its
+    connection (stop 38)."""
+    harness = await start_service(nursery, cluster=FakeCluster(partitions=1))
+    harness.cluster.append([b"a"])
+    holder, *waiters = [harness.member(f"m{i}") for i in range(3)]
+    for member in (holder, *waiters):
+        await harness.join(member)
+    assert acquired(await harness.fetch(holder)) == [(0, 0, 1)]  # the partition is caught up now
+    before = long_polls(harness.cluster)
+
+    async def wake_waiters() -> None:
+        for _ in range(10):
+            await trio.sleep(0.03)
+            harness.service.work.fire()
+
+    results = []
+
+    async def fetch(member) -> None:
+        results.append(acquired(await harness.fetch(member, max_wait_ms=400)))
+
+    start = trio.current_time()
+    async with trio.open_nursery() as fetches:
+        fetches.start_soon(wake_waiters)
+        for member in waiters:
+            fetches.start_soon(fetch, member)
+    assert results == [[], []]
+    assert trio.current_time() - start == pytest.approx(0.4, abs=0.05)  # woken 10 times, both waited
+    assert long_polls(harness.cluster) - before == 1
+
+
 class SlowCluster(FakeCluster):
     """An upstream whose Fetch takes 10 ms, so members' fetches overlap."""
 
