@@ -302,6 +302,11 @@ class Cluster:
             return await self.list_offset(topic, partition, LATEST_TIMESTAMP)
         return offset
 
+    @property
+    def long_poll_connections_per_broker(self) -> int:
+        """How many long polls may wait on one broker at once; more wait for a connection."""
+        return self._long_poll_per_broker
+
     async def fetch(
         self,
         topic: TopicInfo,

@@ -39,7 +39,11 @@ The read caches of all share-partitions share **one byte budget** (``max_read_ca
 when a new read would exceed it, the least recently used caches are dropped (a later fetch reads
 again). When nothing can be acquired, a fetch long-polls until MaxWaitMs, woken when records may
 have become acquirable (:class:`WorkSignal`: acknowledgements, releases, lock expiry, commits) or
-when upstream has new data for an idle partition.
+when upstream has new data for an idle partition. The upstream long polls are the service's tasks,
+one per caught-up partition and offset however many fetches wait on it, no more per broker than its
+long-poll connections, and not cancelled when the fetch that started one wakes. A partition a read
+found at its log's end counts as caught up -- not read again by fetches that may wait -- for
+``CAUGHT_UP_RECHECK_S`` or while a long poll watches it.
 
 **A member pinning a full window is answered early.** When the member itself holds the Acquired
 record at the SPSO of a share-partition at its record-lock limit (``SharePartition.pinned_by``),
@@ -58,6 +62,7 @@ requests hit them.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import math
 import uuid
@@ -96,6 +101,8 @@ MIN_FETCH_BYTES = 64 * 1024
 # A fetch whose member itself pins a full window is answered after this hold, doubling with each
 # early answer at the same SPSO (see Reader._pinned_deadline).
 SELF_PINNED_HOLD_S = 0.01
+# Long polls per broker when the cluster does not say how many connections it holds for them.
+DEFAULT_LONG_POLL_LIMIT = 8
 # For this long after an upstream read found a partition's log at its end, fetches take it as
 # caught up without reading it again: with many members on a partially drained topic nearly every
 # fetch visited a drained partition and waited for an empty read (share_bench, stop 38). A fetch
@@ -318,8 +325,12 @@ class Reader:
         self._background = background
         self._rotation = itertools.count()
         # (group, topic id, partition, offset) of the upstream long polls running in the background:
-        # one per caught-up share-partition however many fetches wait on it (see _wait_for_work).
+        # one per caught-up share-partition however many fetches wait on it (see _wait_for_work),
+        # and how many run per broker: no more than its long-poll connections, so none waits for a
+        # connection while its partition counts as watched.
         self._long_polls: set[tuple[str, uuid.UUID, int, int]] = set()
+        self._long_polls_per_broker: collections.Counter[int] = collections.Counter()
+        self._long_poll_limit = getattr(cluster, "long_poll_connections_per_broker", DEFAULT_LONG_POLL_LIMIT)
         # Scale-out: whether this instance still leads a share-partition (ServiceOwnership.leads);
         # a long poll whose partition is handed over mid-wait is answered at once. None: all.
         self.leads: Callable[[uuid.UUID, int], bool] | None = None
@@ -707,20 +718,23 @@ class Reader:
         if nursery is not None:
             for tp, offset in idle_partitions[:4]:
                 key = (group_id, tp[0], tp[1], offset)
-                if key not in self._long_polls:
-                    self._long_polls.add(key)
-                    nursery.start_soon(self._long_poll, key, deadline)
+                topic = self.cluster.topic_by_id(tp[0])
+                info = topic.partitions.get(tp[1]) if topic is not None else None
+                if (key in self._long_polls or info is None
+                        or self._long_polls_per_broker[info.leader_id] >= self._long_poll_limit):
+                    continue  # watched already, gone, or read again once CAUGHT_UP_RECHECK_S passed
+                self._long_polls.add(key)
+                self._long_polls_per_broker[info.leader_id] += 1
+                nursery.start_soon(self._long_poll, key, topic, info.leader_id, deadline)
         with trio.move_on_at(min(deadline, trio.current_time() + 0.5)):
             await work.wait()
 
-    async def _long_poll(self, key: tuple[str, uuid.UUID, int, int], until: float) -> None:
+    async def _long_poll(self, key: tuple[str, uuid.UUID, int, int], topic: TopicInfo, broker: int,
+                         until: float) -> None:
         """Wait upstream, until `until` (5 s at most), for records at the offset of `key`; when they
         come, have the next fetch read the partition at once and wake every waiting fetch."""
         group_id, topic_id, partition, offset = key
         try:
-            topic = self.cluster.topic_by_id(topic_id)
-            if topic is None:
-                return
             wait_ms = int(max(0.0, min(until - trio.current_time(), 5.0)) * 1000)
             try:
                 data = await self.cluster.fetch(topic, partition, offset, max_bytes=1, max_wait_ms=wait_ms,
@@ -732,6 +746,7 @@ class Reader:
                     return  # ran out: fetches still waiting start another when they re-check
         finally:
             self._long_polls.discard(key)
+            self._long_polls_per_broker[broker] -= 1
         leader = self.registry.active((group_id, topic_id, partition))
         if leader is not None:  # the next round reads it, not taking it as caught up
             leader.caught_up_at = -math.inf

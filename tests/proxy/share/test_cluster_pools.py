@@ -110,6 +110,7 @@ async def test_long_polls_on_every_partition_do_not_delay_list_offsets_or_reads(
         nursery.start_soon(long_poll, cluster, partition)
     await trio.sleep(0.1)
     assert len(broker.fetches) == 3  # the long-poll pool's bound; the rest wait for a slot
+    assert cluster.long_poll_connections_per_broker == 3  # the reader starts no more than that
 
     start = trio.current_time()
     assert await cluster.list_offset(TOPIC, 99, LATEST_TIMESTAMP) == 42

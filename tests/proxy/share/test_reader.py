@@ -353,6 +353,45 @@ async def test_fetches_waiting_on_a_caught_up_partition_share_one_long_poll_that
     assert long_polls(harness.cluster) - before == 1
 
 
+class TwoLongPollConnections(FakeCluster):
+    """An upstream with two long-poll connections per broker; counts the long polls in flight."""
+
+    long_poll_connections_per_broker = 2
+
+    def __init__(self, partitions: int) -> None:
+        super().__init__(partitions=partitions)
+        self.polling = self.most_polling = 0
+
+    async def fetch(self, *args, max_wait_ms, **kwargs):
+        if max_wait_ms <= 0:
+            return await super().fetch(*args, max_wait_ms=max_wait_ms, **kwargs)
+        self.polling += 1
+        self.most_polling = max(self.most_polling, self.polling)
+        try:
+            return await super().fetch(*args, max_wait_ms=max_wait_ms, **kwargs)
+        finally:
+            self.polling -= 1
+
+
+async def test_long_polls_on_one_broker_stay_within_its_long_poll_connections(nursery, autojump_clock):
+    """A partition a long poll watches counts as caught up and is not read: a long poll waiting for a
+    connection would leave records reaching it unseen meanwhile, so no more start than there are."""
+    harness = await start_service(nursery, cluster=TwoLongPollConnections(partitions=4))
+    members = [harness.member(f"m{i}") for i in range(4)]
+    for member in members:
+        await harness.join(member)
+    results = []
+
+    async def fetch(member) -> None:
+        results.append(acquired(await harness.fetch(member, partitions=TPS, max_wait_ms=300)))
+
+    async with trio.open_nursery() as fetches:
+        for member in members:
+            fetches.start_soon(fetch, member)
+    assert results == [[]] * 4
+    assert harness.cluster.most_polling == 2
+
+
 class SlowCluster(FakeCluster):
     """An upstream whose Fetch takes 10 ms, so members' fetches overlap."""
 
