@@ -720,25 +720,31 @@ class Reader:
                 key = (group_id, tp[0], tp[1], offset)
                 topic = self.cluster.topic_by_id(tp[0])
                 info = topic.partitions.get(tp[1]) if topic is not None else None
-                if (key in self._long_polls or info is None
+                leader = self.registry.active((group_id, tp[0], tp[1]))
+                if (key in self._long_polls or info is None or leader is None
                         or self._long_polls_per_broker[info.leader_id] >= self._long_poll_limit):
                     continue  # watched already, gone, or read again once CAUGHT_UP_RECHECK_S passed
                 self._long_polls.add(key)
                 self._long_polls_per_broker[info.leader_id] += 1
-                nursery.start_soon(self._long_poll, key, topic, info.leader_id, deadline)
+                nursery.start_soon(self._long_poll, key, topic, info.leader_id,
+                                   leader.engine.config.read_committed, deadline)
         with trio.move_on_at(min(deadline, trio.current_time() + 0.5)):
             await work.wait()
 
     async def _long_poll(self, key: tuple[str, uuid.UUID, int, int], topic: TopicInfo, broker: int,
-                         until: float) -> None:
+                         read_committed: bool, until: float) -> None:
         """Wait upstream, until `until` (5 s at most), for records at the offset of `key`; when they
-        come, have the next fetch read the partition at once and wake every waiting fetch."""
+        come, have the next fetch read the partition at once and wake every waiting fetch.
+
+        At the group's isolation level: a read_committed group caught up at the last stable offset
+        waits for a transaction to end, not for its first record (which the read could not return,
+        so the fetches woke, read nothing and long-polled again until the transaction ended)."""
         group_id, topic_id, partition, offset = key
         try:
             wait_ms = int(max(0.0, min(until - trio.current_time(), 5.0)) * 1000)
             try:
                 data = await self.cluster.fetch(topic, partition, offset, max_bytes=1, max_wait_ms=wait_ms,
-                                                read_committed=False)
+                                                read_committed=read_committed)
             except UpstreamError:
                 await trio.sleep(0.2)
             else:

@@ -392,6 +392,64 @@ async def test_long_polls_on_one_broker_stay_within_its_long_poll_connections(nu
     assert harness.cluster.most_polling == 2
 
 
+class OpenTransaction(FakeCluster):
+    """A log whose records from `stable` on belong to a transaction still open: read_committed
+    reads stop at the last stable offset and read_committed long polls wait for it to move."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stable = 0
+        self.moved = trio.Event()
+
+    def end_transaction(self) -> None:
+        self.stable = self.end_offset()
+        self.moved.set()
+        self.moved = trio.Event()
+
+    async def fetch(self, topic, partition, offset, *, max_bytes, max_wait_ms, read_committed):
+        if not read_committed:
+            return await super().fetch(topic, partition, offset, max_bytes=max_bytes, max_wait_ms=max_wait_ms,
+                                       read_committed=False)
+        with trio.move_on_after(max_wait_ms / 1000):
+            while offset >= self.stable:
+                await self.moved.wait()
+        await trio.sleep(0)
+        records = b"".join(batch for last, batch in self.logs[partition] if offset <= last < self.stable)
+        return dataclasses.replace(await super().fetch(topic, partition, self.end_offset(), max_bytes=0,
+                                                       max_wait_ms=0, read_committed=True),
+                                   records=memoryview(records))  # super().fetch counted the call, gave the high watermark
+
+
+@pytest.mark.timeout(20)  # the bug this guards against spins without virtual time passing
+async def test_a_read_committed_group_waiting_at_an_open_transaction_long_polls_for_its_end(nursery, autojump_clock):
+    """A read_committed fetch caught up at the last stable offset waits for the transaction to end,
+    not for its first record: a long poll that ended at that record woke the fetches, which read
+    nothing they could take and long-polled again, round after round until the transaction ended."""
+    config = service_config()
+    config = dataclasses.replace(config, coordinator=dataclasses.replace(
+        config.coordinator, group_defaults=dataclasses.replace(config.coordinator.group_defaults,
+                                                               isolation_level="read_committed")))
+    harness = await start_service(nursery, cluster=OpenTransaction(), config=config)
+    harness.cluster.append([b"a", b"b"])
+    harness.cluster.end_transaction()
+    member = harness.member("m")
+    assert acquired(await harness.fetch(member)) == [(0, 1, 1)]
+    harness.cluster.append([b"c", b"d"])  # a transaction still open
+    before = harness.cluster.fetches
+
+    async def commit_later() -> None:
+        await trio.sleep(0.3)
+        harness.cluster.end_transaction()
+
+    nursery.start_soon(commit_later)
+    start = trio.current_time()
+    with trio.fail_after(5):
+        result = await harness.fetch(member, acks=[(TPS[0], 0, 1, ACCEPT)], max_wait_ms=2_000)
+    assert acquired(result) == [(2, 3, 1)]
+    assert trio.current_time() - start == pytest.approx(0.3, abs=0.05)  # at the transaction's end
+    assert harness.cluster.fetches - before <= 4  # a read, one long poll, a read (not a spin)
+
+
 class SlowCluster(FakeCluster):
     """An upstream whose Fetch takes 10 ms, so members' fetches overlap."""
 
