@@ -13,7 +13,7 @@ import time
 
 import pytest
 import trio
-from confluent_kafka import AcknowledgeType
+from confluent_kafka import AcknowledgeType, Producer
 from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
 
@@ -174,6 +174,56 @@ def test_lower_delivery_count_limit_set_live_archives_sooner(kafka, share_proxy,
         assert sorted((m.offset(), m.delivery_count()) for m in later) == [(3, 1), (4, 1)]
         acknowledge_all(consumer, later)
         assert not consumer.poll(1.0)
+    finally:
+        consumer.close()
+
+
+def test_a_read_committed_group_waits_out_an_open_transaction_without_spinning_upstream(
+        kafka, share_proxy, create_topic, names):
+    """share.isolation.level read_committed on a real broker: records of an open transaction are not
+    handed out, the consumer waiting at the last stable offset costs a few upstream Fetches a second
+    (the long poll waits at read_committed: a read_uncommitted one ended at the open transaction's
+    first record and the reads and long polls went round as fast as the broker answered), and the
+    records come once the transaction commits."""
+    from proxy.localkafka.broker import free_port
+
+    from integration.share.conftest import metric, scrape_metrics
+
+    port = free_port()
+    proxy = share_proxy("--metrics-port", str(port))
+    topic, group = create_topic(names.topic), names.group
+    assert alter(proxy.bootstrap, [(GROUP, group, [("share.isolation.level", SET, "read_committed")])]) == {
+        (GROUP, group): (ErrorCode.none, None)}
+    produce(kafka.bootstrap, topic, 10)
+    consumer = share_consumer(proxy.bootstrap, group, topic, EXPLICIT)
+    producer = Producer({"bootstrap.servers": kafka.bootstrap, "transactional.id": f"{names.topic}-txn"})
+    try:
+        acknowledge_all(consumer, poll_until(consumer, 10))
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        for i in range(5):
+            producer.produce(topic, value=b"open-%d" % i)
+        assert producer.flush(30) == 0  # in the log, past the last stable offset
+
+        def upstream_fetches() -> float:
+            samples = scrape_metrics(port)
+            return sum(metric(samples, "ksp_share_upstream_fetches_total", kind=kind) or 0.0
+                       for kind in ("read", "long_poll"))
+
+        before, started = upstream_fetches(), time.monotonic()
+        waited = []
+        while time.monotonic() - started < 3.0:
+            waited.extend(consumer.poll(0.5))
+        fetches_per_second = (upstream_fetches() - before) / (time.monotonic() - started)
+        assert waited == []  # nothing of the open transaction
+        assert fetches_per_second < 30, f"{fetches_per_second:.0f} upstream Fetches a second while waiting"
+
+        producer.commit_transaction(30)
+        committed_at = time.monotonic()
+        records = poll_until(consumer, 5, timeout=15)
+        assert sorted(m.value() for m in records) == [b"open-%d" % i for i in range(5)]
+        assert time.monotonic() - committed_at < 5
+        acknowledge_all(consumer, records)
     finally:
         consumer.close()
 
