@@ -101,8 +101,6 @@ MIN_FETCH_BYTES = 64 * 1024
 # A fetch whose member itself pins a full window is answered after this hold, doubling with each
 # early answer at the same SPSO (see Reader._pinned_deadline).
 SELF_PINNED_HOLD_S = 0.01
-# Long polls per broker when the cluster does not say how many connections it holds for them.
-DEFAULT_LONG_POLL_LIMIT = 8
 # For this long after an upstream read found a partition's log at its end, fetches take it as
 # caught up without reading it again: with many members on a partially drained topic nearly every
 # fetch visited a drained partition and waited for an empty read (share_bench, stop 38). A fetch
@@ -330,7 +328,6 @@ class Reader:
         # connection while its partition counts as watched.
         self._long_polls: set[tuple[str, uuid.UUID, int, int]] = set()
         self._long_polls_per_broker: collections.Counter[int] = collections.Counter()
-        self._long_poll_limit = getattr(cluster, "long_poll_connections_per_broker", DEFAULT_LONG_POLL_LIMIT)
         # Scale-out: whether this instance still leads a share-partition (ServiceOwnership.leads);
         # a long poll whose partition is handed over mid-wait is answered at once. None: all.
         self.leads: Callable[[uuid.UUID, int], bool] | None = None
@@ -722,7 +719,8 @@ class Reader:
                 info = topic.partitions.get(tp[1]) if topic is not None else None
                 leader = self.registry.active((group_id, tp[0], tp[1]))
                 if (key in self._long_polls or info is None or leader is None
-                        or self._long_polls_per_broker[info.leader_id] >= self._long_poll_limit):
+                        or self._long_polls_per_broker[info.leader_id]
+                        >= self.cluster.long_poll_connections_per_broker):
                     continue  # watched already, gone, or read again once CAUGHT_UP_RECHECK_S passed
                 self._long_polls.add(key)
                 self._long_polls_per_broker[info.leader_id] += 1

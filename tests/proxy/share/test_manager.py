@@ -48,6 +48,8 @@ LOCK_MS = 15_000
 class FakeCluster:
     """One topic on one broker; Fetch serves whole batches from an in-memory log."""
 
+    long_poll_connections_per_broker = 8  # as the real cluster's default
+
     def __init__(self, partitions: int = 1) -> None:
         topic = TopicInfo("orders", TOPIC_ID, {p: PartitionInfo(leader_id=1, leader_epoch=0) for p in range(partitions)})
         self.snapshot = ClusterSnapshot(
