@@ -23,6 +23,10 @@ of terminating TLS, and the before/after over TLS.
 ``--variant gather="--stream-responses-from 0"`` starts one more proxy from the current tree with
 those extra ``serve`` arguments: a setting against the current defaults, in the same rounds.
 ``--profile DIR`` runs the current proxy under cProfile (``DIR/proxy.prof`` at exit).
+``--hop`` adds a bare TCP hop (``integration.bench.hop``: splice threads, nothing per byte in
+Python) as one more path, reached through a second broker listener that advertises the hop's
+address: what one more process between client and broker costs on this machine whatever it does,
+the floor any proxy's ratio to direct stands on (``hop/direct``, and ``proxy/hop`` beside it).
 
     .venv/bin/python -m integration.bench.passthrough --records 200000 --size 1024
     .venv/bin/python -m integration.bench.passthrough --connections 1,8,64 --repeat 5 \\
@@ -48,8 +52,9 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from integration.bench.hop import hop_process
 from integration.kafka_fixtures import ProxyProcess, create_topics, unique_name
-from proxy.localkafka import DEFAULT_VERSION, LocalKafka
+from proxy.localkafka import DEFAULT_VERSION, LocalKafka, free_port
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -310,12 +315,34 @@ def start_proxies(stack: ExitStack, kafka: LocalKafka, scratch: Path, args: argp
     return paths
 
 
+def start_kafka_behind_a_hop(stack: ExitStack, args: argparse.Namespace) -> tuple[LocalKafka, Target]:
+    """The broker with a second listener (HOP) that advertises a bare hop's address, and the hop in
+    front of it: a client that bootstraps through the hop is sent back through it for every broker
+    connection, while the direct path and the proxies use the ordinary listener."""
+    port, controller_port, hop_listener_port, hop_port = (free_port() for _ in range(4))
+    listeners = {
+        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port},"
+                     f"HOP://127.0.0.1:{hop_listener_port}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port},HOP://127.0.0.1:{hop_port}",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,HOP:PLAINTEXT",
+    }
+    hop = stack.enter_context(hop_process(hop_port, f"127.0.0.1:{hop_listener_port}"))
+    kafka = stack.enter_context(LocalKafka(version=args.kafka_version, heap=args.heap, port=port,
+                                           controller_port=controller_port, server_properties=listeners))
+    return kafka, Target("hop", f"127.0.0.1:{hop_port}", pid=hop.pid)
+
+
 def run(args: argparse.Namespace) -> tuple[list[Measurement], list[str]]:
     measurements: list[Measurement] = []
     notes = [f"load (1/5/15 min) at start: {load()}"]
     with tempfile.TemporaryDirectory(prefix="ksp-bench-") as scratch, ExitStack() as stack:
-        kafka = stack.enter_context(LocalKafka(version=args.kafka_version, heap=args.heap))
+        if args.hop:
+            kafka, hop = start_kafka_behind_a_hop(stack, args)
+        else:
+            kafka, hop = stack.enter_context(LocalKafka(version=args.kafka_version, heap=args.heap)), None
         paths = start_proxies(stack, kafka, Path(scratch), args)
+        if hop is not None:
+            paths.insert(1, hop)
         print(f"Kafka {kafka.version} at {kafka.bootstrap}; "
               + ", ".join(f"{p.name} at {p.bootstrap}" for p in paths[1:]), flush=True)
         warmup = min(args.records, 20_000)
@@ -363,7 +390,7 @@ def report(measurements: list[Measurement], args: argparse.Namespace, notes: Seq
         f"compression={args.compression}, {args.repeat} round(s) per connection count, Kafka {args.kafka_version}",
         *notes,
         "",
-        "| connections | operation | path | records/s (median) | spread | MB/s | proxy CPU µs/record (median, spread) | rounds (records/s) |",
+        "| connections | operation | path | records/s (median) | spread | MB/s | its process's CPU µs/record (median, spread) | rounds (records/s) |",
         "|---:|---|---|---:|---:|---:|---:|---|",
     ]
     ratio_lines = ["", "| connections | operation | ratio | of medians | per-round median | per-round spread |",
@@ -390,6 +417,7 @@ def report(measurements: list[Measurement], args: argparse.Namespace, notes: Seq
             pairs += [("proxy", name) for name in others]
             pairs += [("proxy-tls", f"{name}-tls") for name in others]
             pairs += [("proxy-tls", "proxy")]  # what terminating TLS costs
+            pairs += [("proxy", "hop")]  # what the proxy costs beyond the hop itself
             for top, bottom in pairs:
                 if top not in medians or bottom not in medians:
                     continue
@@ -463,6 +491,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         default=["produce", "consume"], help="produce,consume (default both); consume reads what "
                         "was produced directly, so it always produces there")
     parser.add_argument("--tls-proxy", action="store_true", help="also measure every proxy with TLS listeners")
+    parser.add_argument("--hop", action="store_true",
+                        help="also measure a bare TCP hop (kernel splice, no Kafka spoken): the extra hop's own cost")
     parser.add_argument("--proxy-arg", action="append", default=[], help="extra `serve` argument (repeatable)")
     parser.add_argument("--profile", help="run the current proxy under cProfile; DIR/proxy.prof at exit")
     parser.add_argument("--json", type=Path, help="also write every measurement and the per-round ratios here")
