@@ -11,6 +11,8 @@ sides are measured in the same run, and prints one table of the goals:
    sides and how busy its cores were. Goal ≥ 1.1.
 2. ``passthrough``: confluent-kafka producers and consumers through the proxy vs directly, at each
    --connections count; the median of the per-round ratios. Goals: produce ≥ 0.9, consume ≥ 0.95.
+   Each cell notes what a bare TCP hop measured in the same rounds (``passthrough --hop``: one more
+   process on the path that does nothing per byte), the floor the proxy's ratio stands on here.
 3. ``state_bench``: state-topic bytes per accepted record, proxy vs native (``__share_group_state``
    log growth), in the easy case (in-order accepts) and the fragmented one (10 % released once,
    acknowledgements shuffled); and commit_sync latency p50 / p99, proxy − native. Goals: bytes ≤ 1.0
@@ -119,11 +121,14 @@ def _round_trips(proxy: share_bench.Measurement, native: share_bench.Measurement
 
 def passthrough_goals(numbers: dict) -> list[Goal]:
     ratios = numbers["per_round_ratio_to_direct"].get("proxy", {})
+    hop = numbers["per_round_ratio_to_direct"].get("hop", {})
     goals = []
     for operation, target in (("produce", 0.9), ("consume", 0.95)):
         for connections, ratio in sorted(ratios.get(operation, {}).items(), key=lambda item: int(item[0])):
+            floor = hop.get(operation, {}).get(connections)
             goals.append(Goal(f"pass-through {operation}, proxy / direct", f"{connections} connections", ratio, target,
-                              note="median of per-round ratios"))
+                              note="median of per-round ratios"
+                                   + (f"; a bare TCP hop {floor:.2f}" if floor is not None else "")))
     return goals
 
 
@@ -175,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "passthrough" in parts:
         numbers = run_part("passthrough", args.out, passthrough.main, [
             "--records", str(args.passthrough_records), "--connections", args.passthrough_connections,
-            "--repeat", str(args.passthrough_repeat)], log)
+            "--repeat", str(args.passthrough_repeat), "--hop"], log)
         goals += passthrough_goals(numbers)
     if "state" in parts:
         numbers = run_part("state", args.out, state_bench.main, [

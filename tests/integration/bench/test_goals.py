@@ -46,6 +46,15 @@ def test_passthrough_goals_take_the_median_of_per_round_ratios():
     assert ratios == {"consume": {8: 0.8}}
     [goal] = passthrough_goals({"per_round_ratio_to_direct": {"proxy": {"consume": {"8": 0.8}}}})
     assert goal.cell == "8 connections" and goal.target == 0.95 and not goal.met
+    assert "hop" not in goal.note  # a run without --hop
+
+
+def test_a_passthrough_goal_notes_the_bare_hops_ratio_from_the_same_rounds():
+    [produce, consume] = passthrough_goals({"per_round_ratio_to_direct": {
+        "proxy": {"produce": {"1": 0.84}, "consume": {"1": 0.97}},
+        "hop": {"produce": {"1": 0.81}, "consume": {"1": 0.99}}}})
+    assert produce.note.endswith("a bare TCP hop 0.81") and not produce.met
+    assert consume.note.endswith("a bare TCP hop 0.99") and consume.met
 
 
 def test_state_goals_are_bytes_and_both_latency_quantiles_per_workload():
