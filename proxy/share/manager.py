@@ -614,9 +614,13 @@ class ShareService:
                 observe.EVENTS.acknowledged(leader.key, ranges, staged.delta if staged is not None else None)
                 if newest:
                     acknowledged.append((tp, newest))
-                # Any acknowledgement may free record locks, so waiting fetches re-check (Kafka
-                # completes delayed share fetches on every acknowledgement, not only on release).
-                released = True
+                # A staged acknowledgement frees record locks and releases records only once its
+                # write is durable, and that wakes waiting fetches (_settled; Kafka too completes
+                # delayed share fetches once an acknowledgement is persisted). Woken now, they
+                # only looked and waited again (~2 wake-ups per ShareFetch with 16 consumers on 4
+                # partitions, stop 39). A change applied at once wakes them now.
+                if staged is not None and not staged.change_id:
+                    released = True
                 self._schedule(leader)  # a renewal moves the lock deadline
                 if staged is not None:
                     waits.append((tp, leader, self.commits.record(leader, staged.delta, Cause.ACKNOWLEDGED, staged)))

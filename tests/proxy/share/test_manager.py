@@ -591,6 +591,31 @@ async def test_acceptance_wakes_a_fetch_waiting_on_the_record_lock_limit(nursery
     assert trio.current_time() - accepted_at < 0.1
 
 
+async def test_an_acknowledgement_wakes_waiting_fetches_once_durable_not_when_staged(nursery, autojump_clock):
+    # Until its write is durable a staged acknowledgement frees nothing a fetch could acquire (the
+    # SPSO stays, released records stay out): waking every waiting fetch then only had them look
+    # and wait again, and the write's settling wakes them anyway.
+    harness = await start_service(nursery, config=service_config(max_record_locks=100))
+    for _ in range(3):
+        harness.cluster.append([b"x"] * 50)
+    holder = harness.member("holder")
+    await harness.join(holder)
+    assert acquired(await harness.fetch(holder)) == [(0, 99, 1)]  # all record locks taken
+    await trio.sleep(1)  # let the writer settle the group records and the initialisation
+    engine = harness.service.leaders.active((GROUP, *TP)).engine
+    harness.writer.hold = trio.Event()
+    wake_up = harness.service.work.event  # what a fetch waiting now waits on
+
+    async with trio.open_nursery() as acknowledging:
+        acknowledging.start_soon(harness.acknowledge, holder, [(TP, 0, 49, RELEASE), (TP, 50, 99, ACCEPT)])
+        await trio.sleep(1)
+        assert not engine.can_acquire()
+        assert not wake_up.is_set(), "waiting fetches woken by an acknowledgement that freed nothing yet"
+        harness.writer.hold.set()
+    assert engine.can_acquire()
+    assert wake_up.is_set()  # the durable write woke them
+
+
 # ----- lock expiry and releases without a delivery ---------------------------------------------
 
 
