@@ -615,10 +615,9 @@ class ShareService:
                 if newest:
                     acknowledged.append((tp, newest))
                 # A staged acknowledgement frees record locks and releases records only once its
-                # write is durable, and that wakes waiting fetches (_settled; Kafka too completes
-                # delayed share fetches once an acknowledgement is persisted). Woken now, they
-                # only looked and waited again (~2 wake-ups per ShareFetch with 16 consumers on 4
-                # partitions, stop 39). A change applied at once wakes them now.
+                # write is durable (the SPSO moves on commit, as Kafka's does after its persister
+                # write), and that wakes waiting fetches (_settled). Woken now as well, they only
+                # looked and waited again. A change applied at once wakes them now.
                 if staged is not None and not staged.change_id:
                     released = True
                 self._schedule(leader)  # a renewal moves the lock deadline
