@@ -22,6 +22,9 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+
+_PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 #: Bytes one pipe holds (F_SETPIPE_SZ; fs.pipe-max-size caps it at 1 MiB by default), and so the
 #: most one splice moves: as much as the proxy's own splice pipes.
@@ -80,7 +83,7 @@ def hop_process(listen_port: int, target: str) -> Iterator[subprocess.Popen[byte
     """This module as a process of its own (so that its CPU is its own), forwarding
     127.0.0.1:`listen_port` to `target` from when it is ready until the block ends."""
     process = subprocess.Popen([sys.executable, "-m", "integration.bench.hop", str(listen_port), target],
-                               stdout=subprocess.PIPE)
+                               stdout=subprocess.PIPE, cwd=_PROJECT_ROOT)  # where `integration` is importable
     try:
         assert process.stdout is not None
         if process.stdout.readline().strip() != b"ready":
