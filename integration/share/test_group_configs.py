@@ -21,13 +21,15 @@ from integration.kafka_fixtures import kafka_tools_jar, maven_jar
 from integration.share.conftest import (
     EXPLICIT,
     acknowledge_all,
+    metric,
     poll_until,
     produce,
+    scrape_metrics,
     share_consumer,
     wait_for_assigned_members,
     wire_call,
 )
-from proxy.localkafka import fetch_kafka
+from proxy.localkafka import fetch_kafka, free_port
 
 from kio.schema.describe_configs.v4.request import DescribeConfigsResource
 from kio.schema.incremental_alter_configs.v1.request import AlterableConfig, AlterConfigsResource
@@ -185,10 +187,6 @@ def test_a_read_committed_group_waits_out_an_open_transaction_without_spinning_u
     (the long poll waits at read_committed: a read_uncommitted one ended at the open transaction's
     first record and the reads and long polls went round as fast as the broker answered), and the
     records come once the transaction commits."""
-    from proxy.localkafka.broker import free_port
-
-    from integration.share.conftest import metric, scrape_metrics
-
     port = free_port()
     proxy = share_proxy("--metrics-port", str(port))
     topic, group = create_topic(names.topic), names.group
