@@ -11,9 +11,12 @@ acquired ranges go back to the client as the broker's raw bytes (never decoded).
 of the records wanted is read on rather than topped up from the next partition, so a
 response carries one partition's records while its log has enough (each partition in a
 response costs a state write when its records are acknowledged). The read starts where the
-cached batches end and the cache keeps them (when only new records lie ahead; a read starting at
-redeliveries inside the window starts there). Reading again from the next fetch offset fetched
-them twice: with log batches smaller than a fetch takes, 1.2-2.6 x the bytes consumers got.
+cached batches end and the cache keeps them (when only new records lie ahead). Reading again
+from the next fetch offset fetched them twice: with log batches smaller than a fetch takes,
+1.2-2.6 x the bytes consumers got. A read for redeliveries inside the window starts at the first
+of them; when the cache holds the records after the window it reads the window alone and keeps
+them (reading on past the window fetched those again: 3.2 x the bytes consumed with 10 % of the
+records released, 2.2 x now -- the window's own bytes come back for its redeliveries).
 
 Reads are sized for what can be acquired: the records wanted times the bytes per record learned
 from earlier reads, never less than the partition's largest recent log batch (a broker answers a
@@ -574,6 +577,15 @@ class Reader:
         read_bytes = min(max(read_bytes, min(leader.batch_bytes, cap), 1) + window_bytes, cap)
         return min(_whole_batches(leader, read_from, read_bytes), cap)
 
+    def _window_read_size(self, leader: Leader, read_from: int) -> int:
+        """Bytes to read from `read_from`, a redelivery inside the window, to the window's end (the
+        records after it are cached): the window's records at the learned bytes per record, with a
+        quarter to spare, never less than the partition's log batches (see :meth:`_read_size`)."""
+        cap = self.max_fetch_bytes_per_partition
+        window_bytes = int((leader.engine.end_offset - read_from) * leader.bytes_per_record * 1.25)
+        read_bytes = min(max(window_bytes, min(leader.batch_bytes, cap), 1), cap)
+        return min(_whole_batches(leader, read_from, read_bytes), cap)
+
     async def _read_many(
         self, candidates: list[_Held], records: int, max_bytes: int,
     ) -> dict[TopicIdPartition, ReadCache | Fetched | None]:
@@ -581,14 +593,22 @@ class Reader:
         broker, each sized for `records`; the first always, the rest while the total stays within
         `max_batched_read_bytes`. Every read goes into its partition's cache; returns per partition
         the read, or a Fetched/None outcome (an error, caught up, the log start moved)."""
-        reads: list[tuple[_Held, PartitionRead, ReadCache | None]] = []
+        reads: list[tuple[_Held, PartitionRead, ReadCache | None, ReadCache | None]] = []
         total = 0
         for held in candidates:
             tp, leader, topic = held
             kept = _unread_tail(leader)
+            after_window = None
             if kept is None:
                 start = leader.engine.next_fetch_offset()
-                read = PartitionRead(topic, tp[1], start, self._read_size(leader, start, records, max_bytes))
+                after_window = _cached_after_window(leader)
+                if after_window is not None:
+                    # Redeliveries inside the window, and the new records after it already cached:
+                    # read the window alone and keep them (reading on past the window fetched them
+                    # again: 3.2 x the bytes consumed with 10 % released, state_bench fragmented).
+                    read = PartitionRead(topic, tp[1], start, self._window_read_size(leader, start))
+                else:
+                    read = PartitionRead(topic, tp[1], start, self._read_size(leader, start, records, max_bytes))
             else:
                 # The cache holds fewer records than wanted: read on from its end and keep them,
                 # rather than read them again (with small log batches that doubled what was read).
@@ -599,27 +619,29 @@ class Reader:
             if reads and total + size > self.max_batched_read_bytes:
                 break
             total += size
-            reads.append((held, read, kept))
+            reads.append((held, read, kept, after_window))
         if not reads:
             return {}
         read_committed = reads[0][0][1].engine.config.read_committed  # one group, one isolation level
-        for (_, leader, _), _, _ in reads:
+        for (_, leader, _), _, _, _ in reads:
             self.cache_budget.drop(leader)
-        answers = await self.cluster.fetch_many([read for _, read, _ in reads], read_committed=read_committed)
+        answers = await self.cluster.fetch_many([read for _, read, _, _ in reads], read_committed=read_committed)
         out: dict[TopicIdPartition, ReadCache | Fetched | None] = {}
-        for (tp, leader, topic), read, kept in reads:
+        for (tp, leader, topic), read, kept, after_window in reads:
             answer = answers.get((topic.topic_id, tp[1]))
             if answer is None:
                 answer = UpstreamError(f"no answer for {topic.name}-{tp[1]}")
-            out[tp] = await self._take_read(leader, topic, tp, read.offset, answer, kept)
+            out[tp] = await self._take_read(leader, topic, tp, read.offset, answer, kept, after_window)
         return out
 
     async def _take_read(
         self, leader: Leader, topic: TopicInfo, tp: TopicIdPartition, offset: int,
         data: FetchedPartition | UpstreamError, kept: ReadCache | None = None,
+        after_window: ReadCache | None = None,
     ) -> ReadCache | Fetched | None:
         """One partition's upstream answer: its batches (kept in the read cache, after the `kept`
-        batches it read on from), or an outcome."""
+        batches it read on from, or before the `after_window` batches when it read the window up
+        to them), or an outcome."""
         engine = leader.engine
         if isinstance(data, UpstreamError):
             log.warning("upstream fetch failed", topic=topic.name, partition=tp[1], error=str(data))
@@ -664,6 +686,8 @@ class Reader:
         cache = ReadCache(data.records, tuple(batches), data.aborted_transactions)
         if kept is not None:
             cache = kept.followed_by(cache)
+        elif after_window is not None and batches[-1].last_offset + 1 >= after_window.batches[0].base_offset:
+            cache = cache.followed_by(after_window)  # (a read that fell short of them leaves a gap: dropped)
         self.cache_budget.store(leader, cache)
         return cache
 
@@ -805,6 +829,16 @@ def _unread_tail(leader: Leader) -> ReadCache | None:
     if offset < engine.end_offset:
         return None
     return cache.tail_from(offset)
+
+
+def _cached_after_window(leader: Leader) -> ReadCache | None:
+    """The cached batches from the window's end on, when the next fetch offset is a redelivery
+    inside the window (the read goes back there) and the cache holds the records after the window
+    (read ahead, or left from a read the last fetch did not take whole)."""
+    cache, engine = leader.cache, leader.engine
+    if cache is None or not leader.bytes_per_record or engine.next_fetch_offset() >= engine.end_offset:
+        return None
+    return cache.tail_from(engine.end_offset)
 
 
 def _note(tp: TopicIdPartition, outcome: Fetched | None, budget: _Budget, results: dict[TopicIdPartition, Fetched],
