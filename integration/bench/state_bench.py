@@ -91,7 +91,7 @@ from codec.share_state import (
     encode_record,
 )
 from integration.bench.passthrough import Target, produce
-from integration.bench.share_bench import set_native_share_reset_earliest
+from integration.bench.share_bench import proxy_samples, set_native_share_reset_earliest
 from integration.kafka_fixtures import ProxyProcess, create_topics, unique_name
 from proxy.localkafka import DEFAULT_VERSION, LocalKafka
 from proxy.localkafka.broker import free_port
@@ -425,6 +425,10 @@ class Measured:
     segments: int  # the most .log files of one partition
     log_start_offsets: dict[int, int]
     delta: DeltaEstimate | None = None
+    # Proxy sides: the bytes its upstream Fetches brought back during the workload, and the
+    # workload topic's log bytes (its .log files): how often each log byte was read.
+    upstream_read_bytes: float | None = None
+    topic_log_bytes: int = 0
 
     def per_accepted(self, amount: float) -> float:
         return amount / self.run.accepted if self.run.accepted else float("nan")
@@ -448,6 +452,18 @@ def percentile(values: Sequence[float], q: float) -> float:
 def load() -> str:
     one, five, fifteen = os.getloadavg()
     return f"{one:.2f} {five:.2f} {fifteen:.2f}"
+
+
+def upstream_read_bytes(metrics_port: int) -> float | None:
+    """The log bytes the proxy's upstream Fetches brought in so far (None: an older tree without
+    ``ksp_share_upstream_fetch_bytes``)."""
+    samples = proxy_samples(f"http://127.0.0.1:{metrics_port}/metrics")
+    return samples.get(("ksp_share_upstream_fetch_bytes_total", ()))
+
+
+def log_bytes(directories: Iterable[Path]) -> int:
+    """The size of the .log segment files in these partition directories."""
+    return sum(f.stat().st_size for d in directories for f in d.glob("*.log"))
 
 
 def gc_pauses(metrics_port: int) -> str:
@@ -481,23 +497,29 @@ def gc_pauses(metrics_port: int) -> str:
 
 
 def run_side(side: str, args: argparse.Namespace, kafka: LocalKafka, bootstrap: str, state_topic: str,
-             prepare_group: Callable[[str], None]) -> list[Measured]:
+             prepare_group: Callable[[str], None], metrics_port: int | None = None) -> list[Measured]:
+    """Each workload on this side; with the proxy's `metrics_port`, also what its upstream reads
+    brought back (``ksp_share_upstream_fetch_bytes_total``) against the workload topic's log."""
     assert kafka.data_dir is not None
     log_dir = kafka.data_dir / "kraft"
 
     def dirs() -> dict[int, Path]:
         return partition_dirs(log_dir, state_topic)
 
-    def workload(name: str, records: int) -> tuple[WorkloadRun, str]:
+    def workload(name: str, records: int) -> tuple[WorkloadRun, str, float | None, int]:
         topic = create_topics(kafka.bootstrap, [unique_name(f"state-bench-{name}")], partitions=args.partitions)[0]
         produce(Target("direct", kafka.bootstrap), topic, args.partitions, records, args.size, "none")
         group = unique_name(f"state-bench-{name}")
         prepare_group(group)
         window = name == "window"
-        return consume(bootstrap, topic, group, records, fragmented=name in ("fragmented", "window"),
-                       release_fraction=args.release_fraction, seed=args.seed,
-                       commit_every=args.commit_every if window else 0,
-                       max_poll_records=args.window_poll_records if window else 0), group
+        read_before = upstream_read_bytes(metrics_port) if metrics_port else None
+        run = consume(bootstrap, topic, group, records, fragmented=name in ("fragmented", "window"),
+                      release_fraction=args.release_fraction, seed=args.seed,
+                      commit_every=args.commit_every if window else 0,
+                      max_poll_records=args.window_poll_records if window else 0)
+        read_after = upstream_read_bytes(metrics_port) if metrics_port else None
+        read = None if read_before is None or read_after is None else read_after - read_before
+        return run, group, read, log_bytes(partition_dirs(log_dir, topic).values())
 
     workload("warmup", WARMUP_RECORDS)
     wait_quiet(dirs)
@@ -506,7 +528,7 @@ def run_side(side: str, args: argparse.Namespace, kafka: LocalKafka, bootstrap: 
         before = read_state_log(dirs())
         kafka_before = kafka_offsets(kafka.bootstrap, state_topic)
         print(f"  {side} {name}: load {load()} before", file=sys.stderr, flush=True)
-        run, _ = workload(name, args.records)
+        run, _, upstream_read, topic_log = workload(name, args.records)
         wait_quiet(dirs)
         estimate = side.startswith("proxy") and not deltas_on(args.variant_flags.get(side, ()))
         after = read_state_log(dirs(), before.end_offsets, keep_snapshots=estimate)
@@ -518,6 +540,7 @@ def run_side(side: str, args: argparse.Namespace, kafka: LocalKafka, bootstrap: 
             kafka_records_written=sum(high for _, high in kafka_after.values())
             - sum(high for _, high in kafka_before.values()),
             segments=after.max_segments, log_start_offsets={p: low for p, (low, _) in kafka_after.items()},
+            upstream_read_bytes=upstream_read, topic_log_bytes=topic_log,
         )
         if estimate:
             measured.delta = delta_scheme(after.snapshots, args.snapshot_every)
@@ -615,6 +638,17 @@ def report(results: Sequence[Measured], args: argparse.Namespace) -> tuple[str, 
                 p99 = (percentile(m.run.round_trips, 0.99) - percentile(base.run.round_trips, 0.99)) * 1000
                 numbers["workloads"][name][side][f"vs_{first}"] = {"bytes": ratio, "p50_ms": p50, "p99_ms": p99}
                 lines.append(f"| {name} | {side} | {ratio:.2f} | {p50:+.2f} | {p99:+.2f} |")
+    read = [m for m in results if m.upstream_read_bytes is not None]
+    if read:
+        lines += ["", "What each proxy side read upstream while consuming (its Fetches' log bytes, "
+                      "ksp_share_upstream_fetch_bytes_total) against the workload topic's log (.log files):", ""]
+        for m in read:
+            times = m.upstream_read_bytes / m.topic_log_bytes if m.topic_log_bytes else float("nan")
+            numbers["workloads"][m.workload][m.side] |= {
+                "upstream_read_bytes": m.upstream_read_bytes, "topic_log_bytes": m.topic_log_bytes,
+                "upstream_read_per_log_byte": times}
+            lines.append(f"- {m.workload}, {m.side}: {m.upstream_read_bytes / (1 << 20):,.1f} MiB read for a "
+                         f"{m.topic_log_bytes / (1 << 20):,.1f} MiB log ({times:.2f} x)")
     lines += ["", "State records by type (key + value bytes, uncompressed; the largest value):", ""]
     for m in results:
         kinds = ", ".join(f"{k} {v.records:,} x {(v.key_bytes + v.value_bytes) / max(v.records, 1):,.0f} B "
@@ -716,7 +750,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     launcher = (sys.executable, "-P", "-m", "proxy.cli") if tree else ()
                     with ProxyProcess(upstream=kafka.bootstrap, log_path=work / f"{side}.log", extra_args=extra,
                                       launcher=launcher, env={"PYTHONPATH": tree} if tree else None) as proxy:
-                        results += run_side(side, args, kafka, proxy.bootstrap, state_topic, lambda group: None)
+                        results += run_side(side, args, kafka, proxy.bootstrap, state_topic, lambda group: None,
+                                            metrics_port)
                         pauses.append(f"- {side}: {gc_pauses(metrics_port)}")
                 loads.append(f"after {side} {load()}")
         if "native" in args.sides:

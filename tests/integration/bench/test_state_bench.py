@@ -18,9 +18,11 @@ from integration.bench.state_bench import (
     deltas_on,
     delta_scheme,
     gc_pauses,
+    log_bytes,
     partition_dirs,
     read_state_log,
     released_once,
+    upstream_read_bytes,
 )
 
 A, B = ("accepted",), ("available",)  # attributes, opaque to changed_ranges
@@ -130,7 +132,6 @@ def test_deltas_on_reads_the_serve_flags_of_a_proxy_variant():
 
 def test_gc_pauses_are_read_from_a_real_metrics_endpoint():
     import gc
-    import time
 
     from prometheus_client import start_http_server
 
@@ -158,3 +159,40 @@ def test_gc_pauses_of_a_proxy_without_the_metric_say_so(monkeypatch):
 
     monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: io.BytesIO(b"# nothing here\n"))
     assert gc_pauses(1) == "not measured (no ksp_gc_pause_seconds)"
+
+
+def test_the_proxys_upstream_read_bytes_are_read_from_a_real_metrics_endpoint():
+    from prometheus_client import start_http_server
+
+    from proxy.localkafka.broker import free_port
+    from proxy.share import metrics
+
+    port = free_port()
+    server, thread = start_http_server(port, addr="127.0.0.1")
+    try:
+        before = upstream_read_bytes(port)
+        metrics.UPSTREAM_FETCH_BYTES.inc(1234)
+        after = upstream_read_bytes(port)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+    assert before is not None and after - before == 1234
+
+
+def test_upstream_read_bytes_of_a_proxy_without_the_metric_are_none(monkeypatch):
+    import io
+    import urllib.request
+
+    monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: io.BytesIO(b"# nothing here\n"))
+    assert upstream_read_bytes(1) is None
+
+
+def test_log_bytes_counts_the_segment_files_only(tmp_path):
+    first, second = tmp_path / "t-0", tmp_path / "t-1"
+    for directory, size in ((first, 100), (second, 50)):
+        directory.mkdir()
+        (directory / "00000000000000000000.log").write_bytes(bytes(size))
+        (directory / "00000000000000000000.index").write_bytes(bytes(999))
+    (second / "00000000000000000060.log").write_bytes(bytes(7))
+    assert log_bytes([first, second]) == 157
