@@ -25,7 +25,10 @@ The cost model (memory per share-partition and per in-flight record, timer CPU, 
 
 Each benchmark's own report (tables, per-run proxy metrics) goes to ``--out`` as ``NAME.txt`` with
 its numbers as ``NAME.json``; the goal table is printed and written to ``goals.md`` there, with the
-load average before and after each part.
+load average before and after each part. Before each part the machine settles
+(``share_bench.settle_machine``: sync(2), then until its cores are idle for a second, at most a
+minute): the pass-through part writes ~5 GB of log, and its write-back ran on into the state part
+(vmstat, 2026-11-28 07:43: 1 GB/s at 80 % system time as that part's first side started).
 """
 
 from __future__ import annotations
@@ -69,16 +72,20 @@ def load() -> str:
     return " ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
-def run_part(name: str, out: Path, main: Callable[[list[str]], int], argv: list[str], log: list[str]) -> dict | list:
-    """Run one benchmark's main() here, its report to out/NAME.txt, its numbers from out/NAME.json."""
+def run_part(name: str, out: Path, main: Callable[[list[str]], int], argv: list[str], log: list[str],
+             settle: Callable[[], float] = share_bench.settle_machine) -> dict | list:
+    """Run one benchmark's main() here, its report to out/NAME.txt, its numbers from out/NAME.json;
+    first `settle` the machine (the part before may leave gigabytes of log being written back)."""
     numbers = out / f"{name}.json"
     report = io.StringIO()
+    settled = settle()
     before, started = load(), time.monotonic()
-    print(f"{name}: {' '.join(argv)} (load {before})", file=sys.stderr, flush=True)
+    print(f"{name}: {' '.join(argv)} (load {before}; settled {settled:.0f} s)", file=sys.stderr, flush=True)
     with contextlib.redirect_stdout(report):
         main([*argv, "--json", str(numbers)])
     (out / f"{name}.txt").write_text(report.getvalue())
-    log.append(f"{name}: {time.monotonic() - started:.0f} s, load {before} before, {load()} after")
+    log.append(f"{name}: {time.monotonic() - started:.0f} s, load {before} before, {load()} after "
+               f"(the machine settled for {settled:.0f} s before it: sync, cores idle)")
     print(f"{name}: done, {log[-1]}", file=sys.stderr, flush=True)
     return json.loads(numbers.read_text())
 

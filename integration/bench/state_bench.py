@@ -12,7 +12,8 @@ machine), the same records on both sides:
 
 Per side: an uncounted warm-up (1,000 records, so the state topics exist and the first writes and
 connections are paid), then each workload on a fresh topic (``--records`` x ``--size`` B on
-``--partitions`` partitions) with a fresh group read from the earliest offset, one
+``--partitions`` partitions, flushed to disk and the machine idle before they are read:
+``share_bench.settle_machine``) with a fresh group read from the earliest offset, one
 confluent_kafka.ShareConsumer in **explicit** acknowledgement mode: poll, acknowledge every
 record, ``commit_sync`` per poll batch (one ShareAcknowledge round trip, answered once the state
 write is durable -- on both sides), the same on both sides:
@@ -44,7 +45,9 @@ else writes meanwhile; the run waits until the state topic stops growing):
    nothing was compacted or deleted: the script reports the segment count. Per acknowledged
    (accepted) record: bytes and state records, and proxy / native.
 2. **acknowledgement latency**: p50 / p99 of the ``commit_sync`` round trip; proxy - native in ms.
-3. the state records by type (the segments are decoded with the codec), and an **estimate of a
+3. for each proxy side, the **log bytes its upstream Fetches read** (``ksp_share_upstream_fetch_bytes``)
+   against the workload topic's log: redeliveries are read back from the broker.
+4. the state records by type (the segments are decoded with the codec), and an **estimate of a
    delta-per-change scheme** computed from the proxy's own snapshots: for every snapshot after a
    share-partition's first, the ShareUpdate that carries only the offset ranges whose state or
    delivery count changed (plus the SPSO when it moved), with a full snapshot every
@@ -91,7 +94,7 @@ from codec.share_state import (
     encode_record,
 )
 from integration.bench.passthrough import Target, produce
-from integration.bench.share_bench import proxy_samples, set_native_share_reset_earliest
+from integration.bench.share_bench import proxy_samples, set_native_share_reset_earliest, settle_machine
 from integration.kafka_fixtures import ProxyProcess, create_topics, unique_name
 from proxy.localkafka import DEFAULT_VERSION, LocalKafka
 from proxy.localkafka.broker import free_port
@@ -509,6 +512,10 @@ def run_side(side: str, args: argparse.Namespace, kafka: LocalKafka, bootstrap: 
     def workload(name: str, records: int) -> tuple[WorkloadRun, str, float | None, int]:
         topic = create_topics(kafka.bootstrap, [unique_name(f"state-bench-{name}")], partitions=args.partitions)[0]
         produce(Target("direct", kafka.bootstrap), topic, args.partitions, records, args.size, "none")
+        # Unless flushed first, the records just produced are written back by the kernel while they
+        # are consumed, on whichever side that falls (vmstat in a goals run, 2026-11-28: ~200 MB/s
+        # written and up to 27 % iowait during the workloads).
+        settle_machine(max_wait_s=30.0)
         group = unique_name(f"state-bench-{name}")
         prepare_group(group)
         window = name == "window"

@@ -1,9 +1,11 @@
-"""goals' pure parts: each benchmark's numbers turned into goals, met or missed."""
+"""goals' pure parts: each benchmark's numbers turned into goals, met or missed, and how a part runs."""
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
+from integration.bench import goals
 from integration.bench.goals import Goal, passthrough_goals, share_goals, state_goals
 from integration.bench.passthrough import Measurement as PassthroughMeasurement
 from integration.bench.passthrough import per_round_ratios
@@ -90,3 +92,23 @@ def test_a_share_goal_notes_both_sides_machine_cpu_per_record_when_it_was_sample
     per_million = 1e6 / records
     assert (f"machine CPU per million records {3.0 * per_million:.2f} vs {2.0 * per_million:.2f} s "
             f"(proxy {1.0 * per_million:.2f} s), cores busy 75% vs 50%") in goal.note
+
+
+def test_a_part_runs_after_the_machine_settled_and_its_log_says_for_how_long(tmp_path):
+    calls = []
+
+    def main(argv):
+        calls.append("main")
+        Path(argv[argv.index("--json") + 1]).write_text('{"n": 1}')
+        print("the report")
+        return 0
+
+    def settle():
+        calls.append("settle")
+        return 3.2
+
+    log: list[str] = []
+    assert goals.run_part("state", tmp_path, main, ["--records", "5"], log, settle=settle) == {"n": 1}
+    assert calls == ["settle", "main"]
+    assert (tmp_path / "state.txt").read_text() == "the report\n"
+    assert "settled for 3 s before it" in log[0]

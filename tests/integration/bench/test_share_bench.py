@@ -24,6 +24,7 @@ from integration.bench.share_bench import (
     profile_summary,
     repeats_table,
     rotated,
+    settle_machine,
     side_order,
     table,
     trees_table,
@@ -239,3 +240,35 @@ def test_upstream_reads_are_counted_per_sharefetch_against_the_bytes_consumed():
         "upstream Fetches 50 (0.50 per ShareFetch) and 10 long polls, 4.0 partitions each; "
         "110 MiB read for 100 MiB consumed (1.10)")
     assert upstream_reads(before, before, 100.0) == ""
+
+
+class FakeMachine:
+    """/proc/stat's (busy, total) jiffies per sample, a clock that sleeping advances, sync counted."""
+
+    def __init__(self, busy_per_sample: list[int], total_per_sample: int = 200) -> None:
+        self.busy, self.total, self.now, self.synced = 0, 0, 0.0, 0
+        self.busy_per_sample, self.total_per_sample = list(busy_per_sample), total_per_sample
+
+    def ticks(self) -> tuple[int, int]:
+        return self.busy, self.total
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.busy += self.busy_per_sample.pop(0) if self.busy_per_sample else self.total_per_sample
+        self.total += self.total_per_sample
+
+    def settle(self, **kwargs) -> float:
+        return settle_machine(ticks=self.ticks, sleep=self.sleep, clock=lambda: self.now,
+                              sync=lambda: setattr(self, "synced", self.synced + 1), **kwargs)
+
+
+def test_settling_the_machine_syncs_then_waits_for_a_second_of_idle_cores():
+    machine = FakeMachine([180, 90, 30, 10])  # of 200 jiffies: 90 %, 45 %, 15 %, then 5 % busy
+    assert machine.settle() == 4.0
+    assert machine.synced == 1
+
+
+def test_settling_the_machine_gives_up_after_its_limit():
+    machine = FakeMachine([])  # busy for ever
+    assert machine.settle(max_wait_s=5.0) == 5.0
+    assert machine.synced == 1
