@@ -401,10 +401,15 @@ def commit(consumer: ShareConsumer, run: WorkloadRun) -> None:
         raise RuntimeError(f"acknowledgement failed: {failed}")
 
 
+def log_bytes(directories: Iterable[Path]) -> int:
+    """The size of the .log segment files in these partition directories."""
+    return sum(f.stat().st_size for d in directories for f in d.glob("*.log"))
+
+
 def wait_quiet(dirs_of: Callable[[], dict[int, Path]], quiet_s: float = 2.0, limit_s: float = 30.0) -> None:
     """Until the state topic's files stop growing for ``quiet_s`` (the last linger, a leave)."""
     def size() -> int:
-        return sum(p.stat().st_size for d in dirs_of().values() for p in d.glob("*.log"))
+        return log_bytes(dirs_of().values())
     deadline = time.monotonic() + limit_s
     last, since = size(), time.monotonic()
     while time.monotonic() < deadline:
@@ -462,11 +467,6 @@ def upstream_read_bytes(metrics_port: int) -> float | None:
     ``ksp_share_upstream_fetch_bytes``)."""
     samples = proxy_samples(f"http://127.0.0.1:{metrics_port}/metrics")
     return samples.get(("ksp_share_upstream_fetch_bytes_total", ()))
-
-
-def log_bytes(directories: Iterable[Path]) -> int:
-    """The size of the .log segment files in these partition directories."""
-    return sum(f.stat().st_size for d in directories for f in d.glob("*.log"))
 
 
 def gc_pauses(metrics_port: int) -> str:

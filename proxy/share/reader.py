@@ -567,7 +567,7 @@ class Reader:
                 # well, it serves this partition's redeliveries and new records in one response,
                 # where a read sized for new records alone held the window's batch only and the
                 # response was topped up from the next partition (a state write more per commit).
-                window_bytes = int((engine.end_offset - start) * leader.bytes_per_record * 1.25)
+                window_bytes = _window_bytes(leader, start)
             wanted = records * leader.bytes_per_record * 1.25
             read_bytes = min(read_bytes, max(MIN_FETCH_BYTES, int(wanted)))
         else:
@@ -579,11 +579,10 @@ class Reader:
 
     def _window_read_size(self, leader: Leader, read_from: int) -> int:
         """Bytes to read from `read_from`, a redelivery inside the window, to the window's end (the
-        records after it are cached): the window's records at the learned bytes per record, with a
-        quarter to spare, never less than the partition's log batches (see :meth:`_read_size`)."""
+        records after it are cached), never less than the partition's log batches (see
+        :meth:`_read_size`)."""
         cap = self.max_fetch_bytes_per_partition
-        window_bytes = int((leader.engine.end_offset - read_from) * leader.bytes_per_record * 1.25)
-        read_bytes = min(max(window_bytes, min(leader.batch_bytes, cap), 1), cap)
+        read_bytes = min(max(_window_bytes(leader, read_from), min(leader.batch_bytes, cap), 1), cap)
         return min(_whole_batches(leader, read_from, read_bytes), cap)
 
     async def _read_many(
@@ -829,6 +828,12 @@ def _unread_tail(leader: Leader) -> ReadCache | None:
     if offset < engine.end_offset:
         return None
     return cache.tail_from(offset)
+
+
+def _window_bytes(leader: Leader, read_from: int) -> int:
+    """The log bytes from `read_from` to the window's end, at the learned bytes per record with a
+    quarter to spare."""
+    return int((leader.engine.end_offset - read_from) * leader.bytes_per_record * 1.25)
 
 
 def _cached_after_window(leader: Leader) -> ReadCache | None:
