@@ -121,11 +121,14 @@ def plan(base: DeltaBase | None, current: PartitionSnapshot, policy: DeltaPolicy
     base); only they are compared. None: compare everything."""
     if base is None or base.updates >= policy.snapshot_every:
         return None
-    if len(current.state_batches) < policy.min_snapshot_batches:
-        return None
-    delta = cumulative_delta(base.snapshot, current, base.carried, within)
     batches = len(current.state_batches)
-    if batches >= policy.halves_from_batches and 2 * len(delta.state_batches) > batches:
+    if batches < policy.min_snapshot_batches:
+        return None
+    # The rule of halves: an update of more than `most` batches is a snapshot. The diff gives up as
+    # soon as that is certain (in a fragmented window it nearly always is), not after it is built.
+    most = batches // 2 if batches >= policy.halves_from_batches else None
+    delta = _cumulative_delta(base.snapshot, current, base.carried, within, most)
+    if delta is None or (most is not None and len(delta.state_batches) > most):
         return None
     return delta
 
@@ -140,20 +143,41 @@ def cumulative_delta(base: PartitionSnapshot, current: PartitionSnapshot,
 
     Cost: batches equal in both (same offsets and content: most of a window between two writes) are
     matched by hashing; only the others are compared offset range by offset range (bisect)."""
+    delta = _cumulative_delta(base, current, carried, within, None)
+    assert delta is not None  # (gives up only with a limit)
+    return delta
+
+
+def _cumulative_delta(base: PartitionSnapshot, current: PartitionSnapshot, carried: Iterable[Interval],
+                      within: Sequence[Interval] | None, most: int | None) -> StateDelta | None:
+    """:func:`cumulative_delta`, or None once it is certain to carry more than `most` batches."""
     start = current.start_offset
     if within is None:
-        changed = _differing(base.state_batches, current.state_batches, start)
+        base_batches, current_batches = base.state_batches, current.state_batches
     else:
-        changed = _differing(_cut(base.state_batches, within), _cut(current.state_batches, within), start)
+        base_batches, current_batches = _cut(base.state_batches, within), _cut(current.state_batches, within)
+    if most is not None and len(current_batches) <= most:
+        most = None  # fewer batches to compare than the limit: the diff cannot pass it, need not count
+    changed = _differing(base_batches, current_batches, start, current.state_batches, most)
+    if changed is None:
+        return None
     changed.extend((max(first, start), last) for first, last in carried if last >= start)
     return StateDelta(start, tuple(_views(merge_ranges(changed), current.state_batches)))
 
 
-def _differing(base: Sequence[PersistedBatch], current: Sequence[PersistedBatch], start: int) -> list[Interval]:
+def _differing(base: Sequence[PersistedBatch], current: Sequence[PersistedBatch], start: int,
+               whole: Sequence[PersistedBatch] = (), most: int | None = None) -> list[Interval] | None:
     """Intervals (at or above ``start``, unsorted) where the two batch lists' views differ.
-    (A PersistedBatch is a tuple: equal batches -- offsets and content -- hash alike.)"""
+    (A PersistedBatch is a tuple: equal batches -- offsets and content -- hash alike.)
+
+    With `most`: None as soon as more than `most` batches of `whole` (the current snapshot's
+    batches, of which `current` may be pieces) hold a differing interval. Each such batch gives
+    the update at least one batch of its own (:func:`_views` clips the current batches to the
+    changed ranges), so the update would carry more than `most`."""
     in_base, in_current = set(base), set(current)
     out: list[Interval] = []
+    whole_firsts = [b[0] for b in whole] if most is not None else []
+    touched, last_touched = 0, -1  # batches of `whole` with a differing interval (in offset order)
     # A current batch not in the base as it is: its parts not covered by base batches of its content.
     # (A base batch equal to a current one cannot overlap another current batch: neither list overlaps.)
     base_firsts = [b[0] for b in base]
@@ -161,6 +185,7 @@ def _differing(base: Sequence[PersistedBatch], current: Sequence[PersistedBatch]
         first, last = batch[0], batch[1]
         if last < start or batch in in_base:
             continue
+        found = len(out)
         content = batch[2:]
         cursor = max(first, start)
         k = max(bisect_right(base_firsts, cursor) - 1, 0)
@@ -173,6 +198,12 @@ def _differing(base: Sequence[PersistedBatch], current: Sequence[PersistedBatch]
             k += 1
         if cursor <= last:
             out.append((cursor, last))
+        if most is not None and len(out) > found:
+            owner = bisect_right(whole_firsts, first) - 1
+            if owner != last_touched:
+                touched, last_touched = touched + 1, owner
+                if touched > most:
+                    return None
     # A base batch not in the current state as it is: its parts no current batch covers (back to
     # Available, count 0); the covered parts were compared above.
     current_firsts = [c[0] for c in current]

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from codec.share_events import ArchiveReason
 from proxy.share.partition import PartitionConfig, PartitionSnapshot, PersistedBatch, SharePartition, StateDelta
-from proxy.share.state_delta import DeltaBase, DeltaPolicy, cumulative_delta, plan, splice
+from proxy.share.state_delta import DeltaBase, DeltaPolicy, _cumulative_delta, cumulative_delta, plan, splice
 from proxy.share.states import RecordState
 
 A, Q, K, D, X, P = (RecordState.AVAILABLE, RecordState.ACQUIRED, RecordState.ACKNOWLEDGED, RecordState.ARCHIVING,
@@ -312,3 +312,56 @@ def test_splice_joins_equal_neighbours_where_the_view_meets_the_base():
     base = PartitionSnapshot(0, (b(0, 4, K, 1), b(5, 5, A, 1), b(6, 9, K, 1)))
     spliced = splice(base, 0, [(5, 5)], (b(5, 5, K, 1),))
     assert spliced == PartitionSnapshot(0, (b(0, 9, K, 1),))
+
+
+def reference_plan(base: DeltaBase, current: PartitionSnapshot, policy: DeltaPolicy,
+                   within: list[tuple[int, int]] | None) -> StateDelta | None:
+    """plan's rules applied to the whole update, built first (as plan did before it gave up early)."""
+    batches = len(current.state_batches)
+    if base.updates >= policy.snapshot_every or batches < policy.min_snapshot_batches:
+        return None
+    delta = cumulative_delta(base.snapshot, current, base.carried, within)
+    if batches >= policy.halves_from_batches and 2 * len(delta.state_batches) > batches:
+        return None
+    return delta
+
+
+@settings(max_examples=400, deadline=None)
+@given(snapshots(), snapshots(), st.sets(st.integers(0, 64), max_size=12),
+       st.lists(st.tuples(st.integers(0, 60), st.integers(0, 8)), max_size=3), st.integers(0, 12), st.booleans())
+def test_the_plan_giving_up_early_decides_as_the_whole_update_would(base, current, extra, carried, halves_from,
+                                                                      narrowed):
+    """plan stops diffing once more than half the snapshot's batches are certain to change (each
+    changed batch gives the update one of its own at least): the same decision, and the same update,
+    as building the whole update and counting it."""
+    carried = tuple((first, first + size) for first, size in carried)
+    carried_offsets = {o for first, last in carried for o in range(first, last + 1)}
+    old, new = per_offset(base), per_offset(current)
+    within = covering(({o for o in set(old) | set(new) if old.get(o) != new.get(o)} - carried_offsets) | extra) \
+        if narrowed else None
+    delta_base = DeltaBase(base, 1, 0, 0, carried=carried)
+    policy = DeltaPolicy(halves_from_batches=halves_from)
+    assert plan(delta_base, current, policy, within) == reference_plan(delta_base, current, policy, within)
+
+
+def test_the_diff_gives_up_on_the_batch_past_half_and_not_before():
+    """Twenty batches, one offset each: ten changed is an update (the rule of halves' edge), and
+    the diff itself gives up on the eleventh changed batch."""
+    base = PartitionSnapshot(0, tuple(b(2 * i, 2 * i, A, 1) for i in range(20)))
+    ten = PartitionSnapshot(0, tuple(b(2 * i, 2 * i, K if i < 10 else A, 1) for i in range(20)))
+    eleven = PartitionSnapshot(0, tuple(b(2 * i, 2 * i, K if i < 11 else A, 1) for i in range(20)))
+    delta_base, policy = DeltaBase(base, 1, 0, 0), DeltaPolicy(halves_from_batches=8)
+    assert plan(delta_base, ten, policy).state_batches == ten.state_batches[:10]
+    assert plan(delta_base, eleven, policy) is None
+    assert _cumulative_delta(base, ten, (), None, 10) == cumulative_delta(base, ten)
+    assert _cumulative_delta(base, eleven, (), None, 10) is None
+
+
+def test_a_batch_cut_in_two_by_the_changed_ranges_counts_once_when_a_carried_range_joins_them():
+    """Diffing within the changed ranges sees a changed batch as two pieces; the carried range
+    between them joins them into one batch of the update: one, not two, towards the limit."""
+    base = PartitionSnapshot(0, (b(0, 9, A, 1), b(10, 10, A, 1), b(12, 12, A, 1)))
+    current = PartitionSnapshot(0, (b(0, 9, K, 1), b(10, 10, A, 1), b(12, 12, A, 1)))
+    delta_base = DeltaBase(base, 1, 0, 0, carried=((3, 5),))
+    delta = plan(delta_base, current, DeltaPolicy(halves_from_batches=2), [(0, 2), (6, 9)])
+    assert delta is not None and delta.state_batches == (b(0, 9, K, 1),)
