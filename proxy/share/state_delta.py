@@ -41,11 +41,12 @@ compaction and the base's after.
 reset, any failed write), after ``snapshot_every`` updates since the base, when the snapshot has
 fewer than ``min_snapshot_batches`` batches (0 by default), or when the update would carry more than
 half the snapshot's batches -- a rule that bounds how far cumulative updates grow, applied only to
-snapshots of ``halves_from_batches`` batches or more. The diff stops as soon as more than half the
-batches are certain to change (each changed batch gives the update one of its own): a fragmented
-window, whose update nearly always breaks the rule, is not diffed whole to be thrown away. Below that an update is written even when it
+snapshots of ``halves_from_batches`` batches or more. Below that an update is written even when it
 carries every batch: it is still ~20 B smaller (no state epoch, no timestamps), which is the whole
 state cost of the easy case of in-order accepts, whose window holds the one batch just acquired.
+The diff stops as soon as more than half the batches are certain to change (each changed batch
+gives the update one of its own): a fragmented window, whose update nearly always breaks the rule,
+is not diffed whole only to be thrown away.
 
 Pure: no I/O, no clock.
 """
@@ -168,7 +169,7 @@ def _cumulative_delta(base: PartitionSnapshot, current: PartitionSnapshot, carri
 
 
 def _differing(base: Sequence[PersistedBatch], current: Sequence[PersistedBatch], start: int,
-               whole: Sequence[PersistedBatch] = (), most: int | None = None) -> list[Interval] | None:
+               whole: Sequence[PersistedBatch], most: int | None) -> list[Interval] | None:
     """Intervals (at or above ``start``, unsorted) where the two batch lists' views differ.
     (A PersistedBatch is a tuple: equal batches -- offsets and content -- hash alike.)
 
