@@ -596,24 +596,24 @@ class Reader:
         total = 0
         for held in candidates:
             tp, leader, topic = held
-            kept = _unread_tail(leader)
-            after_window = None
-            if kept is None:
-                start = leader.engine.next_fetch_offset()
-                after_window = _cached_after_window(leader)
-                if after_window is not None:
-                    # Redeliveries inside the window, and the new records after it already cached:
-                    # read the window alone and keep them (reading on past the window fetched them
-                    # again: 3.2 x the bytes consumed with 10 % released, state_bench fragmented).
-                    read = PartitionRead(topic, tp[1], start, self._window_read_size(leader, start))
-                else:
-                    read = PartitionRead(topic, tp[1], start, self._read_size(leader, start, records, max_bytes))
-            else:
+            start = leader.engine.next_fetch_offset()  # the window's end unless redeliveries lie inside it
+            cached = _cached_from_window_end(leader)
+            kept = after_window = None
+            if cached is not None and start >= leader.engine.end_offset:
                 # The cache holds fewer records than wanted: read on from its end and keep them,
                 # rather than read them again (with small log batches that doubled what was read).
+                kept = cached
                 after = kept.batches[-1].last_offset + 1
-                wanted = max(records - (after - leader.engine.next_fetch_offset()), 1)
+                wanted = max(records - (after - start), 1)
                 read = PartitionRead(topic, tp[1], after, self._read_size(leader, after, wanted, max_bytes))
+            elif cached is not None and leader.bytes_per_record:
+                # Redeliveries inside the window, and the new records after it already cached: read
+                # the window alone and keep them (reading on past the window fetched them again:
+                # 3.2 x the bytes consumed with 10 % released, state_bench fragmented).
+                after_window = cached
+                read = PartitionRead(topic, tp[1], start, self._window_read_size(leader, start))
+            else:
+                read = PartitionRead(topic, tp[1], start, self._read_size(leader, start, records, max_bytes))
             size = read.max_bytes
             if reads and total + size > self.max_batched_read_bytes:
                 break
@@ -817,33 +817,18 @@ def _records_bytes(records: bytes | memoryview, batches: tuple[RecordBatchHeader
     return b"".join(view[b.position:b.position + b.size] for b in wanted)
 
 
-def _unread_tail(leader: Leader) -> ReadCache | None:
-    """The cached batches from the partition's next fetch offset on, when a read can simply go on
-    after them: only new records ahead (no redeliveries inside the window, whose reads are sized
-    for the window) and the cache holding that offset."""
-    cache, engine = leader.cache, leader.engine
-    if cache is None:
-        return None
-    offset = engine.next_fetch_offset()
-    if offset < engine.end_offset:
-        return None
-    return cache.tail_from(offset)
-
-
 def _window_bytes(leader: Leader, read_from: int) -> int:
     """The log bytes from `read_from` to the window's end, at the learned bytes per record with a
     quarter to spare."""
     return int((leader.engine.end_offset - read_from) * leader.bytes_per_record * 1.25)
 
 
-def _cached_after_window(leader: Leader) -> ReadCache | None:
-    """The cached batches from the window's end on, when the next fetch offset is a redelivery
-    inside the window (the read goes back there) and the cache holds the records after the window
-    (read ahead, or left from a read the last fetch did not take whole)."""
-    cache, engine = leader.cache, leader.engine
-    if cache is None or not leader.bytes_per_record or engine.next_fetch_offset() >= engine.end_offset:
-        return None
-    return cache.tail_from(engine.end_offset)
+def _cached_from_window_end(leader: Leader) -> ReadCache | None:
+    """The cached batches from the window's end on (its records are new: never acquired), which a
+    read need not fetch again: it goes on after them when only new records lie ahead, or, when the
+    next fetch offset is a redelivery inside the window, reads the window up to them. None when the
+    cache does not hold that offset."""
+    return None if leader.cache is None else leader.cache.tail_from(leader.engine.end_offset)
 
 
 def _note(tp: TopicIdPartition, outcome: Fetched | None, budget: _Budget, results: dict[TopicIdPartition, Fetched],
