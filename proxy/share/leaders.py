@@ -92,6 +92,9 @@ class Leader:
     # moment after it, fetches take the partition as caught up without reading it again
     # (proxy.share.reader.CAUGHT_UP_RECHECK_S).
     caught_up_at: float = -math.inf
+    # trio time until which the read cache keeps the window's batches for redeliveries (renewed by
+    # each one handed out; proxy.share.reader.KEEP_WINDOW_S).
+    keeps_window_until: float = -math.inf
     # Dropped from the registry (deleted, or handed to another instance): never written again --
     # a write of this engine after its share-partition was rebuilt elsewhere would regress it.
     removed: bool = False

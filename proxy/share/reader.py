@@ -14,9 +14,15 @@ response costs a state write when its records are acknowledged). The read starts
 cached batches end and the cache keeps them (when only new records lie ahead). Reading again
 from the next fetch offset fetched them twice: with log batches smaller than a fetch takes,
 1.2-2.6 x the bytes consumers got. A read for redeliveries inside the window starts at the first
-of them; when the cache holds the records after the window it reads the window alone and keeps
-them (reading on past the window fetched those again: 3.2 x the bytes consumed with 10 % of the
-records released, 2.2 x now -- the window's own bytes come back for its redeliveries).
+of them; when the cache holds records after it, it reads up to them and keeps them (reading on
+past the window fetched those again: 3.2 x the bytes consumed with 10 % of the records released).
+
+**The window kept for redeliveries.** A share-partition that handed out a redelivery in the last
+``KEEP_WINDOW_S`` keeps its window's batches (from the SPSO on) in its read cache instead of
+dropping them once taken, so its next redeliveries are taken from the cache and reads go on after
+it: with 10 % of the records released the log is read ~1.2 x, 2.2 x when each redelivery read the
+window back. Only partitions that release pay the window's bytes (at most the record-lock limit's
+records) in the cache budget.
 
 Reads are sized for what can be acquired: the records wanted times the bytes per record learned
 from earlier reads, never less than the partition's largest recent log batch (a broker answers a
@@ -111,6 +117,11 @@ SELF_PINNED_HOLD_S = 0.01
 # a fetch that may not wait reads them; records appended while fetches are answered from other
 # partitions are seen at most this late.
 CAUGHT_UP_RECHECK_S = 0.1
+# A share-partition that handed out a redelivery less than this long ago keeps its window's batches
+# (from the SPSO on) in its read cache, so the next redelivery is taken from there instead of read
+# back from the broker (state_bench fragmented, 10 % released once: the log was read 2.2 x). Only
+# partitions that release pay the window's bytes in the cache budget; in-order accepts never do.
+KEEP_WINDOW_S = 10.0
 
 
 MOVED_MESSAGE = "This share-partition moved to another proxy instance while the fetch waited; refresh metadata."
@@ -536,14 +547,16 @@ class Reader:
         cache = leader.cache
         if cache is None:
             return False
-        offset = leader.engine.next_fetch_offset()
+        engine = leader.engine
+        offset = engine.next_fetch_offset()
         batches = cache.batches_from(offset)
         if not batches:
             return False
         end = batches[-1].last_offset + 1
         # Short of `records`, a fresh read brings more for this partition, so the response takes
         # one partition's records instead of topping up from the next (one state write per commit).
-        return end - max(offset, batches[0].base_offset) >= records or 0 <= leader.high_watermark <= end
+        # The window's records below SPEO do not count: few of them are redeliveries.
+        return end - max(offset, batches[0].base_offset, engine.end_offset) >= records or 0 <= leader.high_watermark <= end
 
     def _read_size(self, leader: Leader, read_from: int, records: int, max_bytes: int) -> int:
         """Bytes to read from offset `read_from` for `records` (and the members queued behind this
@@ -558,16 +571,15 @@ class Reader:
             # Read for the members queued behind this read too; they take from the cache.
             records *= 1 + leader.readers_waiting
             engine = leader.engine
-            start = engine.next_fetch_offset()
-            if start >= engine.end_offset:  # only new records: the lock limit bounds them
+            if read_from >= engine.end_offset:  # only new records: the lock limit bounds them
                 records = min(records, max(engine.config.max_record_locks - engine.in_flight_count, 0))
             else:
-                # Redeliveries first: the read brings back the window's batches from `start` on --
+                # Redeliveries first: the read brings back the window's batches from `read_from` on --
                 # mostly records already acknowledged -- before any new one. Sized for those as
                 # well, it serves this partition's redeliveries and new records in one response,
                 # where a read sized for new records alone held the window's batch only and the
                 # response was topped up from the next partition (a state write more per commit).
-                window_bytes = _window_bytes(leader, start)
+                window_bytes = _window_bytes(leader, read_from, engine.end_offset)
             wanted = records * leader.bytes_per_record * 1.25
             read_bytes = min(read_bytes, max(MIN_FETCH_BYTES, int(wanted)))
         else:
@@ -577,12 +589,12 @@ class Reader:
         read_bytes = min(max(read_bytes, min(leader.batch_bytes, cap), 1) + window_bytes, cap)
         return min(_whole_batches(leader, read_from, read_bytes), cap)
 
-    def _window_read_size(self, leader: Leader, read_from: int) -> int:
-        """Bytes to read from `read_from`, a redelivery inside the window, to the window's end (the
-        records after it are cached), never less than the partition's log batches (see
+    def _window_read_size(self, leader: Leader, read_from: int, upto: int) -> int:
+        """Bytes to read from `read_from`, a redelivery inside the window, up to offset `upto` (the
+        records from there on are cached), never less than the partition's log batches (see
         :meth:`_read_size`)."""
         cap = self.max_fetch_bytes_per_partition
-        read_bytes = min(max(_window_bytes(leader, read_from), min(leader.batch_bytes, cap), 1), cap)
+        read_bytes = min(max(_window_bytes(leader, read_from, upto), min(leader.batch_bytes, cap), 1), cap)
         return min(_whole_batches(leader, read_from, read_bytes), cap)
 
     async def _read_many(
@@ -597,21 +609,23 @@ class Reader:
         for held in candidates:
             tp, leader, topic = held
             start = leader.engine.next_fetch_offset()  # the window's end unless redeliveries lie inside it
-            cached = _cached_from_window_end(leader)
+            cached = _cache_worth_keeping(leader)
             kept = after_window = None
-            if cached is not None and start >= leader.engine.end_offset:
+            if cached is not None and cached.batches_from(start):
                 # The cache holds fewer records than wanted: read on from its end and keep them,
                 # rather than read them again (with small log batches that doubled what was read).
                 kept = cached
                 after = kept.batches[-1].last_offset + 1
-                wanted = max(records - (after - start), 1)
+                wanted = max(records - max(after - max(start, leader.engine.end_offset), 0), 1)
                 read = PartitionRead(topic, tp[1], after, self._read_size(leader, after, wanted, max_bytes))
-            elif cached is not None and leader.bytes_per_record:
-                # Redeliveries inside the window, and the new records after it already cached: read
-                # the window alone and keep them (reading on past the window fetched them again:
-                # 3.2 x the bytes consumed with 10 % released, state_bench fragmented).
+            elif cached is not None and start < cached.batches[0].base_offset and leader.bytes_per_record:
+                # Redeliveries below what is cached (the new records after the window, or the window
+                # itself from a later offset): read up to the cache and keep it (reading on past it
+                # fetched those records again: 3.2 x the bytes consumed with 10 % released,
+                # state_bench fragmented).
                 after_window = cached
-                read = PartitionRead(topic, tp[1], start, self._window_read_size(leader, start))
+                upto = cached.batches[0].base_offset
+                read = PartitionRead(topic, tp[1], start, self._window_read_size(leader, start, upto))
             else:
                 read = PartitionRead(topic, tp[1], start, self._read_size(leader, start, records, max_bytes))
             size = read.max_bytes
@@ -698,9 +712,12 @@ class Reader:
         engine = leader.engine
         if not engine.can_acquire():
             return None
-        batches = cache.batches_from(engine.next_fetch_offset())
+        offset = engine.next_fetch_offset()
+        batches = cache.batches_from(offset)
         if not batches:
             return None
+        if offset < engine.end_offset:  # a redelivery: keep the window for the next one
+            leader.keeps_window_until = trio.current_time() + KEEP_WINDOW_S
         if leader.cache is cache:
             self.cache_budget.touch(leader)
         result = engine.acquire(
@@ -715,7 +732,7 @@ class Reader:
         self._schedule(leader)
         acquired = result.acquired
         lo, hi = acquired[0].first_offset, acquired[-1].last_offset
-        if hi >= batches[-1].last_offset and leader.cache is cache:
+        if hi >= batches[-1].last_offset and leader.cache is cache and not _keeps_window(leader):
             self.cache_budget.drop(leader)  # all taken: free the bytes
         metrics.RECORDS_ACQUIRED.inc(result.count)
         observe.EVENTS.acquired(leader.key, acquired)
@@ -817,18 +834,30 @@ def _records_bytes(records: bytes | memoryview, batches: tuple[RecordBatchHeader
     return b"".join(view[b.position:b.position + b.size] for b in wanted)
 
 
-def _window_bytes(leader: Leader, read_from: int) -> int:
-    """The log bytes from `read_from` to the window's end, at the learned bytes per record with a
+def _window_bytes(leader: Leader, read_from: int, upto: int) -> int:
+    """The log bytes from `read_from` to offset `upto`, at the learned bytes per record with a
     quarter to spare."""
-    return int((leader.engine.end_offset - read_from) * leader.bytes_per_record * 1.25)
+    return int((upto - read_from) * leader.bytes_per_record * 1.25)
 
 
-def _cached_from_window_end(leader: Leader) -> ReadCache | None:
-    """The cached batches from the window's end on (its records are new: never acquired), which a
-    read need not fetch again: it goes on after them when only new records lie ahead, or, when the
-    next fetch offset is a redelivery inside the window, reads the window up to them. None when the
-    cache does not hold that offset."""
-    return None if leader.cache is None else leader.cache.tail_from(leader.engine.end_offset)
+def _keeps_window(leader: Leader) -> bool:
+    """Whether the partition handed out a redelivery lately (KEEP_WINDOW_S)."""
+    return trio.current_time() < leader.keeps_window_until
+
+
+def _cache_worth_keeping(leader: Leader) -> ReadCache | None:
+    """The cached batches a read need not fetch again: from the window's end on (new records, never
+    acquired), or from the SPSO on while the partition keeps its window for redeliveries. A read goes
+    on after them when they hold the next fetch offset, or reads up to them when it is a redelivery
+    below them. None when nothing cached is worth keeping."""
+    cache = leader.cache
+    if cache is None or not cache.batches:
+        return None
+    engine = leader.engine
+    keep_from = engine.start_offset if _keeps_window(leader) else engine.end_offset
+    if keep_from <= cache.batches[0].base_offset:
+        return cache
+    return cache.tail_from(keep_from)
 
 
 def _note(tp: TopicIdPartition, outcome: Fetched | None, budget: _Budget, results: dict[TopicIdPartition, Fetched],
