@@ -611,9 +611,10 @@ class Reader:
             start = leader.engine.next_fetch_offset()  # the window's end unless redeliveries lie inside it
             cached = _cache_worth_keeping(leader)
             kept = after_window = None
-            if cached is not None and cached.batches_from(start):
-                # The cache holds fewer records than wanted: read on from its end and keep them,
-                # rather than read them again (with small log batches that doubled what was read).
+            if cached is not None and cached.batches[0].base_offset <= start <= cached.batches[-1].last_offset + 1:
+                # The cache holds fewer records than wanted (or a kept window, all taken): read on
+                # from its end and keep them, rather than read them again (with small log batches
+                # that doubled what was read).
                 kept = cached
                 after = kept.batches[-1].last_offset + 1
                 wanted = max(records - max(after - max(start, leader.engine.end_offset), 0), 1)

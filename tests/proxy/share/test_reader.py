@@ -271,6 +271,34 @@ async def test_a_partition_that_releases_keeps_its_window_in_the_read_cache(nurs
     assert times <= 1.4, f"read {times:.2f} x the log"
 
 
+async def released_and_fetched_again(harness, member, offset: int, accepted: tuple[int, int] | None = None):
+    """Release `offset` (and accept the range `accepted`) on the first partition; the (first, last)
+    ranges acquired there by that fetch and the next (the release is applied once durable)."""
+    acks = [(TPS[0], *accepted, ACCEPT)] if accepted else []
+    results = [await harness.fetch(member, acks=[*acks, (TPS[0], offset, offset, RELEASE)]), await harness.fetch(member)]
+    return [(first, last) for result in results for first, last, _ in acquired(result, TPS[0])]
+
+
+async def test_a_kept_window_all_taken_is_read_on_from_its_end_and_serves_the_next_redelivery(
+        nursery, autojump_clock):
+    """Once every batch of a kept window is taken, the next read goes on from its end and joins it,
+    so a record released later is taken from the cache, not read back from the broker."""
+    harness = await start_service(nursery, cluster=FakeCluster(partitions=1))
+    for _ in range(10):
+        harness.cluster.append([bytes(KIB)] * 10)
+    member = harness.member("m")
+    assert partitions_of(await harness.fetch(member, partitions=TPS[:1], max_records=100)) == {0: 100}
+    # 40-49 and 51-99 stay acquired: the SPSO stays at 40.
+    assert await released_and_fetched_again(harness, member, 50, accepted=(0, 39)) == [(50, 50)]  # read back
+    for _ in range(10):
+        harness.cluster.append([bytes(KIB)] * 10)
+    result = await harness.fetch(member, max_records=100)
+    assert [(first, last) for first, last, _ in acquired(result, TPS[0])] == [(100, 199)]
+    assert await released_and_fetched_again(harness, member, 60) == [(60, 60)]
+    # Below the new records: the first read and the read back at 50; 60 came from the cache.
+    assert [r[0][1] for r in harness.cluster.fetch_requests if r[0][1] < 100] == [0, 50]
+
+
 async def test_a_window_is_kept_only_while_the_partition_redelivers(nursery, autojump_clock):
     """A partition whose records are all accepted drops its read cache once every batch is taken;
     one that handed out a redelivery keeps it, until KEEP_WINDOW_S passes without another."""
@@ -281,9 +309,7 @@ async def test_a_window_is_kept_only_while_the_partition_redelivers(nursery, aut
     budget = harness.service.reader.cache_budget
     result = await harness.fetch(member, partitions=TPS[:1], max_records=100)
     assert partitions_of(result) == {0: 100} and budget.used == 0  # all taken: dropped
-    await harness.fetch(member, acks=[(TPS[0], 0, 98, ACCEPT), (TPS[0], 99, 99, RELEASE)])
-    result = await harness.fetch(member)
-    assert [(first, last) for first, last, _ in acquired(result, TPS[0])] == [(99, 99)]  # redelivered
+    assert await released_and_fetched_again(harness, member, 99, accepted=(0, 98)) == [(99, 99)]  # redelivered
     assert budget.used > 0  # all taken, but kept for the next redelivery
     harness.cluster.append([bytes(KIB)] * 10)
     result = await harness.fetch(member, acks=[(TPS[0], 99, 99, ACCEPT)])
