@@ -20,9 +20,9 @@ past the window fetched those again: 3.2 x the bytes consumed with 10 % of the r
 **The window kept for redeliveries.** A share-partition that handed out a redelivery in the last
 ``KEEP_WINDOW_S`` keeps its window's batches (from the SPSO on) in its read cache instead of
 dropping them once taken, so its next redeliveries are taken from the cache and reads go on after
-it: with 10 % of the records released the log is read ~1.2 x, 2.2 x when each redelivery read the
-window back. Only partitions that release pay the window's bytes (at most the record-lock limit's
-records) in the cache budget.
+it: with 10 % of the records released state_bench read its log 1.05-1.16 x, 2.3 x when each
+redelivery read the window back. Only partitions that release pay the window's bytes (at most the
+record-lock limit's records) in the cache budget.
 
 Reads are sized for what can be acquired: the records wanted times the bytes per record learned
 from earlier reads, never less than the partition's largest recent log batch (a broker answers a
