@@ -610,7 +610,7 @@ class Reader:
             tp, leader, topic = held
             start = leader.engine.next_fetch_offset()  # the window's end unless redeliveries lie inside it
             cached = _cache_worth_keeping(leader)
-            kept = after_window = None
+            kept = cached_after = None
             if cached is not None and cached.batches[0].base_offset <= start <= cached.batches[-1].last_offset + 1:
                 # The cache holds fewer records than wanted (or a kept window, all taken): read on
                 # from its end and keep them, rather than read them again (with small log batches
@@ -624,7 +624,7 @@ class Reader:
                 # itself from a later offset): read up to the cache and keep it (reading on past it
                 # fetched those records again: 3.2 x the bytes consumed with 10 % released,
                 # state_bench fragmented).
-                after_window = cached
+                cached_after = cached
                 upto = cached.batches[0].base_offset
                 read = PartitionRead(topic, tp[1], start, self._window_read_size(leader, start, upto))
             else:
@@ -633,7 +633,7 @@ class Reader:
             if reads and total + size > self.max_batched_read_bytes:
                 break
             total += size
-            reads.append((held, read, kept, after_window))
+            reads.append((held, read, kept, cached_after))
         if not reads:
             return {}
         read_committed = reads[0][0][1].engine.config.read_committed  # one group, one isolation level
@@ -641,21 +641,21 @@ class Reader:
             self.cache_budget.drop(leader)
         answers = await self.cluster.fetch_many([read for _, read, _, _ in reads], read_committed=read_committed)
         out: dict[TopicIdPartition, ReadCache | Fetched | None] = {}
-        for (tp, leader, topic), read, kept, after_window in reads:
+        for (tp, leader, topic), read, kept, cached_after in reads:
             answer = answers.get((topic.topic_id, tp[1]))
             if answer is None:
                 answer = UpstreamError(f"no answer for {topic.name}-{tp[1]}")
-            out[tp] = await self._take_read(leader, topic, tp, read.offset, answer, kept, after_window)
+            out[tp] = await self._take_read(leader, topic, tp, read.offset, answer, kept, cached_after)
         return out
 
     async def _take_read(
         self, leader: Leader, topic: TopicInfo, tp: TopicIdPartition, offset: int,
         data: FetchedPartition | UpstreamError, kept: ReadCache | None = None,
-        after_window: ReadCache | None = None,
+        cached_after: ReadCache | None = None,
     ) -> ReadCache | Fetched | None:
         """One partition's upstream answer: its batches (kept in the read cache, after the `kept`
-        batches it read on from, or before the `after_window` batches when it read the window up
-        to them), or an outcome."""
+        batches it read on from, or before the `cached_after` batches when it read up to them), or
+        an outcome."""
         engine = leader.engine
         if isinstance(data, UpstreamError):
             log.warning("upstream fetch failed", topic=topic.name, partition=tp[1], error=str(data))
@@ -700,8 +700,8 @@ class Reader:
         cache = ReadCache(data.records, tuple(batches), data.aborted_transactions)
         if kept is not None:
             cache = kept.followed_by(cache)
-        elif after_window is not None and batches[-1].last_offset + 1 >= after_window.batches[0].base_offset:
-            cache = cache.followed_by(after_window)  # (a read that fell short of them leaves a gap: dropped)
+        elif cached_after is not None and batches[-1].last_offset + 1 >= cached_after.batches[0].base_offset:
+            cache = cache.followed_by(cached_after)  # (a read that fell short of them leaves a gap: dropped)
         self.cache_budget.store(leader, cache)
         return cache
 
