@@ -205,6 +205,11 @@ class ReadCache:
             return ()
         return tuple(b for b in self.batches if b.last_offset >= offset)
 
+    def reaches(self, offset: int) -> bool:
+        """Whether these batches hold `offset` or end just before it: a read from `offset` on can
+        be joined behind them."""
+        return bool(self.batches) and self.batches[0].base_offset <= offset <= self.batches[-1].last_offset + 1
+
     def tail_from(self, offset: int) -> ReadCache | None:
         """A cache of only the batches holding `offset` and after (their bytes copied out, so the
         rest can be freed), or None when `offset` is not cached."""
@@ -611,7 +616,7 @@ class Reader:
             start = leader.engine.next_fetch_offset()  # the window's end unless redeliveries lie inside it
             cached = _cache_worth_keeping(leader)
             kept = cached_after = None
-            if cached is not None and cached.batches[0].base_offset <= start <= cached.batches[-1].last_offset + 1:
+            if cached is not None and cached.reaches(start):
                 # The cache holds fewer records than wanted (or a kept window, all taken): read on
                 # from its end and keep them, rather than read them again (with small log batches
                 # that doubled what was read).
@@ -849,8 +854,8 @@ def _keeps_window(leader: Leader) -> bool:
 def _cache_worth_keeping(leader: Leader) -> ReadCache | None:
     """The cached batches a read need not fetch again: from the window's end on (new records, never
     acquired), or from the SPSO on while the partition keeps its window for redeliveries. A read goes
-    on after them when they hold the next fetch offset, or reads up to them when it is a redelivery
-    below them. None when nothing cached is worth keeping."""
+    on after them when they reach the next fetch offset (:meth:`ReadCache.reaches`), or reads up to
+    them when it is a redelivery below them. None when nothing cached is worth keeping."""
     cache = leader.cache
     if cache is None or not cache.batches:
         return None

@@ -698,7 +698,9 @@ def test_a_cache_of_a_responses_view_copies_out_its_tail_and_joins_what_is_read_
     view = memoryview(frame)[len(b"header"):]
     cache = ReadCache(view, tuple(iter_batches(view)), ())
 
+    assert [cache.reaches(offset) for offset in (0, 3, 4, 5)] == [True, True, True, False]  # 4: just after
     tail = cache.tail_from(2)
+    assert not tail.reaches(1) and tail.reaches(4)
     assert type(tail.records) is bytes and tail.records == raw[2] + raw[3]
     assert [b.base_offset for b in tail.batches] == [2, 3] and tail.batches[0].position == 0
 
