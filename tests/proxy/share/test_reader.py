@@ -271,6 +271,27 @@ async def test_a_partition_that_releases_keeps_its_window_in_the_read_cache(nurs
     assert times <= 1.4, f"read {times:.2f} x the log"
 
 
+async def test_kept_windows_stay_within_the_read_cache_budget(nursery, autojump_clock):
+    """With a budget smaller than one kept window, windows are dropped as any cache is (least
+    recently used first) and their redeliveries read back: every record is still delivered as often
+    as it should be, and the caches never hold more than the budget."""
+    config = dataclasses.replace(service_config(), max_read_cache_bytes=MIB)
+    harness = await start_service(nursery, cluster=ReadBytesCluster(partitions=2), config=config)
+    budget = harness.service.reader.cache_budget
+    most = 0
+    store = budget.store
+
+    def store_and_note(leader, cache):
+        nonlocal most
+        store(leader, cache)
+        most = max(most, budget.used)
+
+    budget.store = store_and_note
+    times = await release_a_tenth_once(harness)
+    assert 0 < most <= MIB
+    assert times > 1.4  # the windows did not fit: redeliveries were read back
+
+
 async def released_and_fetched_again(harness, member, offset: int, accepted: tuple[int, int] | None = None):
     """Release `offset` (and accept the range `accepted`) on the first partition; the (first, last)
     ranges acquired there by that fetch and the next (the release is applied once durable)."""
