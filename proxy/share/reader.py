@@ -210,18 +210,27 @@ class ReadCache:
         be joined behind them."""
         return bool(self.batches) and self.batches[0].base_offset <= offset <= self.batches[-1].last_offset + 1
 
-    def tail_from(self, offset: int) -> ReadCache | None:
+    def tail_from(self, offset: int, *, copy: bool = True) -> ReadCache | None:
         """A cache of only the batches holding `offset` and after (their bytes copied out, so the
-        rest can be freed), or None when `offset` is not cached."""
+        rest can be freed; with `copy` False a view of them, for a caller that joins them to more
+        and so copies them anyway), or None when `offset` is not cached."""
         batches = self.batches_from(offset)
         if not batches:
             return None
         start, end = batches[0].position, batches[-1].position + batches[-1].size
         if start == 0 and end == len(self.records):
             return self
-        return ReadCache(bytes(memoryview(self.records)[start:end]),
+        view = memoryview(self.records)[start:end]
+        return ReadCache(bytes(view) if copy else view,
                          tuple(b._replace(position=b.position - start) for b in batches),
                          self.aborted_transactions)
+
+    def owned(self) -> ReadCache:
+        """These batches in bytes of their own: a view (of a Fetch response, or of an older cache)
+        is copied out so what it views can be freed."""
+        if type(self.records) is bytes:
+            return self
+        return ReadCache(bytes(self.records), self.batches, self.aborted_transactions)
 
     def followed_by(self, later: ReadCache) -> ReadCache:
         """These batches, then `later`'s (read on from where these end), as one cache; a batch of
@@ -589,17 +598,20 @@ class Reader:
             read_bytes = min(read_bytes, max(MIN_FETCH_BYTES, int(wanted)))
         else:
             read_bytes = min(read_bytes, FIRST_FETCH_BYTES)
-        # Never less than the partition's log batches: a broker answers a partition whose next
-        # batch exceeds its PartitionMaxBytes with nothing, unless it comes first in the response.
-        read_bytes = min(max(read_bytes, min(leader.batch_bytes, cap), 1) + window_bytes, cap)
-        return min(_whole_batches(leader, read_from, read_bytes), cap)
+        return self._bounded(leader, read_from, read_bytes, window_bytes)
 
     def _window_read_size(self, leader: Leader, read_from: int, upto: int) -> int:
         """Bytes to read from `read_from`, a redelivery inside the window, up to offset `upto` (the
-        records from there on are cached), never less than the partition's log batches (see
-        :meth:`_read_size`)."""
+        records from there on are cached), bounded as every read is (:meth:`_bounded`)."""
+        return self._bounded(leader, read_from, _window_bytes(leader, read_from, upto))
+
+    def _bounded(self, leader: Leader, read_from: int, read_bytes: int, window_bytes: int = 0) -> int:
+        """`read_bytes` never less than the partition's log batches -- a broker answers a partition
+        whose next batch exceeds its PartitionMaxBytes with nothing, unless it comes first in the
+        response -- plus `window_bytes`, within the per-partition cap, and on batch boundaries
+        (:func:`_whole_batches`)."""
         cap = self.max_fetch_bytes_per_partition
-        read_bytes = min(max(_window_bytes(leader, read_from, upto), min(leader.batch_bytes, cap), 1), cap)
+        read_bytes = min(max(read_bytes, min(leader.batch_bytes, cap), 1) + window_bytes, cap)
         return min(_whole_batches(leader, read_from, read_bytes), cap)
 
     async def _read_many(
@@ -693,6 +705,7 @@ class Reader:
         leader.next_batch = partial_batch(data.records, entries[-1].position + entries[-1].size if entries else 0)
         if not batches:
             if kept is not None:  # nothing after them yet: what was cached is still there to take
+                kept = kept.owned()
                 self.cache_budget.store(leader, kept)
                 return kept
             leader.caught_up_at = trio.current_time()
@@ -704,7 +717,7 @@ class Reader:
         leader.batch_bytes = max(int(0.8 * leader.batch_bytes), max(b.size for b in batches))
         cache = ReadCache(data.records, tuple(batches), data.aborted_transactions)
         if kept is not None:
-            cache = kept.followed_by(cache)
+            cache = kept.followed_by(cache).owned()  # (followed by nothing new: still a view)
         elif cached_after is not None and batches[-1].last_offset + 1 >= cached_after.batches[0].base_offset:
             cache = cache.followed_by(cached_after)  # (a read that fell short of them leaves a gap: dropped)
         self.cache_budget.store(leader, cache)
@@ -855,7 +868,9 @@ def _cache_worth_keeping(leader: Leader) -> ReadCache | None:
     """The cached batches a read need not fetch again: from the window's end on (new records, never
     acquired), or from the SPSO on while the partition keeps its window for redeliveries. A read goes
     on after them when they reach the next fetch offset (:meth:`ReadCache.reaches`), or reads up to
-    them when it is a redelivery below them. None when nothing cached is worth keeping."""
+    them when it is a redelivery below them. None when nothing cached is worth keeping. Part of the
+    cache is kept as a view: the read joins it to what it brings (one copy), or
+    :meth:`ReadCache.owned` copies it out."""
     cache = leader.cache
     if cache is None or not cache.batches:
         return None
@@ -863,7 +878,7 @@ def _cache_worth_keeping(leader: Leader) -> ReadCache | None:
     keep_from = engine.start_offset if _keeps_window(leader) else engine.end_offset
     if keep_from <= cache.batches[0].base_offset:
         return cache
-    return cache.tail_from(keep_from)
+    return cache.tail_from(keep_from, copy=False)
 
 
 def _note(tp: TopicIdPartition, outcome: Fetched | None, budget: _Budget, results: dict[TopicIdPartition, Fetched],

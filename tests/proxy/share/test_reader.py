@@ -723,6 +723,11 @@ def test_a_cache_of_a_responses_view_copies_out_its_tail_and_joins_what_is_read_
     tail = cache.tail_from(2)
     assert not tail.reaches(1) and tail.reaches(4)
     assert type(tail.records) is bytes and tail.records == raw[2] + raw[3]
+    # A view for a caller that joins it to more (one copy then); owned() copies it out, once.
+    viewed = cache.tail_from(2, copy=False)
+    assert isinstance(viewed.records, memoryview) and viewed.records.obj is frame
+    assert viewed.batches == tail.batches and viewed.owned().records == tail.records
+    assert tail.owned() is tail
     assert [b.base_offset for b in tail.batches] == [2, 3] and tail.batches[0].position == 0
 
     later = b"".join(encode_batch(offset, [b"y"]) for offset in (3, 4))  # batch 3 again, then 4
