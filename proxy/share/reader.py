@@ -35,8 +35,9 @@ from it asks for that batch and the 12 bytes after it exactly, so reads chain on
 **Read-ahead.** Once a fetch has taken records, the partitions of its session whose caches hold
 fewer than a fetch takes, and whose log had more at their last read, are read in the background
 with **one upstream Fetch per leader broker** (the leaders at once; at most a quarter of the
-cache budget per batch, and never more than the budget has free: a read-ahead drops no cache), so the member's next fetch -- or another member's -- finds its records
-in a cache instead of waiting for an upstream round trip.
+cache budget per batch, and never more than the budget has free: a read-ahead drops no cache),
+so the member's next fetch -- or another member's -- finds its records in a cache instead of
+waiting for an upstream round trip.
 
 Only one read per share-partition runs at a time (its ``read_lock``, held by a fetch from before
 its read until it has taken its records, and by a read-ahead until its reads are cached):
@@ -512,7 +513,8 @@ class Reader:
                 # Into the caches, but only into the budget's free room: a read-ahead that dropped
                 # caches not yet taken from read what the next fetch then read again. With 64
                 # partitions keeping windows larger than the budget held, state_bench's fragmented
-                # workload read its log 6.5 x, more than half of what was cached dropped so.
+                # workload read its log 6.6-7.1 x (2.1-2.4 x now), more than half of what was
+                # cached dropped so.
                 await self._read_many(held, records, max_bytes, room=self.cache_budget.room)
         finally:
             for _, leader, _ in held:
