@@ -254,6 +254,7 @@ class ReadCacheBudget:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.used = 0
+        self.reserved = 0  # bytes read-aheads in flight will cache
         self._sizes: OrderedDict[Leader, int] = OrderedDict()
 
     def store(self, leader: Leader, cache: ReadCache) -> None:
@@ -272,8 +273,9 @@ class ReadCacheBudget:
 
     @property
     def room(self) -> int:
-        """Bytes a read may cache without dropping another cache."""
-        return self.max_bytes - self.used
+        """Bytes a read may cache without dropping another cache (nor taking what read-aheads in
+        flight will cache)."""
+        return self.max_bytes - self.used - self.reserved
 
     def touch(self, leader: Leader) -> None:
         if leader in self._sizes:
@@ -630,9 +632,11 @@ class Reader:
     ) -> dict[TopicIdPartition, ReadCache | Fetched | None]:
         """Read the candidates' logs from their next fetch offsets, one upstream Fetch per leader
         broker, each sized for `records`; the first always, the rest while the total stays within
-        `max_batched_read_bytes` -- and, when `room` is given (a read-ahead), the first too only
-        while it stays within `room`. Every read goes into its partition's cache; returns per
-        partition the read, or a Fetched/None outcome (an error, caught up, the log start moved)."""
+        `max_batched_read_bytes`. When `room` is given (a read-ahead, which nothing waits for),
+        the first too, and the total stays within `room` as well, held reserved in the budget until
+        the reads are cached, so read-aheads in flight together do not count the same room twice.
+        Every read goes into its partition's cache; returns per partition the read, or a
+        Fetched/None outcome (an error, caught up, the log start moved)."""
         reads: list[tuple[_Held, PartitionRead, ReadCache | None, ReadCache | None]] = []
         total = 0
         limit = self.max_batched_read_bytes if room is None else min(self.max_batched_read_bytes, room)
@@ -669,13 +673,18 @@ class Reader:
         read_committed = reads[0][0][1].engine.config.read_committed  # one group, one isolation level
         for (_, leader, _), _, _, _ in reads:
             self.cache_budget.drop(leader)
-        answers = await self.cluster.fetch_many([read for _, read, _, _ in reads], read_committed=read_committed)
-        out: dict[TopicIdPartition, ReadCache | Fetched | None] = {}
-        for (tp, leader, topic), read, kept, cached_after in reads:
-            answer = answers.get((topic.topic_id, tp[1]))
-            if answer is None:
-                answer = UpstreamError(f"no answer for {topic.name}-{tp[1]}")
-            out[tp] = await self._take_read(leader, topic, tp, read.offset, answer, kept, cached_after)
+        reserved = total if room is not None else 0
+        self.cache_budget.reserved += reserved
+        try:
+            answers = await self.cluster.fetch_many([read for _, read, _, _ in reads], read_committed=read_committed)
+            out: dict[TopicIdPartition, ReadCache | Fetched | None] = {}
+            for (tp, leader, topic), read, kept, cached_after in reads:
+                answer = answers.get((topic.topic_id, tp[1]))
+                if answer is None:
+                    answer = UpstreamError(f"no answer for {topic.name}-{tp[1]}")
+                out[tp] = await self._take_read(leader, topic, tp, read.offset, answer, kept, cached_after)
+        finally:
+            self.cache_budget.reserved -= reserved
         return out
 
     async def _take_read(

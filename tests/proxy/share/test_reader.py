@@ -15,7 +15,16 @@ from proxy.share.leaders import Leader
 from proxy.share.partition import PartitionConfig, SharePartition
 from proxy.share import reader
 from proxy.share.reader import CAUGHT_UP_RECHECK_S, MetadataRefresher, ReadCache, ReadCacheBudget
-from tests.proxy.share.test_manager import ACCEPT, RELEASE, TOPIC_ID, FakeCluster, acquired, service_config, start_service
+from tests.proxy.share.test_manager import (
+    ACCEPT,
+    GROUP,
+    RELEASE,
+    TOPIC_ID,
+    FakeCluster,
+    acquired,
+    service_config,
+    start_service,
+)
 
 MIB = 1024 * 1024
 
@@ -811,3 +820,41 @@ async def test_a_read_ahead_reads_only_into_the_budgets_free_room(nursery, autoj
     times = await release_a_tenth_once(harness, partitions=4, batches=30)
     assert dropped_by_read_ahead == 0
     assert times < 2.5, f"read {times:.2f} x the log"
+
+
+class GatedCluster(ReadBytesCluster):
+    """Its Fetches wait for `gate` while it is set."""
+
+    gate: trio.Event | None = None
+
+    async def fetch(self, *args, **kwargs):
+        if self.gate is not None:
+            await self.gate.wait()
+        return await super().fetch(*args, **kwargs)
+
+
+async def test_read_aheads_in_flight_together_do_not_count_the_same_free_room_twice(nursery, autojump_clock):
+    """A read-ahead holds the room it reads into reserved until its reads are cached: a second one
+    started meanwhile sees only what is left, so together they drop no cache to make room."""
+    config = dataclasses.replace(service_config(), max_read_cache_bytes=8 * MIB)
+    cluster = GatedCluster(partitions=2)
+    harness = await start_service(nursery, cluster=cluster, config=config)
+    for partition in range(2):
+        for _ in range(10):
+            cluster.append([bytes(10 * KIB)] * 10, partition=partition)
+    service_reader = harness.service.reader
+    budget = service_reader.cache_budget
+    other = leader(99)
+    budget.store(other, ReadCache(bytes(13 * MIB // 2), (), ()))  # 1.5 MiB free: room for one 1 MiB read
+    held = [await service_reader._prepare(GROUP, tp) for tp in TPS[:2]]
+    cluster.gate = trio.Event()
+    nursery.start_soon(service_reader._read_ahead_task, held[:1], 100, 50 * MIB)
+    await trio.sleep(0.01)
+    assert cluster.fetch_requests == [[(0, 0, MIB)]]  # in flight, its 1 MiB reserved
+    with trio.move_on_after(1):  # (a read would wait at the gate)
+        await service_reader._read_ahead_task(held[1:], 100, 50 * MIB)
+    assert len(cluster.fetch_requests) == 1  # the second found no room: it read nothing
+    cluster.gate.set()
+    await trio.sleep(0.01)
+    assert held[0][1].cache is not None and other.cache is not None  # nothing dropped to make room
+    assert budget.reserved == 0 and budget.used <= budget.max_bytes
