@@ -515,7 +515,7 @@ class Reader:
                 # Into the caches, but only into the budget's free room: a read-ahead that dropped
                 # caches not yet taken from read what the next fetch then read again. With 64
                 # partitions keeping windows larger than the budget held, state_bench's fragmented
-                # workload read its log 6.6-7.1 x (2.1-2.4 x now), more than half of what was
+                # workload read its log 6.5-7.1 x (2.1-2.4 x now), more than half of what was
                 # cached dropped so.
                 await self._read_many(held, records, max_bytes, room=self.cache_budget.room)
         finally:

@@ -789,7 +789,7 @@ async def test_a_read_that_would_end_inside_the_next_batch_asks_for_the_first_ba
 async def test_a_read_ahead_reads_only_into_the_budgets_free_room(nursery, autojump_clock):
     """A read-ahead is a guess: it caches only what the budget has free room for, and drops no
     cache to make more. When read-aheads dropped caches not yet taken from, the next fetch read
-    those records again: 6.6-7.1 x its log in state_bench's fragmented workload on 64 partitions
+    those records again: 6.5-7.1 x its log in state_bench's fragmented workload on 64 partitions
     (windows kept for redeliveries outgrew the budget), 2.1-2.4 x with this."""
     config = dataclasses.replace(service_config(), max_read_cache_bytes=2 * MIB)
     harness = await start_service(nursery, cluster=ReadBytesCluster(partitions=4), config=config)
