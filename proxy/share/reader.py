@@ -632,11 +632,11 @@ class Reader:
     ) -> dict[TopicIdPartition, ReadCache | Fetched | None]:
         """Read the candidates' logs from their next fetch offsets, one upstream Fetch per leader
         broker, each sized for `records`; the first always, the rest while the total stays within
-        `max_batched_read_bytes`. When `room` is given (a read-ahead, which nothing waits for),
-        the first too, and the total stays within `room` as well, held reserved in the budget until
-        the reads are cached, so read-aheads in flight together do not count the same room twice.
-        Every read goes into its partition's cache; returns per partition the read, or a
-        Fetched/None outcome (an error, caught up, the log start moved)."""
+        `max_batched_read_bytes`. With `room` (a read-ahead: no fetch waits for it) the first read
+        is bounded like the rest, and the total also stays within `room`, which is held reserved
+        in the budget until the reads are cached (read-aheads in flight together must not count
+        the same room twice). Every read goes into its partition's cache; returns per partition
+        the read, or a Fetched/None outcome (an error, caught up, the log start moved)."""
         reads: list[tuple[_Held, PartitionRead, ReadCache | None, ReadCache | None]] = []
         total = 0
         limit = self.max_batched_read_bytes if room is None else min(self.max_batched_read_bytes, room)
