@@ -43,6 +43,7 @@ from proxy.share.partition import PartitionConfig, PartitionSnapshot, ShareParti
 from proxy.share.state_delta import DeltaBase
 
 if TYPE_CHECKING:  # the reader imports this module
+    from codec.records import RecordBatchHeader
     from proxy.share.reader import ReadCache
 
 log = structlog.get_logger(__name__)
@@ -85,6 +86,9 @@ class Leader:
     # were answered early (proxy.share.reader: a self-pinned fetch), for their back-off.
     pinned_answers: tuple[str, int, int] | None = None
     cache: ReadCache | None = None
+    # The batch headers of the last read cache dropped or replaced: a read back at a redelivery
+    # inside one of them asks for that batch's size, not the largest recent one (reader._bounded).
+    dropped_batches: tuple[RecordBatchHeader, ...] = ()
     # The partition's end offset from the last upstream read (-1: none yet); metrics compute lag
     # from it without asking the cluster (proxy.share.observe).
     high_watermark: int = -1

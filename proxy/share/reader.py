@@ -264,7 +264,7 @@ class ReadCacheBudget:
             return  # used for this acquisition only
         while self.used + size > self.max_bytes and self._sizes:
             victim, victim_size = self._sizes.popitem(last=False)
-            victim.cache = None
+            _forget(victim)
             self.used -= victim_size
         leader.cache = cache
         self._sizes[leader] = size
@@ -283,10 +283,17 @@ class ReadCacheBudget:
 
     def drop(self, leader: Leader) -> None:
         size = self._sizes.pop(leader, None)
-        leader.cache = None
+        _forget(leader)
         if size is not None:
             self.used -= size
             metrics.READ_CACHE_BYTES.set(self.used)
+
+
+def _forget(leader: Leader) -> None:
+    """Drop the leader's read cache, remembering its batch headers (their sizes size a read back)."""
+    if leader.cache is not None:
+        leader.dropped_batches = leader.cache.batches
+        leader.cache = None
 
 
 @dataclass(slots=True)
@@ -624,7 +631,7 @@ class Reader:
         response -- plus `window_bytes`, within the per-partition cap, and on batch boundaries
         (:func:`_whole_batches`)."""
         cap = self.max_fetch_bytes_per_partition
-        read_bytes = min(max(read_bytes, min(leader.batch_bytes, cap), 1) + window_bytes, cap)
+        read_bytes = min(max(read_bytes, min(_batch_floor(leader, read_from), cap), 1) + window_bytes, cap)
         return min(_whole_batches(leader, read_from, read_bytes), cap)
 
     async def _read_many(
@@ -873,6 +880,16 @@ def _records_bytes(records: bytes | memoryview, batches: tuple[RecordBatchHeader
     if all(a.position + a.size == b.position for a, b in zip(wanted, wanted[1:])):
         return view[wanted[0].position:wanted[-1].position + wanted[-1].size]
     return b"".join(view[b.position:b.position + b.size] for b in wanted)
+
+
+def _batch_floor(leader: Leader, read_from: int) -> int:
+    """The size of the log batch holding `read_from` when a dropped cache held it (a read back at a
+    redelivery), else the largest recent batch. With batches of mixed sizes the largest one made a
+    read back below a small batch bring a large partial one after it, thrown away."""
+    for batch in leader.dropped_batches:
+        if batch.base_offset <= read_from <= batch.last_offset:
+            return batch.size
+    return leader.batch_bytes
 
 
 def _window_bytes(leader: Leader, read_from: int, upto: int) -> int:
