@@ -27,7 +27,7 @@ record-lock limit's records) in the cache budget.
 Reads are sized for what can be acquired: the records wanted times the bytes per record learned
 from earlier reads, never less than the partition's largest recent log batch (a broker answers a
 partition whose next batch exceeds its PartitionMaxBytes with nothing unless it comes first in
-the response). A broker sends log bytes up to PartitionMaxBytes, so a read may end inside a
+the response) -- or than the batch itself, for a read back inside a batch a dropped cache held. A broker sends log bytes up to PartitionMaxBytes, so a read may end inside a
 batch; those bytes are thrown away, but their first 12 say the batch's size, and the next read
 from it asks for that batch and the 12 bytes after it exactly, so reads chain on batch boundaries
 (:func:`_whole_batches`).
@@ -626,9 +626,9 @@ class Reader:
         return self._bounded(leader, read_from, _window_bytes(leader, read_from, upto))
 
     def _bounded(self, leader: Leader, read_from: int, read_bytes: int, window_bytes: int = 0) -> int:
-        """`read_bytes` never less than the partition's log batches -- a broker answers a partition
-        whose next batch exceeds its PartitionMaxBytes with nothing, unless it comes first in the
-        response -- plus `window_bytes`, within the per-partition cap, and on batch boundaries
+        """`read_bytes` never less than the log batch at `read_from` (:func:`_batch_floor`) -- a
+        broker answers a partition whose next batch exceeds its PartitionMaxBytes with nothing,
+        unless it comes first in the response -- plus `window_bytes`, within the per-partition cap, and on batch boundaries
         (:func:`_whole_batches`)."""
         cap = self.max_fetch_bytes_per_partition
         read_bytes = min(max(read_bytes, min(_batch_floor(leader, read_from), cap), 1) + window_bytes, cap)
