@@ -27,9 +27,10 @@ record-lock limit's records) in the cache budget.
 Reads are sized for what can be acquired: the records wanted times the bytes per record learned
 from earlier reads, never less than the partition's largest recent log batch (a broker answers a
 partition whose next batch exceeds its PartitionMaxBytes with nothing unless it comes first in
-the response) -- or than the batch itself, for a read back inside a batch a dropped cache held. A broker sends log bytes up to PartitionMaxBytes, so a read may end inside a
-batch; those bytes are thrown away, but their first 12 say the batch's size, and the next read
-from it asks for that batch and the 12 bytes after it exactly, so reads chain on batch boundaries
+the response) -- or than the batch itself, for a read back inside a batch a dropped cache held.
+A broker sends log bytes up to PartitionMaxBytes, so a read may end inside a batch; those bytes
+are thrown away, but their first 12 say the batch's size, and the next read from it asks for that
+batch and the 12 bytes after it exactly, so reads chain on batch boundaries
 (:func:`_whole_batches`).
 
 **Read-ahead.** Once a fetch has taken records, the partitions of its session whose caches hold
@@ -123,6 +124,9 @@ CAUGHT_UP_RECHECK_S = 0.1
 # back from the broker (state_bench fragmented, 10 % released once: the log was read 2.2 x). Only
 # partitions that release pay the window's bytes in the cache budget; in-order accepts never do.
 KEEP_WINDOW_S = 10.0
+# Batch headers a dropped read cache leaves behind for sizing a read back (reader._batch_floor):
+# its first ones, nearest the SPSO, where redeliveries are.
+DROPPED_BATCHES_KEPT = 16
 
 
 MOVED_MESSAGE = "This share-partition moved to another proxy instance while the fetch waited; refresh metadata."
@@ -290,9 +294,11 @@ class ReadCacheBudget:
 
 
 def _forget(leader: Leader) -> None:
-    """Drop the leader's read cache, remembering its batch headers (their sizes size a read back)."""
+    """Drop the leader's read cache, remembering the headers of its first ``DROPPED_BATCHES_KEPT``
+    batches (their sizes size a read back; the rest of a cache of many small batches would be
+    memory outside the cache budget, for little)."""
     if leader.cache is not None:
-        leader.dropped_batches = leader.cache.batches
+        leader.dropped_batches = leader.cache.batches[:DROPPED_BATCHES_KEPT]
         leader.cache = None
 
 
@@ -628,8 +634,8 @@ class Reader:
     def _bounded(self, leader: Leader, read_from: int, read_bytes: int, window_bytes: int = 0) -> int:
         """`read_bytes` never less than the log batch at `read_from` (:func:`_batch_floor`) -- a
         broker answers a partition whose next batch exceeds its PartitionMaxBytes with nothing,
-        unless it comes first in the response -- plus `window_bytes`, within the per-partition cap, and on batch boundaries
-        (:func:`_whole_batches`)."""
+        unless it comes first in the response -- plus `window_bytes`, within the per-partition cap,
+        and on batch boundaries (:func:`_whole_batches`)."""
         cap = self.max_fetch_bytes_per_partition
         read_bytes = min(max(read_bytes, min(_batch_floor(leader, read_from), cap), 1) + window_bytes, cap)
         return min(_whole_batches(leader, read_from, read_bytes), cap)

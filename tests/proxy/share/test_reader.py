@@ -883,3 +883,8 @@ async def test_a_read_back_inside_a_dropped_batch_asks_for_that_batch_not_the_la
     assert service_reader._bounded(lead, 110, 1) == len(large)
     lead.batch_bytes = 64 * KIB
     assert service_reader._bounded(lead, 110, 1) == 64 * KIB
+    # A cache of many small batches leaves only its first few headers behind.
+    many = b"".join(encode_batch(offset, [bytes(10)]) for offset in range(1000))
+    service_reader.cache_budget.store(lead, ReadCache(many, tuple(iter_batches(many)), ()))
+    service_reader.cache_budget.drop(lead)
+    assert [b.base_offset for b in lead.dropped_batches] == list(range(reader.DROPPED_BATCHES_KEPT))
