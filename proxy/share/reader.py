@@ -11,11 +11,13 @@ acquired ranges go back to the client as the broker's raw bytes (never decoded).
 of the records wanted is read on rather than topped up from the next partition, so a
 response carries one partition's records while its log has enough (each partition in a
 response costs a state write when its records are acknowledged). The read starts where the
-cached batches end and the cache keeps them (when only new records lie ahead). Reading again
+cached batches end and the cache keeps them (when only records not yet taken lie ahead: new
+ones, or redeliveries a read back brought without the large batch after them). Reading again
 from the next fetch offset fetched them twice: with log batches smaller than a fetch takes,
 1.2-2.6 x the bytes consumers got. A read for redeliveries inside the window starts at the first
 of them; when the cache holds records after it, it reads up to them and keeps them (reading on
-past the window fetched those again: 3.2 x the bytes consumed with 10 % of the records released).
+past the window fetched those again: 3.2 x the bytes consumed with 10 % of the records released),
+asking for exactly the batches between when the headers dropped caches left behind cover them.
 
 **The window kept for redeliveries.** A share-partition that handed out a redelivery in the last
 ``KEEP_WINDOW_S`` keeps its window's batches (from the SPSO on) in its read cache instead of
