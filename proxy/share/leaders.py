@@ -86,8 +86,10 @@ class Leader:
     # were answered early (proxy.share.reader: a self-pinned fetch), for their back-off.
     pinned_answers: tuple[str, int, int] | None = None
     cache: ReadCache | None = None
-    # The batch headers of the last read cache dropped or replaced: a read back at a redelivery
-    # inside one of them asks for that batch's size, not the largest recent one (reader._bounded).
+    # Batch headers of the read caches dropped or replaced, from the SPSO on (16 at most,
+    # reader._forget): a read back at a redelivery inside one of them asks for that batch's size,
+    # not the largest recent one, and one they cover to its end for exactly them (reader._bounded,
+    # reader._window_bytes).
     dropped_batches: tuple[RecordBatchHeader, ...] = ()
     # The partition's end offset from the last upstream read (-1: none yet); metrics compute lag
     # from it without asking the cluster (proxy.share.observe).
