@@ -36,6 +36,9 @@ SELF_PINNED_ANSWERS = Counter("ksp_share_fetch_self_pinned",
 BACKGROUND_TASK_CRASHES = Counter("ksp_background_task_crashes",
                                   "Unexpected errors in background tasks (each restarted with backoff)", ["task"])
 READ_CACHE_BYTES = Gauge("ksp_share_read_cache_bytes", "Log bytes held by the share-partition read caches")
+READ_CACHE_EVICTED_BYTES = Counter("ksp_share_read_cache_evicted_bytes",
+                                   "Log bytes the read-cache budget dropped to make room for a read "
+                                   "(read again if their records are still wanted)")
 UPSTREAM_FETCHES = Counter("ksp_share_upstream_fetches",
                            "Fetch requests the share service sent to the cluster for share groups' records "
                            "(kind: read, or long_poll for a caught-up partition)", ["kind"])

@@ -272,6 +272,7 @@ class ReadCacheBudget:
             victim, victim_size = self._sizes.popitem(last=False)
             _forget(victim)
             self.used -= victim_size
+            metrics.READ_CACHE_EVICTED_BYTES.inc(victim_size)  # rising: the budget is short
         leader.cache = cache
         self._sizes[leader] = size
         self.used += size

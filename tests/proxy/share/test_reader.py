@@ -52,6 +52,24 @@ def test_the_read_cache_budget_holds_under_a_flood_of_partitions():
     assert sum(1 for lead in leaders if lead.cache is not None) == 8  # the most recent ones
 
 
+def test_the_bytes_the_budget_drops_to_make_room_are_counted():
+    """ksp_share_read_cache_evicted_bytes: what the budget dropped for another read to fit, which
+    is read again if still wanted -- a budget too small for the share-partitions' windows shows
+    here (docs/proxy.md, --share-read-cache-bytes)."""
+    from proxy.share import metrics
+
+    budget = ReadCacheBudget(2 * MIB)
+    before = metrics.READ_CACHE_EVICTED_BYTES._value.get()
+    first, second, third = leader(0), leader(1), leader(2)
+    budget.store(first, ReadCache(bytes(MIB), (), ()))
+    budget.store(second, ReadCache(bytes(MIB), (), ()))
+    budget.drop(second)  # dropped by its owner (all taken, replaced): not for room
+    budget.store(second, ReadCache(bytes(MIB), (), ()))
+    assert metrics.READ_CACHE_EVICTED_BYTES._value.get() == before
+    budget.store(third, ReadCache(bytes(MIB // 2), (), ()))  # the first goes to make room
+    assert first.cache is None and metrics.READ_CACHE_EVICTED_BYTES._value.get() == before + MIB
+
+
 def test_a_read_larger_than_the_budget_is_not_kept():
     budget = ReadCacheBudget(MIB)
     lead = leader(0)
