@@ -46,7 +46,8 @@ else writes meanwhile; the run waits until the state topic stops growing):
    (accepted) record: bytes and state records, and proxy / native.
 2. **acknowledgement latency**: p50 / p99 of the ``commit_sync`` round trip; proxy - native in ms.
 3. for each proxy side, the **log bytes its upstream Fetches read** (``ksp_share_upstream_fetch_bytes``)
-   against the workload topic's log: redeliveries are read back from the broker.
+   against the workload topic's log: redeliveries are read back from the broker; and what its
+   read-cache budget dropped to make room meanwhile (``ksp_share_read_cache_evicted_bytes``).
 4. the state records by type (the segments are decoded with the codec), and an **estimate of a
    delta-per-change scheme** computed from the proxy's own snapshots: for every snapshot after a
    share-partition's first, the ShareUpdate that carries only the offset ranges whose state or
@@ -437,6 +438,8 @@ class Measured:
     # workload topic's log bytes (its .log files): how often each log byte was read.
     upstream_read_bytes: float | None = None
     topic_log_bytes: int = 0
+    # ... and what its read-cache budget dropped to make room meanwhile (None: not measured).
+    read_cache_evicted_bytes: float | None = None
 
     def per_accepted(self, amount: float) -> float:
         return amount / self.run.accepted if self.run.accepted else float("nan")
@@ -465,8 +468,15 @@ def load() -> str:
 def upstream_read_bytes(metrics_port: int) -> float | None:
     """The log bytes the proxy's upstream Fetches brought in so far (None: an older tree without
     ``ksp_share_upstream_fetch_bytes``)."""
-    samples = proxy_samples(f"http://127.0.0.1:{metrics_port}/metrics")
-    return samples.get(("ksp_share_upstream_fetch_bytes_total", ()))
+    return proxy_counter(metrics_port, "ksp_share_upstream_fetch_bytes_total")
+
+
+def proxy_counter(metrics_port: int, name: str) -> float | None:
+    """An unlabelled counter of the proxy's so far (None: an older tree without it)."""
+    return proxy_samples(f"http://127.0.0.1:{metrics_port}/metrics").get((name, ()))
+
+
+EVICTED = "ksp_share_read_cache_evicted_bytes_total"
 
 
 def gc_pauses(metrics_port: int) -> str:
@@ -509,7 +519,10 @@ def run_side(side: str, args: argparse.Namespace, kafka: LocalKafka, bootstrap: 
     def dirs() -> dict[int, Path]:
         return partition_dirs(log_dir, state_topic)
 
-    def workload(name: str, records: int) -> tuple[WorkloadRun, str, float | None, int]:
+    def counter(name: str) -> float | None:
+        return proxy_counter(metrics_port, name) if metrics_port else None
+
+    def workload(name: str, records: int) -> tuple[WorkloadRun, str, float | None, float | None, int]:
         topic = create_topics(kafka.bootstrap, [unique_name(f"state-bench-{name}")], partitions=args.partitions)[0]
         produce(Target("direct", kafka.bootstrap), topic, args.partitions, records, args.size, "none")
         # Unless flushed first, the records just produced are written back by the kernel while they
@@ -520,13 +533,16 @@ def run_side(side: str, args: argparse.Namespace, kafka: LocalKafka, bootstrap: 
         prepare_group(group)
         window = name == "window"
         read_before = upstream_read_bytes(metrics_port) if metrics_port else None
+        evicted_before = counter(EVICTED)
         run = consume(bootstrap, topic, group, records, fragmented=name in ("fragmented", "window"),
                       release_fraction=args.release_fraction, seed=args.seed,
                       commit_every=args.commit_every if window else 0,
                       max_poll_records=args.window_poll_records if window else 0)
         read_after = upstream_read_bytes(metrics_port) if metrics_port else None
         read = None if read_before is None or read_after is None else read_after - read_before
-        return run, group, read, log_bytes(partition_dirs(log_dir, topic).values())
+        evicted_after = counter(EVICTED)
+        evicted = None if evicted_before is None or evicted_after is None else evicted_after - evicted_before
+        return run, group, read, evicted, log_bytes(partition_dirs(log_dir, topic).values())
 
     workload("warmup", WARMUP_RECORDS)
     wait_quiet(dirs)
@@ -535,7 +551,7 @@ def run_side(side: str, args: argparse.Namespace, kafka: LocalKafka, bootstrap: 
         before = read_state_log(dirs())
         kafka_before = kafka_offsets(kafka.bootstrap, state_topic)
         print(f"  {side} {name}: load {load()} before", file=sys.stderr, flush=True)
-        run, _, upstream_read, topic_log = workload(name, args.records)
+        run, _, upstream_read, evicted, topic_log = workload(name, args.records)
         wait_quiet(dirs)
         estimate = side.startswith("proxy") and not deltas_on(args.variant_flags.get(side, ()))
         after = read_state_log(dirs(), before.end_offsets, keep_snapshots=estimate)
@@ -547,7 +563,7 @@ def run_side(side: str, args: argparse.Namespace, kafka: LocalKafka, bootstrap: 
             kafka_records_written=sum(high for _, high in kafka_after.values())
             - sum(high for _, high in kafka_before.values()),
             segments=after.max_segments, log_start_offsets={p: low for p, (low, _) in kafka_after.items()},
-            upstream_read_bytes=upstream_read, topic_log_bytes=topic_log,
+            upstream_read_bytes=upstream_read, topic_log_bytes=topic_log, read_cache_evicted_bytes=evicted,
         )
         if estimate:
             measured.delta = delta_scheme(after.snapshots, args.snapshot_every)
@@ -653,9 +669,11 @@ def report(results: Sequence[Measured], args: argparse.Namespace) -> tuple[str, 
             times = m.upstream_read_bytes / m.topic_log_bytes if m.topic_log_bytes else float("nan")
             numbers["workloads"][m.workload][m.side] |= {
                 "upstream_read_bytes": m.upstream_read_bytes, "topic_log_bytes": m.topic_log_bytes,
-                "upstream_read_per_log_byte": times}
+                "upstream_read_per_log_byte": times, "read_cache_evicted_bytes": m.read_cache_evicted_bytes}
+            evicted = "" if m.read_cache_evicted_bytes is None else \
+                f"; the read-cache budget dropped {m.read_cache_evicted_bytes / (1 << 20):,.1f} MiB to make room"
             lines.append(f"- {m.workload}, {m.side}: {m.upstream_read_bytes / (1 << 20):,.1f} MiB read for a "
-                         f"{m.topic_log_bytes / (1 << 20):,.1f} MiB log ({times:.2f} x)")
+                         f"{m.topic_log_bytes / (1 << 20):,.1f} MiB log ({times:.2f} x){evicted}")
     lines += ["", "State records by type (key + value bytes, uncompressed; the largest value):", ""]
     for m in results:
         kinds = ", ".join(f"{k} {v.records:,} x {(v.key_bytes + v.value_bytes) / max(v.records, 1):,.0f} B "

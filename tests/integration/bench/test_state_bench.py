@@ -14,12 +14,14 @@ from codec.share_state import (
     encode_record,
 )
 from integration.bench.state_bench import (
+    EVICTED,
     changed_ranges,
     deltas_on,
     delta_scheme,
     gc_pauses,
     log_bytes,
     partition_dirs,
+    proxy_counter,
     read_state_log,
     released_once,
     upstream_read_bytes,
@@ -171,13 +173,17 @@ def test_the_proxys_upstream_read_bytes_are_read_from_a_real_metrics_endpoint():
     server, thread = start_http_server(port, addr="127.0.0.1")
     try:
         before = upstream_read_bytes(port)
+        evicted_before = proxy_counter(port, EVICTED)
         metrics.UPSTREAM_FETCH_BYTES.inc(1234)
+        metrics.READ_CACHE_EVICTED_BYTES.inc(56)
         after = upstream_read_bytes(port)
+        evicted_after = proxy_counter(port, EVICTED)
     finally:
         server.shutdown()
         server.server_close()
         thread.join(5)
     assert before is not None and after - before == 1234
+    assert evicted_before is not None and evicted_after - evicted_before == 56
 
 
 def test_upstream_read_bytes_of_a_proxy_without_the_metric_are_none(monkeypatch):
