@@ -126,8 +126,8 @@ CAUGHT_UP_RECHECK_S = 0.1
 # back from the broker (state_bench fragmented, 10 % released once: the log was read 2.2 x). Only
 # partitions that release pay the window's bytes in the cache budget; in-order accepts never do.
 KEEP_WINDOW_S = 10.0
-# Batch headers a dropped read cache leaves behind for sizing a read back (reader._batch_floor):
-# its first ones, nearest the SPSO, where redeliveries are.
+# Batch headers dropped read caches leave behind for sizing a read back (_batch_floor,
+# _window_bytes): the first ones from the SPSO on, where redeliveries are.
 DROPPED_BATCHES_KEPT = 16
 
 
@@ -901,10 +901,8 @@ def _batch_floor(leader: Leader, read_from: int) -> int:
     """The size of the log batch holding `read_from` when a dropped cache held it (a read back at a
     redelivery), else the largest recent batch. With batches of mixed sizes the largest one made a
     read back below a small batch bring a large partial one after it, thrown away."""
-    for batch in leader.dropped_batches:
-        if batch.base_offset <= read_from <= batch.last_offset:
-            return batch.size
-    return leader.batch_bytes
+    known = _known_bytes(leader.dropped_batches, read_from, read_from + 1)
+    return leader.batch_bytes if known is None else known
 
 
 def _window_bytes(leader: Leader, read_from: int, upto: int) -> int:
