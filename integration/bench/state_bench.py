@@ -465,18 +465,21 @@ def load() -> str:
     return f"{one:.2f} {five:.2f} {fifteen:.2f}"
 
 
+UPSTREAM_READ = "ksp_share_upstream_fetch_bytes_total"
+EVICTED = "ksp_share_read_cache_evicted_bytes_total"
+
+
 def upstream_read_bytes(metrics_port: int) -> float | None:
     """The log bytes the proxy's upstream Fetches brought in so far (None: an older tree without
     ``ksp_share_upstream_fetch_bytes``)."""
-    return proxy_counter(metrics_port, "ksp_share_upstream_fetch_bytes_total")
+    return proxy_counters(metrics_port, UPSTREAM_READ)[0]
 
 
-def proxy_counter(metrics_port: int, name: str) -> float | None:
-    """An unlabelled counter of the proxy's so far (None: an older tree without it)."""
-    return proxy_samples(f"http://127.0.0.1:{metrics_port}/metrics").get((name, ()))
-
-
-EVICTED = "ksp_share_read_cache_evicted_bytes_total"
+def proxy_counters(metrics_port: int, *names: str) -> tuple[float | None, ...]:
+    """Unlabelled counters of the proxy's so far, from one scrape (None: an older tree without one;
+    share_bench.proxy_counter reads 0 there, which would pass for nothing read or dropped)."""
+    samples = proxy_samples(f"http://127.0.0.1:{metrics_port}/metrics")
+    return tuple(samples.get((name, ())) for name in names)
 
 
 def gc_pauses(metrics_port: int) -> str:
@@ -519,8 +522,9 @@ def run_side(side: str, args: argparse.Namespace, kafka: LocalKafka, bootstrap: 
     def dirs() -> dict[int, Path]:
         return partition_dirs(log_dir, state_topic)
 
-    def counter(name: str) -> float | None:
-        return proxy_counter(metrics_port, name) if metrics_port else None
+    def counters() -> tuple[float | None, float | None]:
+        """What the proxy read upstream and what its read-cache budget dropped, so far."""
+        return proxy_counters(metrics_port, UPSTREAM_READ, EVICTED) if metrics_port else (None, None)
 
     def workload(name: str, records: int) -> tuple[WorkloadRun, str, float | None, float | None, int]:
         topic = create_topics(kafka.bootstrap, [unique_name(f"state-bench-{name}")], partitions=args.partitions)[0]
@@ -532,16 +536,12 @@ def run_side(side: str, args: argparse.Namespace, kafka: LocalKafka, bootstrap: 
         group = unique_name(f"state-bench-{name}")
         prepare_group(group)
         window = name == "window"
-        read_before = upstream_read_bytes(metrics_port) if metrics_port else None
-        evicted_before = counter(EVICTED)
+        before = counters()
         run = consume(bootstrap, topic, group, records, fragmented=name in ("fragmented", "window"),
                       release_fraction=args.release_fraction, seed=args.seed,
                       commit_every=args.commit_every if window else 0,
                       max_poll_records=args.window_poll_records if window else 0)
-        read_after = upstream_read_bytes(metrics_port) if metrics_port else None
-        read = None if read_before is None or read_after is None else read_after - read_before
-        evicted_after = counter(EVICTED)
-        evicted = None if evicted_before is None or evicted_after is None else evicted_after - evicted_before
+        read, evicted = (None if b is None or a is None else a - b for b, a in zip(before, counters()))
         return run, group, read, evicted, log_bytes(partition_dirs(log_dir, topic).values())
 
     workload("warmup", WARMUP_RECORDS)

@@ -21,7 +21,7 @@ from integration.bench.state_bench import (
     gc_pauses,
     log_bytes,
     partition_dirs,
-    proxy_counter,
+    proxy_counters,
     read_state_log,
     released_once,
     upstream_read_bytes,
@@ -173,11 +173,11 @@ def test_the_proxys_upstream_read_bytes_are_read_from_a_real_metrics_endpoint():
     server, thread = start_http_server(port, addr="127.0.0.1")
     try:
         before = upstream_read_bytes(port)
-        evicted_before = proxy_counter(port, EVICTED)
+        (evicted_before,) = proxy_counters(port, EVICTED)
         metrics.UPSTREAM_FETCH_BYTES.inc(1234)
         metrics.READ_CACHE_EVICTED_BYTES.inc(56)
         after = upstream_read_bytes(port)
-        evicted_after = proxy_counter(port, EVICTED)
+        (evicted_after,) = proxy_counters(port, EVICTED)
     finally:
         server.shutdown()
         server.server_close()
