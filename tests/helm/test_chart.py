@@ -512,6 +512,21 @@ def test_every_alert_uses_metrics_and_labels_that_docs_metrics_md_documents(rend
     for reason in re.search(r'reason=~"([^"]+)"', rules["KafkaShareProxyRecordsArchived"])[1].split("|"):
         assert f"`{reason}`" in DOCS_METRICS, reason
     assert "deriv(ksp_share_group_lag_records" in rules["KafkaShareProxyLagGrowing"]
+    # The read-cache budget: what it drops against what is read, per pod, over the values' window.
+    assert re.fullmatch(r"\(sum by \(namespace, pod\) \(rate\(ksp_share_read_cache_evicted_bytes_total\{[^}]*\}\[15m\]\)\)"
+                        r" / sum by \(namespace, pod\) \(rate\(ksp_share_upstream_fetch_bytes_total\{[^}]*\}\[15m\]\)\)\)"
+                        r" > 0\.25", rules["KafkaShareProxyReadCacheTooSmall"]), rules["KafkaShareProxyReadCacheTooSmall"]
+
+
+def test_read_cache_alert_takes_its_threshold_window_and_duration_from_values(tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"  # a file: `--set` passes 0.5 as a string, which the schema refuses
+    values.write_text(yaml.safe_dump({"metrics": {"prometheusRule": {"readCacheTooSmall": {
+        "threshold": 0.5, "window": "1h", "for": "2h"}}}}))
+    manifests = render([CI["default"], values])
+    (group,) = manifests.one("PrometheusRule")["spec"]["groups"]
+    (rule,) = [rule for rule in group["rules"] if rule["alert"] == "KafkaShareProxyReadCacheTooSmall"]
+    assert rule["expr"].endswith(") > 0.5") and rule["expr"].count("[1h]") == 2, rule["expr"]
+    assert rule["for"] == "2h"
 
 
 def test_scale_out_over_tls_listeners_verifies_the_other_pods_with_the_secrets_ca() -> None:
