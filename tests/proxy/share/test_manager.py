@@ -214,7 +214,7 @@ class Harness:
 
     async def fetch(self, member: Member, *, acks=(), max_wait_ms: int = 0, max_records: int = 500,
                     epoch: int | None = None, partitions=(TP,), version: int = 2, join: bool = True,
-                    add=(), forget=()) -> dict:
+                    add=(), forget=(), max_bytes: int = 50 * 1024 * 1024) -> dict:
         if join and not member.joined:
             await self.join(member)  # share sessions are served to members of the group only
         schema = load_request_schema(78, version)
@@ -232,7 +232,7 @@ class Harness:
         request = schema(
             group_id=GROUP, member_id=member.member_id,
             share_session_epoch=member.epoch if epoch is None else epoch,
-            max_wait=datetime.timedelta(milliseconds=max_wait_ms), min_bytes=1, max_bytes=50 * 1024 * 1024,
+            max_wait=datetime.timedelta(milliseconds=max_wait_ms), min_bytes=1, max_bytes=max_bytes,
             max_records=max_records, batch_size=max_records,
             topics=tuple(module.FetchTopic(topic_id=t, partitions=tuple(ps)) for t, ps in by_topic.items()),
             forgotten_topics_data=tuple(module.ForgottenTopic(topic_id=tp[0], partitions=(tp[1],)) for tp in forget),

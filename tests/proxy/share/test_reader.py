@@ -785,6 +785,9 @@ async def test_a_read_that_would_end_inside_the_next_batch_asks_for_the_first_ba
 
     cluster = BrokerBytesCluster(partitions=1)
     harness = await start_service(nursery, cluster=cluster)
+    # Read-aheads of one fetch's worth: this is about reads of one or two batches (longer ones
+    # are cut to whole batches of the first's size, the test below).
+    harness.service.reader.read_ahead_fetches = 1
     log_bytes = sum(len(harness.cluster.append([bytes(4 * KIB)] * (16 if i % 2 else 24))) for i in range(40))
     member = harness.member("m")
     result = await harness.fetch(member, partitions=TPS[:1], max_records=20)
@@ -802,6 +805,58 @@ async def test_a_read_that_would_end_inside_the_next_batch_asks_for_the_first_ba
     # The first read (1 MiB, nothing learned yet) ends inside a batch; every later one 12 bytes past
     # a boundary (at the log's end, on it).
     assert cluster.read_bytes <= log_bytes + 96 * KIB + 12 * len(later), f"read {cluster.read_bytes / log_bytes:.2f} x"
+
+
+async def _consume_100_kib_batches(nursery, *, budget_taken: int = 0):
+    """64 batches of 25 x 4 KiB records on one partition, taken 25 records (128 KiB of MaxBytes)
+    a fetch, with another partition's cache holding `budget_taken` of the 4 MiB read-cache
+    budget: (batch size, sizes read after the first read, upstream Fetches, ShareFetches, bytes
+    read, log bytes)."""
+    from codec.records import iter_batches
+
+    cluster = BrokerBytesCluster(partitions=1)
+    config = dataclasses.replace(service_config(), max_read_cache_bytes=4 * MIB)
+    harness = await start_service(nursery, cluster=cluster, config=config)
+    if budget_taken:
+        harness.service.reader.cache_budget.store(leader(99), ReadCache(bytes(budget_taken), (), ()))
+    log_bytes = sum(len(harness.cluster.append([bytes(4 * KIB)] * 25)) for _ in range(64))
+    member = harness.member("m")
+    result = await harness.fetch(member, partitions=TPS[:1], max_records=25, max_bytes=128 * KIB)
+    fetches, taken = 1, sum(partitions_of(result).values())
+    while taken < 25 * 64:
+        acks = [(TPS[0], first, last, ACCEPT) for first, last, _ in acquired(result, TPS[0])]
+        await trio.sleep(0.05)
+        result = await harness.fetch(member, acks=acks, max_records=25, max_bytes=128 * KIB)
+        assert partitions_of(result), "a fetch came back empty with records left"
+        fetches, taken = fetches + 1, taken + sum(partitions_of(result).values())
+    assert taken == 25 * 64
+    batch = next(iter_batches(cluster.logs[0][0][1])).size
+    later = [size for request in cluster.fetch_requests[1:] for _, _, size in request]
+    return batch, later, len(cluster.fetch_requests), fetches, cluster.read_bytes, log_bytes
+
+
+async def test_a_read_ahead_reads_several_fetches_worth_in_whole_batches(nursery, autojump_clock):
+    """A read-ahead reads up to four fetches' worth of records -- past the fetch's MaxBytes, which
+    holds one ~1 MB batch for a Java consumer -- so the proxy sends an upstream Fetch for every few
+    ShareFetches, not one each; cut to whole batches of the size the last read learned (and 1/64
+    more), such reads receive no batch they throw away."""
+    batch, later, reads, fetches, read_bytes, log_bytes = await _consume_100_kib_batches(nursery)
+    # After the first read (1 MiB, nothing learned yet): whole batches, read on from what is cached
+    # (4 fetches' worth, 100 records and 512 KiB of MaxBytes, less what is cached).
+    counts = [size // batch for size in later]
+    assert later and all(n >= 2 and size == n * batch + n * batch // 64 + 12 for n, size in zip(counts, later)), (batch, later)
+    assert reads <= fetches / 2.5, (reads, fetches)
+    # The first read ends inside a batch; the rest past whole ones by 1/64 of their bytes.
+    assert read_bytes <= log_bytes * (1 + 1 / 60) + 100 * KIB, f"read {read_bytes / log_bytes:.3f} x"
+
+
+async def test_a_read_ahead_reads_one_fetchs_worth_while_half_the_budget_is_taken(nursery, autojump_clock):
+    """Where the budget is short (windows kept for redeliveries fill it), a larger read-ahead was
+    dropped for the fetches' own reads and read again: with half the budget taken, read-aheads read
+    what one fetch takes, one batch exactly."""
+    batch, later, reads, fetches, _, _ = await _consume_100_kib_batches(nursery, budget_taken=2 * MIB)
+    assert later and all(size == batch + 12 for size in later), (batch, later)
+    assert reads >= fetches - 2, (reads, fetches)
 
 
 async def test_a_read_ahead_reads_only_into_the_budgets_free_room(nursery, autojump_clock):
