@@ -116,8 +116,8 @@ MIN_FETCH_BYTES = 64 * 1024
 # A read-ahead reads up to this many fetches' worth of records (and of the fetch's MaxBytes) while
 # more than half the read-cache budget stays free. Sized for one fetch, the proxy sent an upstream
 # Fetch per ShareFetch, ~1 MiB each (a Java consumer's MaxBytes), its Python cost with every
-# ShareFetch: share_bench, stop 44, 0.50-0.70 Fetches per ShareFetch with 4, ~6 % less proxy CPU
-# per record. Into all the free room, where windows kept for redeliveries fill the budget, the
+# ShareFetch: share_bench, stop 44, 0.50 Fetches per ShareFetch on 4 partitions with this, proxy
+# CPU per record a median 0.98 of before. Into all the free room, where windows kept for redeliveries fill the budget, the
 # fetches' own reads dropped the larger read-aheads to make room and read them again (state_bench,
 # 64 partitions fragmented: 47-79 MiB dropped against 4-7).
 READ_AHEAD_FETCHES = 4
@@ -622,9 +622,9 @@ class Reader:
         """Bytes to read from offset `read_from` for `records` (and the members queued behind this
         read), from the partition's learned bytes per record, no more than the record-lock limit
         lets be acquired (a read-ahead: a whole window's worth); plus, when the read starts at
-        redeliveries inside the window, the window's bytes. A read that would end inside its first or second batch asks for the first exactly, when
-        its size is known (see :func:`_whole_batches`); a longer one, whole batches of that size
-        (:func:`_in_whole_batches`)."""
+        redeliveries inside the window, the window's bytes. A read that would end inside its first
+        or second batch asks for the first exactly, when its size is known (see
+        :func:`_whole_batches`); a longer one, whole batches of that size (:func:`_in_whole_batches`)."""
         cap = self.max_fetch_bytes_per_partition
         read_bytes = min(max_bytes, cap)
         window_bytes = 0
@@ -903,23 +903,27 @@ def _whole_batches(leader: Leader, read_from: int, read_bytes: int) -> int:
     batches, and the 12 bytes after it size the next read the same way: reads chain on batch
     boundaries. (A read smaller than its first batch gets it whole only as the response's
     first partition; asked exactly, it always does.)"""
+    size = _known_batch_size(leader, read_from)
+    return size + LOG_OVERHEAD if size is not None and read_bytes < 2 * size else read_bytes
+
+
+def _known_batch_size(leader: Leader, read_from: int) -> int | None:
+    """The size of the log batch at `read_from` when the last read ended inside it (its first 12
+    bytes, received, say it), else None."""
     known = leader.next_batch
-    if known is None or known[0] != read_from:
-        return read_bytes
-    size = known[1]
-    return size + LOG_OVERHEAD if read_bytes < 2 * size else read_bytes
+    return known[1] if known is not None and known[0] == read_from else None
 
 
 def _in_whole_batches(leader: Leader, read_from: int, read_bytes: int) -> int:
     """`read_bytes` of two batches or more cut to whole batches the size of the one at `read_from`
     (known from the bytes the last read brought past its end), and 1/64 more for batches a little
     larger. A read that ends inside a batch receives part of it and throws it away: read-aheads of
-    ~4 MiB on ~1 MB batches read 1.17-1.24 x the log (share_bench, stop 44), 1.01-1.02 x so."""
-    known = leader.next_batch
-    if known is None or known[0] != read_from or read_bytes < 2 * known[1]:
+    ~4 MiB on ~1 MB batches read 1.17-1.24 x the log (share_bench, stop 44), 1.03 x so."""
+    size = _known_batch_size(leader, read_from)
+    if size is None or read_bytes < 2 * size:
         return read_bytes
-    batches = read_bytes // known[1]
-    return batches * known[1] + batches * known[1] // 64 + LOG_OVERHEAD
+    batches = read_bytes // size
+    return batches * size + batches * size // 64 + LOG_OVERHEAD
 
 
 def _records_bytes(records: bytes | memoryview, batches: tuple[RecordBatchHeader, ...], lo: int, hi: int) -> bytes | memoryview:
