@@ -469,12 +469,6 @@ UPSTREAM_READ = "ksp_share_upstream_fetch_bytes_total"
 EVICTED = "ksp_share_read_cache_evicted_bytes_total"
 
 
-def upstream_read_bytes(metrics_port: int) -> float | None:
-    """The log bytes the proxy's upstream Fetches brought in so far (None: an older tree without
-    ``ksp_share_upstream_fetch_bytes``)."""
-    return proxy_counters(metrics_port, UPSTREAM_READ)[0]
-
-
 def proxy_counters(metrics_port: int, *names: str) -> tuple[float | None, ...]:
     """Unlabelled counters of the proxy's so far, from one scrape (None: an older tree without one;
     share_bench.proxy_counter reads 0 there, which would pass for nothing read or dropped)."""

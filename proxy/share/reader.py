@@ -117,9 +117,9 @@ MIN_FETCH_BYTES = 64 * 1024
 # more than half the read-cache budget stays free. Sized for one fetch, the proxy sent an upstream
 # Fetch per ShareFetch, ~1 MiB each (a Java consumer's MaxBytes), its Python cost with every
 # ShareFetch: share_bench, stop 44, 0.50 Fetches per ShareFetch on 4 partitions with this, proxy
-# CPU per record a median 0.98 of before. Into all the free room, where windows kept for redeliveries fill the budget, the
-# fetches' own reads dropped the larger read-aheads to make room and read them again (state_bench,
-# 64 partitions fragmented: 47-79 MiB dropped against 4-7).
+# CPU per record a median 0.98 of before. Into all the free room, where windows kept for
+# redeliveries fill the budget, the fetches' own reads dropped the larger read-aheads to make room
+# and read them again (state_bench, 64 partitions fragmented: 47-79 MiB dropped against 4-7).
 READ_AHEAD_FETCHES = 4
 # A fetch whose member itself pins a full window is answered after this hold, doubling with each
 # early answer at the same SPSO (see Reader._pinned_deadline).

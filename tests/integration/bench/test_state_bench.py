@@ -15,6 +15,7 @@ from codec.share_state import (
 )
 from integration.bench.state_bench import (
     EVICTED,
+    UPSTREAM_READ,
     changed_ranges,
     deltas_on,
     delta_scheme,
@@ -24,7 +25,6 @@ from integration.bench.state_bench import (
     proxy_counters,
     read_state_log,
     released_once,
-    upstream_read_bytes,
 )
 
 A, B = ("accepted",), ("available",)  # attributes, opaque to changed_ranges
@@ -172,12 +172,10 @@ def test_the_proxys_upstream_read_bytes_are_read_from_a_real_metrics_endpoint():
     port = free_port()
     server, thread = start_http_server(port, addr="127.0.0.1")
     try:
-        before = upstream_read_bytes(port)
-        (evicted_before,) = proxy_counters(port, EVICTED)
+        before, evicted_before = proxy_counters(port, UPSTREAM_READ, EVICTED)
         metrics.UPSTREAM_FETCH_BYTES.inc(1234)
         metrics.READ_CACHE_EVICTED_BYTES.inc(56)
-        after = upstream_read_bytes(port)
-        (evicted_after,) = proxy_counters(port, EVICTED)
+        after, evicted_after = proxy_counters(port, UPSTREAM_READ, EVICTED)
     finally:
         server.shutdown()
         server.server_close()
@@ -191,7 +189,7 @@ def test_upstream_read_bytes_of_a_proxy_without_the_metric_are_none(monkeypatch)
     import urllib.request
 
     monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: io.BytesIO(b"# nothing here\n"))
-    assert upstream_read_bytes(1) is None
+    assert proxy_counters(1, UPSTREAM_READ) == (None,)
 
 
 def test_log_bytes_counts_the_segment_files_only(tmp_path):
