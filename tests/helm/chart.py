@@ -32,15 +32,20 @@ NAMESPACE = "queues"
 KUBE_VERSION = "1.30.0"
 
 
-def find_helm() -> Path | None:
-    """``$KSP_HELM`` if set (it must exist), else the binary ``make helm`` caches; None if neither."""
-    explicit = os.environ.get(HELM_ENV)
+def find_binary(env: str, cached: Path) -> Path | None:
+    """``$env`` if set (it must exist), else `cached` (where a make target builds it); None if neither."""
+    explicit = os.environ.get(env)
     if explicit:
         path = Path(explicit)
         if not (path.is_file() and os.access(path, os.X_OK)):
-            raise FileNotFoundError(f"{HELM_ENV}={explicit} is not an executable file")
+            raise FileNotFoundError(f"{env}={explicit} is not an executable file")
         return path
-    return CACHED_HELM if CACHED_HELM.is_file() and os.access(CACHED_HELM, os.X_OK) else None
+    return cached if cached.is_file() and os.access(cached, os.X_OK) else None
+
+
+def find_helm() -> Path | None:
+    """``$KSP_HELM`` if set (it must exist), else the binary ``make helm`` caches; None if neither."""
+    return find_binary(HELM_ENV, CACHED_HELM)
 
 
 SKIP_REASON = (f"no helm binary: run `make helm` (builds helm {HELM_VERSION} with `go install` into "
