@@ -321,6 +321,34 @@ def test_helm_target_skips_a_cached_binary(project: Path) -> None:
     assert f"helm {version} cached at {cached}" in result.stdout
 
 
+def test_promtool_target_without_go_says_so_and_fails(project: Path) -> None:
+    """Asked for explicitly, promtool without `go` is an error (the tests it serves skip on their own)."""
+    result = make(project, "promtool")
+    assert result.returncode != 0
+    assert "go is not installed" in result.stdout and "KSP_PROMTOOL" in result.stdout
+    assert not (project / ".cache").exists()
+
+
+def test_promtool_target_skips_a_cached_binary(project: Path) -> None:
+    version = makefile_variable("PROMTOOL_VERSION")
+    cached = project / ".cache" / "kafka-share-proxy" / f"promtool-{version}" / "promtool"
+    cached.parent.mkdir(parents=True)
+    cached.write_text("#!/bin/sh\n")
+    cached.chmod(0o755)
+    result = make(project, "promtool")
+    assert result.returncode == 0, result.stderr
+    assert f"promtool {version} cached at {cached}" in result.stdout
+
+
+def test_test_does_not_build_promtool(project: Path) -> None:
+    """A cold build takes ~5.5 minutes on two cores: not in CI's budget (its tests skip without it)."""
+    fake_python(project, "python3.11", "3.11")
+    result = make(project, "-n", "test")
+    assert result.returncode == 0, result.stderr
+    assert "go install helm.sh/helm/v3/cmd/helm@" in result.stdout  # the dry run does reach the builds
+    assert "prometheus/cmd/promtool" not in result.stdout
+
+
 def test_unit_depends_on_helm(project: Path) -> None:
     fake_python(project, "python3.11", "3.11")
     result = make(project, "-n", "unit")

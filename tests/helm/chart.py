@@ -51,6 +51,18 @@ def find_helm() -> Path | None:
 SKIP_REASON = (f"no helm binary: run `make helm` (builds helm {HELM_VERSION} with `go install` into "
                f"{CACHED_HELM.parent}) or set {HELM_ENV}")
 
+# Prometheus's promtool, for the alert rules (tests/helm/test_alert_rules.py): ``make promtool``, not `make test`.
+PROMTOOL_VERSION = "v0.316.0"  # the Makefile's PROMTOOL_VERSION (the Go module's version of Prometheus 3.16.0)
+CACHED_PROMTOOL = Path.home() / ".cache" / "kafka-share-proxy" / f"promtool-{PROMTOOL_VERSION}" / "promtool"
+PROMTOOL_ENV = "KSP_PROMTOOL"
+PROMTOOL_SKIP_REASON = (f"no promtool: run `make promtool` (builds promtool {PROMTOOL_VERSION} with `go install` "
+                        f"into {CACHED_PROMTOOL.parent}) or set {PROMTOOL_ENV}")
+
+
+def find_promtool() -> Path | None:
+    """``$KSP_PROMTOOL`` if set (it must exist), else the binary ``make promtool`` caches; None if neither."""
+    return find_binary(PROMTOOL_ENV, CACHED_PROMTOOL)
+
 
 class RenderError(RuntimeError):
     """helm refused the values (schema, or a template's `fail`); the message is helm's stderr."""

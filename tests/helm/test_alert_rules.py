@@ -21,17 +21,15 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.helm.chart import CI_VALUES, NAMESPACE, SKIP_REASON, find_binary, find_helm, render
+from tests.helm.chart import (
+    CI_VALUES, NAMESPACE, PROMTOOL_SKIP_REASON, SKIP_REASON, find_helm, find_promtool, render,
+)
 
-PROMTOOL_VERSION = "v0.316.0"  # the Makefile's PROMTOOL_VERSION (the Go module's version of Prometheus)
-CACHED_PROMTOOL = Path.home() / ".cache" / "kafka-share-proxy" / f"promtool-{PROMTOOL_VERSION}" / "promtool"
-PROMTOOL_ENV = "KSP_PROMTOOL"
-PROMTOOL = find_binary(PROMTOOL_ENV, CACHED_PROMTOOL)
+PROMTOOL = find_promtool()
 
 pytestmark = [
     pytest.mark.skipif(find_helm() is None, reason=SKIP_REASON),
-    pytest.mark.skipif(PROMTOOL is None, reason=f"no promtool: run `make promtool` (builds promtool {PROMTOOL_VERSION} "
-                                                f"with `go install` into {CACHED_PROMTOOL.parent}) or set {PROMTOOL_ENV}"),
+    pytest.mark.skipif(PROMTOOL is None, reason=PROMTOOL_SKIP_REASON),
 ]
 
 OTHER_NAMESPACE = "elsewhere"
@@ -51,7 +49,7 @@ def test_promtool_accepts_the_rendered_rules_and_their_templates(rule_groups, tm
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": rule_groups}))
     checked = promtool("check", "rules", "rules.yaml", cwd=tmp_path)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 6 rules found" in checked.stdout, checked.stdout
+    assert f"SUCCESS: {sum(len(group['rules']) for group in rule_groups)} rules found" in checked.stdout, checked.stdout
 
 
 def series(name: str, values: str, **labels: str) -> dict[str, str]:
@@ -114,6 +112,11 @@ CASES: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
          firing("KafkaShareProxyReadCacheTooSmall", "60m", {"pod": "p-0"})],
     ),
 }
+
+
+def test_every_alert_of_the_chart_has_a_case(rule_groups) -> None:
+    alerts = {rule["alert"] for group in rule_groups for rule in group["rules"]}
+    assert alerts == {test["alertname"] for _, tests in CASES.values() for test in tests}
 
 
 @pytest.mark.parametrize("case", CASES)

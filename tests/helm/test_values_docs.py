@@ -9,13 +9,19 @@ from typing import Any
 
 import yaml
 
-from tests.helm.chart import CHART, HELM_VERSION, ROOT
+from tests.helm.chart import CHART, HELM_VERSION, PROMTOOL_VERSION, ROOT
 
 
 def test_the_helm_looked_for_is_the_one_the_makefile_builds() -> None:
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(rf"^HELM_VERSION := {re.escape(HELM_VERSION)}$", makefile, re.MULTILINE)
     assert "$(HOME)/.cache/kafka-share-proxy/helm-$(HELM_VERSION)" in makefile
+
+
+def test_the_promtool_looked_for_is_the_one_the_makefile_builds() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(rf"^PROMTOOL_VERSION := {re.escape(PROMTOOL_VERSION)}$", makefile, re.MULTILINE)
+    assert "$(HOME)/.cache/kafka-share-proxy/promtool-$(PROMTOOL_VERSION)" in makefile
 
 
 # -- documentation ----------------------------------------------------------------------------------
