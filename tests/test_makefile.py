@@ -310,15 +310,16 @@ def test_helm_target_without_go_says_so_and_succeeds(project: Path) -> None:
     assert not (project / ".cache").exists()
 
 
-def test_helm_target_skips_a_cached_binary(project: Path) -> None:
-    version = makefile_variable("HELM_VERSION")
-    cached = project / ".cache" / "kafka-share-proxy" / f"helm-{version}" / "helm"
+@pytest.mark.parametrize("tool", ["helm", "promtool"])
+def test_a_go_built_tools_target_skips_a_cached_binary(project: Path, tool: str) -> None:
+    version = makefile_variable(f"{tool.upper()}_VERSION")
+    cached = project / ".cache" / "kafka-share-proxy" / f"{tool}-{version}" / tool
     cached.parent.mkdir(parents=True)
     cached.write_text("#!/bin/sh\n")
     cached.chmod(0o755)
-    result = make(project, "helm")
+    result = make(project, tool)
     assert result.returncode == 0, result.stderr
-    assert f"helm {version} cached at {cached}" in result.stdout
+    assert f"{tool} {version} cached at {cached}" in result.stdout
 
 
 def test_promtool_target_without_go_says_so_and_fails(project: Path) -> None:
@@ -327,17 +328,6 @@ def test_promtool_target_without_go_says_so_and_fails(project: Path) -> None:
     assert result.returncode != 0
     assert "go is not installed" in result.stdout and "KSP_PROMTOOL" in result.stdout
     assert not (project / ".cache").exists()
-
-
-def test_promtool_target_skips_a_cached_binary(project: Path) -> None:
-    version = makefile_variable("PROMTOOL_VERSION")
-    cached = project / ".cache" / "kafka-share-proxy" / f"promtool-{version}" / "promtool"
-    cached.parent.mkdir(parents=True)
-    cached.write_text("#!/bin/sh\n")
-    cached.chmod(0o755)
-    result = make(project, "promtool")
-    assert result.returncode == 0, result.stderr
-    assert f"promtool {version} cached at {cached}" in result.stdout
 
 
 def test_test_does_not_build_promtool(project: Path) -> None:
