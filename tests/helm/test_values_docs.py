@@ -1,27 +1,24 @@
 """The chart's documentation and set-up, checked without running helm: every value in
 values.yaml has a `## @param` line and a row in helm/README.md's parameters table, and the tests
-look for the helm the Makefile builds."""
+look for the helm and promtool the Makefile builds."""
 
 from __future__ import annotations
 
 import re
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.helm.chart import CHART, HELM_VERSION, PROMTOOL_VERSION, ROOT
 
 
-def test_the_helm_looked_for_is_the_one_the_makefile_builds() -> None:
+@pytest.mark.parametrize(("tool", "version"), [("helm", HELM_VERSION), ("promtool", PROMTOOL_VERSION)])
+def test_the_tool_looked_for_is_the_one_the_makefile_builds(tool: str, version: str) -> None:
     makefile = (ROOT / "Makefile").read_text()
-    assert re.search(rf"^HELM_VERSION := {re.escape(HELM_VERSION)}$", makefile, re.MULTILINE)
-    assert "$(HOME)/.cache/kafka-share-proxy/helm-$(HELM_VERSION)" in makefile
-
-
-def test_the_promtool_looked_for_is_the_one_the_makefile_builds() -> None:
-    makefile = (ROOT / "Makefile").read_text()
-    assert re.search(rf"^PROMTOOL_VERSION := {re.escape(PROMTOOL_VERSION)}$", makefile, re.MULTILINE)
-    assert "$(HOME)/.cache/kafka-share-proxy/promtool-$(PROMTOOL_VERSION)" in makefile
+    variable = f"{tool.upper()}_VERSION"
+    assert re.search(rf"^{variable} := {re.escape(version)}$", makefile, re.MULTILINE)
+    assert f"$(HOME)/.cache/kafka-share-proxy/{tool}-$({variable})" in makefile
 
 
 # -- documentation ----------------------------------------------------------------------------------
