@@ -161,17 +161,6 @@ def rss_bytes() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def proc_status_kib(pid: int, field: str) -> int | None:
-    """A `VmRSS`-like field of /proc/<pid>/status in KiB, None if unreadable."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
 class NullWriter:
     """A state writer that drops the records: write_once's CPU without the write itself."""
 
@@ -434,6 +423,7 @@ def http_get(url: str) -> tuple[int, str] | None:
 
 def end_to_end(args: argparse.Namespace, groups: int, partitions: int, counts: Sequence[int], log_dir: Path) -> list[dict]:
     """One broker; per record count a fresh state topic, written, then a fresh proxy replaying it."""
+    from integration.bench.procfs import proc_status_kib
     from integration.kafka_fixtures import ProxyProcess, admin_client, create_topics, unique_name
     from proxy.localkafka import LocalKafka
     from proxy.localkafka.broker import free_port

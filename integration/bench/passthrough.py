@@ -53,10 +53,10 @@ from pathlib import Path
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from integration.bench.hop import hop_process
+from integration.bench.procfs import process_cpu_seconds
 from integration.kafka_fixtures import ProxyProcess, create_topics, unique_name
 from proxy.localkafka import DEFAULT_VERSION, LocalKafka, free_port
 
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,14 +99,6 @@ class Measurement:
         if self.proxy_cpu_seconds is None:
             return None
         return self.proxy_cpu_seconds / self.records * 1e6
-
-
-def process_cpu_seconds(pid: int) -> float:
-    """utime + stime of a process, from /proc/<pid>/stat (fields 14 and 15)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        # The command name (field 2) may hold spaces; everything after its ')' splits cleanly.
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
 def split(records: int, clients: int) -> list[int]:

@@ -91,6 +91,7 @@ from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 from prometheus_client.parser import text_string_to_metric_families
 
 from integration.bench.passthrough import Target, produce
+from integration.bench.procfs import proc_status_kib, process_cpu_seconds
 from integration.kafka_fixtures import ProxyProcess, admin_client, create_topics, kafka_tools_jar, unique_name
 from proxy.localkafka import DEFAULT_VERSION, LocalKafka
 from proxy.localkafka.broker import find_java, free_port
@@ -160,6 +161,8 @@ class Measurement:
     client: ClientFetches | None = None  # the share consumers' own fetch metrics (--print-metrics)
     cpu: CpuUse | None = None  # what the streaming part cost the whole machine, by whom (share runs)
     started_at: float | None = None  # the tool's start.time, seconds since the epoch (share runs)
+    proxy_rss_kib: int | None = None  # the proxy's resident memory after the run (/proc VmRSS)
+    proxy_peak_rss_kib: int | None = None  # its peak so far, the proxy's life until then (VmHWM)
 
     @classmethod
     def from_json(cls, numbers: dict) -> Measurement:
@@ -493,15 +496,6 @@ def proxy_counter_sum(metrics_url: str, name: str) -> float:
     return sum(float(value) for value in re.findall(rf"^{re.escape(name)}_total\{{[^}}]*\}} (\S+)$", text, re.MULTILINE))
 
 
-def process_cpu_seconds(pid: int) -> float | None:
-    """User + system CPU of a process and all its threads so far (Linux /proc), None elsewhere."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
-
-
 @contextlib.contextmanager
 def _sampling(command: list[str] | None, output: Path):
     """Run the sampling profiler `command` (None: nothing) while the block runs; it writes `output`
@@ -707,7 +701,8 @@ def proxied_share_run(args: argparse.Namespace, tools: PerfTools, proxy: ProxyPr
     acquired = int(proxy_counter(metrics_url, "ksp_share_records_acquired") - acquired_before)
     cpu = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
     result = dataclasses.replace(measured, acquired=acquired, partitions=partitions, proxy_cpu_s=cpu,
-                                 cpu=streaming_cpu(sampler, measured))
+                                 cpu=streaming_cpu(sampler, measured), proxy_rss_kib=proc_status_kib(pid, "VmRSS"),
+                                 proxy_peak_rss_kib=proc_status_kib(pid, "VmHWM"))
     report_progress(result)
     samples_after = proxy_samples(metrics_url)
     reads = upstream_reads(samples_before, samples_after, measured.megabytes)
@@ -795,9 +790,12 @@ def report_progress(measurement: Measurement) -> None:
     machine = ("" if use is None else
                f"; while streaming, machine CPU {use.machine_s:.1f} s ({use.busy:.0%} of {use.cores} cores; "
                f"broker {use.broker_s:.1f} s, consumers {use.consumers_s:.1f} s, proxy {use.proxy_s:.1f} s)")
+    memory = ("" if measurement.proxy_rss_kib is None or measurement.proxy_peak_rss_kib is None else
+              f"; proxy resident {measurement.proxy_rss_kib / 1024:.0f} MiB after the run, "
+              f"{measurement.proxy_peak_rss_kib / 1024:.0f} MiB at most so far")
     print(f"  {measurement.label}{shape}: {measurement.records_per_second:,.0f} records/s whole run, "
           f"{measurement.streaming_records_per_second:,.0f} after the first record "
-          f"({measurement.first_record_s:.1f} s){cpu}{fetches}{machine}", file=sys.stderr, flush=True)
+          f"({measurement.first_record_s:.1f} s){cpu}{fetches}{machine}{memory}", file=sys.stderr, flush=True)
 
 
 def best(results: Sequence[Measurement], label: str, partitions: int | None = None) -> Measurement | None:

@@ -20,9 +20,9 @@ from integration.bench.share_bench import (
     latency_breakdown,
     parse_client_fetches,
     parse_trees,
-    process_cpu_seconds,
     profile_summary,
     repeats_table,
+    report_progress,
     rotated,
     settle_machine,
     side_order,
@@ -104,12 +104,6 @@ def test_profile_summary_counts_self_and_inclusive_samples(tmp_path):
     by_inclusive = lines[lines.index("by inclusive:") + 1:]
     assert by_inclusive[0].split() == ["0.0", "100.0", "main", "(a.py)"]
     assert by_inclusive[1].split() == ["20.0", "80.0", "read", "(r.py)"]
-
-
-def test_process_cpu_seconds_reads_this_process():
-    import os
-    spent = process_cpu_seconds(os.getpid())
-    assert spent is None or spent > 0
 
 
 def test_latency_breakdown_takes_the_runs_share_of_the_histograms():
@@ -272,3 +266,11 @@ def test_settling_the_machine_gives_up_after_its_limit():
     machine = FakeMachine([])  # busy for ever
     assert machine.settle(max_wait_s=5.0) == 5.0
     assert machine.synced == 1
+
+
+def test_report_progress_gives_the_proxys_resident_memory_when_it_was_read(capsys):
+    run = measurement("share group x1, proxy", "proxy", 1, 4, 10.0)
+    report_progress(dataclasses.replace(run, proxy_rss_kib=100 * 1024, proxy_peak_rss_kib=150 * 1024))
+    assert "; proxy resident 100 MiB after the run, 150 MiB at most so far" in capsys.readouterr().err
+    report_progress(run)  # native runs, and a proxy whose /proc could not be read
+    assert "resident" not in capsys.readouterr().err
