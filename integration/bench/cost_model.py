@@ -41,18 +41,21 @@ Prints one table per part and the fitted coefficients of
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
+import itertools
 import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -121,8 +124,9 @@ def state_batches_for(start: int, batches: int, run: int) -> tuple:
 
 def state_records(groups: int, partitions: int, records: int, *, topic_id: uuid.UUID = TOPIC_ID,
                   batches: int = 4, run: int = 5, create_timestamp: int = 1_700_000_000_000,
-                  ) -> Iterator[tuple[bytes, bytes | None]]:
-    """`records` state-topic records (key, value) for groups x partitions share-partitions, in log order.
+                  ) -> Iterator[tuple[bytes, bytes | None, bytes]]:
+    """`records` state-topic records for groups x partitions share-partitions, in log order, as the
+    proxy's writer takes them: (key, value, route).
 
     Per group its metadata and initialised-partitions records (so replay keeps its partitions);
     the rest are ShareSnapshots spread evenly over the share-partitions, each with the SPSO moved on
@@ -148,9 +152,28 @@ def state_records(groups: int, partitions: int, records: int, *, topic_id: uuid.
                 break  # split_evenly puts the larger counts first
             start = epoch * 1000
             snapshot = PartitionSnapshot(start, state_batches_for(start, batches, run))
-            yield state_store.snapshot_record(key, snapshot, snapshot_epoch=epoch, state_epoch=0,
-                                              create_timestamp=create_timestamp,
-                                              write_timestamp=create_timestamp + epoch, clock_offset_ms=0)
+            yield (*state_store.snapshot_record(key, snapshot, snapshot_epoch=epoch, state_epoch=0,
+                                                create_timestamp=create_timestamp,
+                                                write_timestamp=create_timestamp + epoch, clock_offset_ms=0),
+                   state_store.share_partition_route(key))
+
+
+def state_partitions() -> int:
+    """The partitions the proxy gives a new state topic (--state-topic-partitions' default)."""
+    from proxy.config import ProxyConfig
+
+    return next(f.default for f in dataclasses.fields(ProxyConfig) if f.name == "state_topic_partitions")
+
+
+def placed(records: Iterable[tuple[bytes, bytes | None, bytes | int]], partitions: int,
+           ) -> Iterator[tuple[int, bytes, bytes | None]]:
+    """(partition, key, value): each record on the state-topic partition the proxy's writer puts it
+    on, after the layout-2 marker -- a topic the proxy replays as it is, without migrating it first."""
+    from proxy.share import state_store
+    from proxy.share.persister import partition_of
+
+    for record in itertools.chain([state_store.layout_record(partitions)], records):
+        yield partition_of(record, partitions), record[0], record[1]
 
 
 # ----- measuring inside a child process ----------------------------------------------------------
@@ -338,16 +361,23 @@ def child_replay(spec: dict) -> dict:
     groups, partitions, records = spec["groups"], spec["partitions"], spec["records"]
     out: dict = dict(spec)
     started = time.perf_counter()
-    replayed = [ReplayedRecord(i % 3, i // 3, key, value) for i, (key, value) in enumerate(
-        state_records(groups, partitions, records, batches=spec["batches"], run=spec["run"]))]
+    state_topic_partitions = state_partitions()
+    next_offset = [0] * state_topic_partitions
+    replayed = []
+    for partition, key, value in placed(state_records(groups, partitions, records, batches=spec["batches"],
+                                                      run=spec["run"]), state_topic_partitions):
+        replayed.append(ReplayedRecord(partition, next_offset[partition], key, value))
+        next_offset[partition] += 1
     out["build_s"] = time.perf_counter() - started
     out["value_bytes"] = sum(len(r.value or b"") for r in replayed) // len(replayed)
     gc.collect()
     started = time.perf_counter()
-    recovered = state_store.recover(replayed, topic="cost-model", clock_offset_ms=0)
+    recovered = state_store.recover(replayed, topic="cost-model", clock_offset_ms=0,
+                                    partitions=state_topic_partitions)
     out["recover_s"] = time.perf_counter() - started
     assert len(recovered.partitions) == groups * partitions and not recovered.skipped, \
         (len(recovered.partitions), recovered.skipped)
+    assert not recovered.needs_migration(state_topic_partitions)
 
     async def restore() -> None:
         service = new_service()
@@ -385,9 +415,10 @@ def topic_uuid(admin, topic: str) -> uuid.UUID:
     return uuid.UUID(int=((tid.get_most_significant_bits() & mask) << 64) | (tid.get_least_significant_bits() & mask))
 
 
-def write_state_topic(bootstrap: str, topic: str, records) -> tuple[int, float]:
-    """Append (key, value) records with the state writer's producer settings (keyed: the proxy's
-    partitioning); returns (records, seconds)."""
+def write_state_topic(bootstrap: str, topic: str, records: Iterable[tuple[int, bytes, bytes | None]],
+                      ) -> tuple[int, float]:
+    """Append (partition, key, value) records with the state writer's producer settings; returns
+    (records, seconds)."""
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
@@ -395,10 +426,10 @@ def write_state_topic(bootstrap: str, topic: str, records) -> tuple[int, float]:
     failures = []
     count = 0
     started = time.perf_counter()
-    for key, value in records:
+    for partition, key, value in records:
         while True:
             try:
-                producer.produce(topic, key=key, value=value,
+                producer.produce(topic, key=key, value=value, partition=partition,
                                  on_delivery=lambda err, _msg: failures.append(err) if err else None)
                 break
             except BufferError:
@@ -421,6 +452,40 @@ def http_get(url: str) -> tuple[int, str] | None:
         return None
 
 
+class LivenessPoller:
+    """Asks `url` (/healthz) once a second from a thread while the block runs; summary() counts the
+    answers from the first 200 on (before it the interpreter and the health server were starting,
+    which the chart's startup probe covers) that were not 200 or did not come within 5 s."""
+
+    def __init__(self, url: str, interval_s: float = 1.0) -> None:
+        self.url = url
+        self.interval_s = interval_s
+        self.answers: list[tuple[float, bool]] = []  # (seconds to answer, 200)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            asked = time.monotonic()
+            answer = http_get(self.url)
+            self.answers.append((time.monotonic() - asked, answer is not None and answer[0] == 200))
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> LivenessPoller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def summary(self) -> dict:
+        first = next((i for i, (_, ok) in enumerate(self.answers) if ok), len(self.answers))
+        counted = self.answers[first:]
+        return {"healthz_asked": len(counted), "healthz_failed": sum(1 for _, ok in counted if not ok),
+                "healthz_slowest_s": max((seconds for seconds, _ in counted), default=0.0)}
+
+
 def end_to_end(args: argparse.Namespace, groups: int, partitions: int, counts: Sequence[int], log_dir: Path) -> list[dict]:
     """One broker; per record count a fresh state topic, written, then a fresh proxy replaying it."""
     from integration.bench.procfs import proc_status_kib
@@ -436,16 +501,20 @@ def end_to_end(args: argparse.Namespace, groups: int, partitions: int, counts: S
         for records in counts:
             out: dict = {"groups": groups, "partitions": partitions, "records": records}
             state_topic = unique_name("__cost_model_state")
-            ensure_state_topics(kafka.bootstrap, [StateTopicSpec(state_topic)])  # the proxy's own spec
-            out["written"], out["write_s"] = write_state_topic(
-                kafka.bootstrap, state_topic,
-                state_records(groups, partitions, records, topic_id=topic_id, batches=args.snapshot_batches))
+            # The proxy's own spec, at the partition count it gives a new state topic.
+            ensure_state_topics(kafka.bootstrap, [StateTopicSpec(state_topic, partitions=state_partitions())])
+            out["written"], out["write_s"] = write_state_topic(kafka.bootstrap, state_topic, placed(
+                state_records(groups, partitions, records, topic_id=topic_id, batches=args.snapshot_batches),
+                state_partitions()))
             port = free_port()
             extra = ("--state-topic", state_topic, "--metrics-port", str(port), "--log-level", "warning")
             out["load_before"] = os.getloadavg()
             started = time.monotonic()
-            with ProxyProcess(upstream=kafka.bootstrap, log_path=log_dir / f"proxy-{records}.log", extra_args=extra,
-                              startup_timeout=args.e2e_timeout) as proxy:
+            # Liveness while it replays, asked as the chart's probe asks (/healthz every second here,
+            # 5 s timeout): an answer other than 200, or none, is what restarts a pod 3 in a row.
+            with LivenessPoller(f"http://127.0.0.1:{port}/healthz") as liveness, \
+                    ProxyProcess(upstream=kafka.bootstrap, log_path=log_dir / f"proxy-{records}.log", extra_args=extra,
+                                 startup_timeout=args.e2e_timeout) as proxy:
                 while True:
                     answer = http_get(f"http://127.0.0.1:{port}/readyz")
                     if answer is not None and answer[0] == 200:
@@ -454,6 +523,7 @@ def end_to_end(args: argparse.Namespace, groups: int, partitions: int, counts: S
                         raise RuntimeError(f"/readyz not 200 after {args.e2e_timeout}s: {answer}")
                     time.sleep(0.2)
                 out["ready_s"] = time.monotonic() - started
+                out.update(liveness.summary())
                 metrics = http_get(f"http://127.0.0.1:{port}/metrics")
                 assert metrics is not None and metrics[0] == 200, metrics
                 out["replay_seconds"] = metric_value(metrics[1], "ksp_share_state_replay_seconds")
@@ -466,7 +536,9 @@ def end_to_end(args: argparse.Namespace, groups: int, partitions: int, counts: S
             print(f"{groups}x{partitions}: wrote {out['written']:,} records in {out['write_s']:.1f}s; "
                   f"replay_seconds {out['replay_seconds']:.2f} for {out['replay_records']:,.0f} records; ready after "
                   f"{out['ready_s']:.1f}s; proxy VmRSS {out['vm_rss_kib'] / 1024:.0f} MiB, VmHWM "
-                  f"{out['vm_hwm_kib'] / 1024:.0f} MiB; load {out['load_before'][0]:.2f} -> {out['load_after'][0]:.2f}",
+                  f"{out['vm_hwm_kib'] / 1024:.0f} MiB; /healthz failed {out['healthz_failed']} of {out['healthz_asked']}, "
+                  f"slowest answer {out['healthz_slowest_s']:.1f} s; "
+                  f"load {out['load_before'][0]:.2f} -> {out['load_after'][0]:.2f}",
                   flush=True)
     return rows
 

@@ -340,7 +340,7 @@ class StateLogWriter:
 
         for record in records:
             key, value = record[0], record[1]
-            partition = _partition_of(record, partitions, lanes)
+            partition = partition_of(record, partitions, lanes)
             if partition >= max(partitions, 1):
                 delivery.settle(f"partition {partition} of {topic!r} does not exist ({partitions})")
                 continue
@@ -371,7 +371,7 @@ class StateLogWriter:
             await trio.to_thread.run_sync(poller.join, timeout_s)
 
 
-def _partition_of(record: StateRecord, partitions: int, lanes: int) -> int:
+def partition_of(record: StateRecord, partitions: int, lanes: int = 1) -> int:
     """The partition `record` is produced to; -1 leaves it to librdkafka's partitioner, which only
     a single producer may do (with several, the partition picks the producer)."""
     if len(record) == 3:

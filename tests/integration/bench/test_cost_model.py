@@ -9,11 +9,14 @@ from integration.bench.cost_model import (
     fit_line,
     metric_value,
     parse_shapes,
+    placed,
     split_evenly,
     state_batches_for,
+    state_partitions,
     state_records,
 )
 from proxy.share import state_store
+from proxy.share.persister import ReplayedRecord
 from proxy.share.states import RecordState
 
 
@@ -75,3 +78,36 @@ def test_state_records_replay_to_every_share_partition_at_its_newest_snapshot() 
 def test_state_records_refuses_too_few_records() -> None:
     with pytest.raises(ValueError):
         list(state_records(2, 3, 9))
+
+
+def test_state_partitions_is_what_the_proxy_gives_a_new_state_topic() -> None:
+    from proxy.config import load_config
+
+    assert state_partitions() == load_config({"upstream": "k:1"}, environ={}).state_topic_partitions
+
+
+def test_placed_records_replay_in_layout_2_without_a_migration() -> None:
+    """The records the end-to-end replay writes must be a topic the proxy serves as it is: were they
+    off their home partitions, the proxy would migrate them at start and replay would time that."""
+    partitions = 12
+    rows = list(placed(state_records(2, 3, 2 * 2 + 6 * 3 + 2, batches=3), partitions))
+    assert rows[0][0] == 0 and len(rows) == 25  # the layout marker first, on partition 0
+    assert len({partition for partition, _, _ in rows}) > 1  # homes spread over the topic
+    offsets = [0] * partitions
+    replayed = []
+    for partition, key, value in rows:
+        replayed.append(ReplayedRecord(partition, offsets[partition], key, value))
+        offsets[partition] += 1
+    recovered = state_store.recover(replayed, clock_offset_ms=0, partitions=partitions)
+    assert recovered.layout == state_store.LayoutMarker(state_store.LAYOUT, partitions)
+    assert not recovered.needs_migration(partitions) and not recovered.misplaced and not recovered.skipped
+    assert len(recovered.partitions) == 6
+
+
+def test_records_on_a_partition_other_than_their_home_would_be_migrated() -> None:
+    """The check above can fail: the same records round-robin over the partitions need a migration."""
+    partitions = 12
+    rows = list(placed(state_records(2, 3, 2 * 2 + 6 * 3 + 2, batches=3), partitions))
+    replayed = [ReplayedRecord(0 if i == 0 else 1 + i % (partitions - 1), i, key, value)
+                for i, (_, key, value) in enumerate(rows)]
+    assert state_store.recover(replayed, clock_offset_ms=0, partitions=partitions).needs_migration(partitions)
