@@ -14,7 +14,8 @@ each delivery callback hands its result back to trio with ``TrioToken.run_sync_s
 thread-safe), where it completes the waiting write. The trio side never blocks on the producer.
 
 Replay reads every partition of a state topic from the beginning up to the high watermark seen
-at start, in a worker thread, and returns the records in log order per partition. The topics are
+at start, in a worker thread, and yields the records in log order per partition as they are
+read (the proxy folds them as they come, in that thread). The topics are
 compacted, so replay cost is bounded by the number of live keys, not by history; this module
 knows nothing of the record formats (bytes in, bytes out).
 """
@@ -25,7 +26,7 @@ import threading
 import time
 import uuid
 import zlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import structlog
@@ -389,11 +390,32 @@ def replay_state_topic(
     timeout_s: float = 60.0,
     partitions: Iterable[int] | None = None,
 ) -> list[ReplayedRecord]:
-    """Read `topic` (only ``partitions`` of it, when given) from the beginning to its current end,
-    partition by partition.
+    """Every record of `topic` (only ``partitions`` of it, when given) from the beginning to its
+    current end, in log order per partition (:func:`read_state_topic`, held in a list: tools and
+    tests; the proxy folds the records as they come instead).
 
     Blocking: call from a worker thread. Raises PersistError when the topic cannot be read to
     its end within `timeout_s` (serving from partial state would lose acknowledgements).
+    """
+    return list(read_state_topic(bootstrap, topic, client_config=client_config, timeout_s=timeout_s,
+                                 partitions=partitions))
+
+
+def read_state_topic(
+    bootstrap: str,
+    topic: str,
+    *,
+    client_config: Mapping[str, str] | None = None,
+    timeout_s: float = 60.0,
+    partitions: Iterable[int] | None = None,
+) -> Iterator[ReplayedRecord]:
+    """The records of `topic` (only ``partitions`` of it, when given) from the beginning to the
+    high watermarks seen at the start, yielded as they are read, in log order per partition: a
+    caller that folds them holds its state, never the whole topic (a million records held at
+    once cost ~600 B each at start-up; docs/benchmarks.md, "Replay folded as it reads").
+
+    Blocking: iterate in a worker thread. Raises PersistError while iterating when the topic
+    cannot be read to its end within `timeout_s`; the caller starts again with a fresh call.
     """
     config = _client_config(bootstrap, client_config)
     config.update(
@@ -407,7 +429,7 @@ def replay_state_topic(
     )
     consumer = Consumer(config)
     try:
-        return _replay(consumer, topic, timeout_s, None if partitions is None else set(partitions))
+        yield from _replay(consumer, topic, timeout_s, None if partitions is None else set(partitions))
     except KafkaException as exc:
         # e.g. NOT_LEADER_FOR_PARTITION right after the topic was created: the caller retries.
         raise PersistError(f"replay of {topic!r} failed: {exc}") from exc
@@ -415,8 +437,8 @@ def replay_state_topic(
         consumer.close()
 
 
-def _replay(consumer: Consumer, topic: str, timeout_s: float, only: set[int] | None = None) -> list[ReplayedRecord]:
-    """Read `topic` from its start to the high watermarks seen now (see replay_state_topic)."""
+def _replay(consumer: Consumer, topic: str, timeout_s: float, only: set[int] | None = None) -> Iterator[ReplayedRecord]:
+    """Read `topic` from its start to the high watermarks seen now (see read_state_topic)."""
     metadata = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
     if metadata is None or metadata.error is not None:
         raise PersistError(f"state topic {topic!r} is not readable: {metadata and metadata.error}")
@@ -431,9 +453,8 @@ def _replay(consumer: Consumer, topic: str, timeout_s: float, only: set[int] | N
         if high > low:
             starts[partition], ends[partition] = low, high
     if not ends:
-        return []
+        return
     consumer.assign([TopicPartition(topic, p, offset) for p, offset in starts.items()])
-    records: list[ReplayedRecord] = []
     remaining = dict(ends)
     deadline = time.monotonic() + timeout_s
     while remaining:
@@ -444,7 +465,7 @@ def _replay(consumer: Consumer, topic: str, timeout_s: float, only: set[int] | N
                 raise PersistError(f"replay of {topic!r} failed: {message.error()}")
             partition, offset = message.partition(), message.offset()
             if partition in remaining:
-                records.append(ReplayedRecord(partition, offset, message.key() or b"", message.value()))
+                yield ReplayedRecord(partition, offset, message.key() or b"", message.value())
                 if offset + 1 >= remaining[partition]:
                     del remaining[partition]
         # Compaction can remove the records just below the high watermark; the consumer's
@@ -452,5 +473,4 @@ def _replay(consumer: Consumer, topic: str, timeout_s: float, only: set[int] | N
         for tp in consumer.position([TopicPartition(topic, p) for p in list(remaining)]):
             if tp.offset >= 0 and tp.offset >= remaining[tp.partition]:
                 del remaining[tp.partition]
-    return records
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import structlog
@@ -52,11 +52,10 @@ from proxy.share.group_admin import GroupAdmin
 from proxy.share.group_guard import CONSUMER_GROUP_HEARTBEAT, JOIN_GROUP, ConsumerGroupGuard
 from proxy.share.manager import ShareService, ShareServiceConfig, monotonic_ms, wall_clock_ms
 from proxy.share.persister import (
-    PersistError,
     StateLogWriter,
     StateTopicSpec,
     ensure_state_topics,
-    replay_state_topic,
+    read_state_topic,
 )
 from proxy.share.in_flight import in_flight_routes, in_flight_version_range
 from proxy.share.progress import extension_features, progress_routes, progress_version_range
@@ -233,15 +232,12 @@ async def _settled_layout(writer, topic: str, bootstrap: str, client_config) -> 
     the same marker); one with records but no matching marker must be migrated first by a single
     instance without --instance-id (it reads the whole topic, which only a single owner may)."""
     partitions = await writer.partition_count(topic)
-
-    def read(only):
-        return replay_state_topic(bootstrap, topic, client_config=client_config, partitions=only)
-
-    first = await trio.to_thread.run_sync(read, [0], abandon_on_cancel=True)
-    if state_store.recover(first, partitions=partitions).layout == state_store.LayoutMarker(
-            state_store.LAYOUT, partitions):
+    first = await trio.to_thread.run_sync(
+        lambda: fold_state_topic(bootstrap, topic, client_config, only=[0], partitions=partitions),
+        abandon_on_cancel=True)
+    if first.layout == state_store.LayoutMarker(state_store.LAYOUT, partitions):
         return partitions
-    if await trio.to_thread.run_sync(read, None, abandon_on_cancel=True):
+    if await trio.to_thread.run_sync(lambda: _has_records(bootstrap, topic, client_config), abandon_on_cancel=True):
         raise ConfigError(f"state topic {topic!r} is not in layout 2 for its {partitions} partitions: start one "
                           "instance without --instance-id once to migrate it (docs/scale-out.md)")
     marker = StateLogWriter(bootstrap, client_config=client_config)
@@ -362,21 +358,20 @@ class ScaleOut:
         while True:  # the rebalance waits: a partition is served only once fenced and replayed
             try:
                 await self.writer.fence(topic, partitions)
-                replayed = await trio.to_thread.run_sync(
-                    lambda: replay_state_topic(self.bootstrap, topic, client_config=self.client_config,
-                                               partitions=partitions), abandon_on_cancel=True)
+                recovered = await trio.to_thread.run_sync(
+                    lambda: fold_state_topic(self.bootstrap, topic, self.client_config, only=partitions,
+                                             partitions=self.partitions, skip_misplaced=True, groups_complete=False),
+                    abandon_on_cancel=True)
                 break
             except Exception as exc:  # noqa: BLE001 - PersistError or any confluent-kafka error
                 log.warning("gained state partitions not loadable yet; retrying", partitions=sorted(partitions),
                             error=str(exc), retry_in_s=delay)
                 await trio.sleep(delay)
                 delay = min(delay * 2, 10.0)
-        recovered = state_store.recover(replayed, topic=topic, clock_offset_ms=wall_clock_ms() - monotonic_ms(),
-                                        partitions=self.partitions, skip_misplaced=True, groups_complete=False)
         self.service.gain(partitions, recovered)
         for partition in partitions:
             metrics.STATE_PARTITION_OWNED.labels(str(partition)).set(1)
-        log.info("state partitions gained", partitions=sorted(partitions), records=len(replayed),
+        log.info("state partitions gained", partitions=sorted(partitions), records=recovered.records,
                  groups=len(recovered.groups), share_partitions=len(recovered.partitions),
                  misplaced=recovered.misplaced, seconds=round(trio.current_time() - started, 3))
 
@@ -399,25 +394,24 @@ class ScaleOut:
             metrics.STATE_PARTITION_OWNED.labels(str(partition)).set(0)
 
 
-async def _recover_in_layout_2(writer: StateLogWriter | TransactionalStateWriter, topic: str, replayed) -> state_store.RecoveredState:
-    """Fold the replayed records and, when the topic is not (wholly) in layout 2 for its partition
-    count, migrate it before anything is served (proxy/share/state_layout.py); retried until done,
-    as replay is: serving from a half-placed topic is what the migration exists to prevent."""
-    delay = 0.5
-    while True:
-        try:
-            partitions = await writer.partition_count(topic)
-            # Records that do not decode or apply are skipped (logged with partition and offset,
-            # counted). IN_PROGRESS times are wall clock on the topic; engines run on monotonic_ms.
-            recovered = state_store.recover(replayed, topic=topic, clock_offset_ms=wall_clock_ms() - monotonic_ms(),
-                                            partitions=partitions)
-            if recovered.needs_migration(partitions):
-                await state_layout.migrate(writer, topic, recovered, partitions)
-            return recovered
-        except PersistError as exc:
-            log.warning("state topic layout not settled yet; retrying", error=str(exc), retry_in_s=delay)
-            await trio.sleep(delay)
-            delay = min(delay * 2, 10.0)
+def _has_records(bootstrap: str, topic: str, client_config: Mapping[str, str] | None) -> bool:
+    """Whether `topic` holds any record (read up to the first one only)."""
+    records = read_state_topic(bootstrap, topic, client_config=client_config)
+    try:
+        return next(records, None) is not None
+    finally:
+        records.close()
+
+
+def fold_state_topic(bootstrap: str, topic: str, client_config: Mapping[str, str] | None, *,
+                     only: Iterable[int] | None = None, **recover_options) -> state_store.RecoveredState:
+    """Read `topic` (only its partitions `only`, when given) and fold each record as it is read
+    (state_store.recover with `recover_options`): in the calling worker thread, so the trio loop
+    keeps answering /healthz through a long replay, and holding the fold's state, not the topic.
+    Records that do not decode or apply are skipped (logged with partition and offset, counted).
+    IN_PROGRESS times are wall clock on the topic; engines run on monotonic_ms."""
+    return state_store.recover(read_state_topic(bootstrap, topic, client_config=client_config, partitions=only),
+                               topic=topic, clock_offset_ms=wall_clock_ms() - monotonic_ms(), **recover_options)
 
 
 async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: trio.Nursery) -> ShareService:
@@ -453,16 +447,23 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
             if scale_out:
                 # Nothing is replayed before this instance owns partitions (ScaleOut._gained).
                 state_partitions = await _settled_layout(writer, settings.state_topic, bootstrap, client_config)
-                replayed = []
+                recovered = state_store.RecoveredState()
                 break
             if isinstance(writer, TransactionalStateWriter):
                 # Fence first: after it nothing an earlier owner has open can commit, so the
                 # read_committed replay below holds everything any owner ever confirmed.
                 await writer.fence(settings.state_topic)
-            replayed = await trio.to_thread.run_sync(
-                lambda: replay_state_topic(bootstrap, settings.state_topic, client_config=client_config),
+            partitions = await writer.partition_count(settings.state_topic)
+            recovered = await trio.to_thread.run_sync(
+                lambda: fold_state_topic(bootstrap, settings.state_topic, client_config, partitions=partitions),
                 abandon_on_cancel=True,
             )
+            if recovered.needs_migration(partitions):
+                # Not (wholly) in layout 2 for its partition count: migrated before anything is
+                # served (proxy/share/state_layout.py). A failed step is retried with the topic
+                # read again, as a replay is: serving from a half-placed topic is what the
+                # migration exists to prevent, and a fold of a half-migrated topic finishes it.
+                await state_layout.migrate(writer, settings.state_topic, recovered, partitions)
             break
         except ConfigError:
             raise
@@ -470,11 +471,9 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
             log.warning("share state not loadable yet; retrying", error=str(exc), retry_in_s=delay)
             await trio.sleep(delay)
             delay = min(delay * 2, 10.0)
-    recovered = (state_store.RecoveredState() if scale_out
-                 else await _recover_in_layout_2(writer, settings.state_topic, replayed))
     await _injected_replay_delay()
     metrics.STATE_REPLAY_SECONDS.set(trio.current_time() - replay_started)
-    metrics.STATE_REPLAY_RECORDS.set(len(replayed))
+    metrics.STATE_REPLAY_RECORDS.set(recovered.records)
     cluster = Cluster(config.upstream, connect_timeout=config.connect_timeout,
                       max_frame_size=config.max_upstream_frame_size,
                       connections_per_broker=settings.upstream_connections,
@@ -588,5 +587,5 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
     for name, versions in extension_features(mark_key, in_flight_key).items():
         proxy.api_versions.register_feature(name, versions)
     register_admin_versions(proxy.api_versions)
-    log.info("share groups served", state_topic=settings.state_topic, replayed_records=len(replayed))
+    log.info("share groups served", state_topic=settings.state_topic, replayed_records=recovered.records)
     return service

@@ -169,6 +169,7 @@ class RecoveredState:
     layout: LayoutMarker | None = None
     migration: LayoutMigration = field(default_factory=LayoutMigration)
     misplaced: int = 0
+    records: int = 0  # read and folded, skipped and misplaced ones included
 
     def needs_migration(self, partitions: int) -> bool:
         """Whether the topic, of ``partitions`` partitions, must be migrated before it is served."""
@@ -364,7 +365,8 @@ def recover(
     group needs.
 
     ``replayed`` holds persister.ReplayedRecord (or bare (key, value) pairs, whose position is
-    then unknown); ``topic`` names the state topic in the log line of a skipped record.
+    then unknown), iterated once: a reader may yield them as it reads the topic, and only the
+    fold's state is held; ``topic`` names the state topic in the log line of a skipped record.
     ``clock_offset_ms`` (wall - engine clock; :func:`engine_clock_offset_ms` when None) brings
     IN_PROGRESS times onto the clock of the engines that will serve them.
 
@@ -388,6 +390,7 @@ def recover(
     state = RecoveredState()
     fold = _Fold(state, partitions)
     for item in replayed:
+        state.records += 1
         if isinstance(item, tuple):
             key_bytes, value_bytes = item[0], item[1]  # (a routed writer record has its route third)
             partition = offset = None

@@ -122,6 +122,21 @@ def test_recover_rebuilds_partitions_and_groups():
     assert recovered.skipped == 0
 
 
+def test_recover_folds_records_as_an_iterator_yields_them_and_counts_every_one():
+    """The proxy feeds recover() straight from the state topic's reader: one pass, nothing held."""
+    fed = []
+
+    def reader():
+        for record in [group(), snapshot(epoch=4), (snapshot()[0], b"\x00\x00\xff"), snapshot(epoch=5)]:
+            fed.append(record)
+            yield record
+
+    recovered = state_store.recover(reader())
+    assert len(fed) == 4 and recovered.records == 4  # the skipped record counted too
+    assert recovered.skipped == 1
+    assert recovered.partitions[KEY].snapshot_epoch == 5
+
+
 def test_newest_snapshot_wins_and_drops_older_updates():
     newer = PartitionSnapshot(21, ())
     recovered = state_store.recover([
