@@ -42,3 +42,19 @@ def retain_freed_memory(retain_bytes: int) -> bool:
     retain = min(retain_bytes, 2**31 - 1)
     mmap_threshold = min(MMAP_THRESHOLD_BYTES, retain)
     return bool(mallopt(M_MMAP_THRESHOLD, mmap_threshold)) and bool(mallopt(M_TRIM_THRESHOLD, retain))
+
+
+def release_freed_memory() -> bool:
+    """Give the free pages of every heap back to the kernel now (glibc's ``malloc_trim(0)``), for
+    after start-up: what the replay read, freed in librdkafka's and the replay thread's own heaps,
+    would otherwise stay resident for the process's life under --heap-retain-bytes
+    (docs/benchmarks.md, "Replay folded as it reads"). True when glibc released something, False
+    otherwise or when not glibc."""
+    if platform.libc_ver()[0] != "glibc":
+        return False
+    malloc_trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if malloc_trim is None:
+        return False
+    malloc_trim.argtypes = (ctypes.c_size_t,)
+    malloc_trim.restype = ctypes.c_int
+    return bool(malloc_trim(0))

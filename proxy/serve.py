@@ -19,7 +19,7 @@ import sys
 import structlog
 import trio
 
-from proxy.allocator import retain_freed_memory
+from proxy.allocator import release_freed_memory, retain_freed_memory
 from proxy.collector import freeze_startup_objects, time_pauses, tune_collector
 from proxy.config import ProxyConfig, configure_parser, load_config
 from proxy.errors import ConfigError, ProxyError, UpstreamAuthenticationError, UpstreamError, UpstreamTlsError
@@ -209,6 +209,8 @@ async def serve(config: ProxyConfig) -> None:
                 if config.gc_threshold:
                     # Start-up objects (modules, schemas, replayed state) are never walked again.
                     log.debug("start-up objects frozen", objects=freeze_startup_objects())
+                if service is not None:
+                    release_freed_memory()  # what the replay read is garbage now
                 async with trio.open_nursery() as nursery:
                     bootstrap = await nursery.start(proxy.run)
                     if service is not None and service.scale_out is not None:

@@ -31,3 +31,39 @@ def test_kept_memory_serves_the_next_frame_without_page_faults(monkeypatch):
 
 def test_zero_leaves_the_allocator_alone():
     assert retain_freed_memory(0) is False
+
+
+RELEASE_AFTER_A_PEAK = """
+import json
+import os
+
+from integration.bench.procfs import proc_status_kib
+from proxy.allocator import release_freed_memory, retain_freed_memory
+
+def resident_mib():
+    return proc_status_kib(os.getpid(), "VmRSS") / 1024
+
+retain_freed_memory(512 * 1024 * 1024)  # keep it all: as --heap-retain-bytes does, but larger
+blocks = [b"\\x01" * (1 << 20) for _ in range(200)]  # written: resident
+top = b"\\x02" * (1 << 20)  # allocated last, holds the heap's top: the freed blocks sit below it
+peak = resident_mib()
+del blocks
+kept = resident_mib()
+released = release_freed_memory()
+print(json.dumps({"peak": peak, "kept": kept, "after": resident_mib(), "released": released}))
+"""
+
+
+@glibc_only
+def test_release_gives_a_peaks_freed_memory_back():
+    """After start-up's replay: memory retained for reuse goes back to the kernel at once."""
+    import json
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", RELEASE_AFTER_A_PEAK], cwd=ROOT, capture_output=True, text=True,
+                            env={"PYTHONPATH": str(ROOT)}, timeout=60, check=True)
+    numbers = json.loads(result.stdout)
+    assert numbers["kept"] > numbers["peak"] - 20, numbers  # retained: freeing alone gave nothing back
+    assert numbers["released"] is True
+    assert numbers["after"] < numbers["kept"] - 150, numbers
