@@ -426,9 +426,9 @@ def read_state_topic(
             "enable.partition.eof": False,
             "isolation.level": "read_committed",
             # Pre-fetch less than librdkafka's defaults (100,000 messages a partition, 64 MiB): the
-            # fold cannot keep up with them anyway. Reading a million state records in one
-            # process peaked 165-168 MiB above its start instead of 388-394, and took 16.4-18.5 s
-            # instead of 14.4-14.6 (docs/benchmarks.md, "Replay folded as it reads").
+            # fold cannot keep up with them anyway, and they were most of a replay's peak. A proxy
+            # replaying a million state records peaked at 311-325 MiB (543 MiB with 16 MiB here),
+            # its replay 16.4-18.0 s (docs/benchmarks.md, "Replay folded as it reads").
             "queued.min.messages": 10_000,
             "queued.max.messages.kbytes": 4_096,
         }
