@@ -176,6 +176,18 @@ def placed(records: Iterable[tuple[bytes, bytes | None, bytes | int]], partition
         yield partition_of(record, partitions), record[0], record[1]
 
 
+def replayed(rows: Iterable[tuple[int, bytes, bytes | None]], partitions: int) -> list:
+    """``placed`` rows as the replay reads them back: each at the next offset of its partition."""
+    from proxy.share.persister import ReplayedRecord
+
+    next_offset = [0] * partitions
+    records = []
+    for partition, key, value in rows:
+        records.append(ReplayedRecord(partition, next_offset[partition], key, value))
+        next_offset[partition] += 1
+    return records
+
+
 # ----- measuring inside a child process ----------------------------------------------------------
 
 
@@ -356,23 +368,18 @@ def child_replay(spec: dict) -> dict:
     import trio
 
     from proxy.share import state_store
-    from proxy.share.persister import ReplayedRecord
 
     groups, partitions, records = spec["groups"], spec["partitions"], spec["records"]
     out: dict = dict(spec)
     started = time.perf_counter()
     state_topic_partitions = state_partitions()
-    next_offset = [0] * state_topic_partitions
-    replayed = []
-    for partition, key, value in placed(state_records(groups, partitions, records, batches=spec["batches"],
-                                                      run=spec["run"]), state_topic_partitions):
-        replayed.append(ReplayedRecord(partition, next_offset[partition], key, value))
-        next_offset[partition] += 1
+    read_back = replayed(placed(state_records(groups, partitions, records, batches=spec["batches"], run=spec["run"]),
+                                state_topic_partitions), state_topic_partitions)
     out["build_s"] = time.perf_counter() - started
-    out["value_bytes"] = sum(len(r.value or b"") for r in replayed) // len(replayed)
+    out["value_bytes"] = sum(len(r.value or b"") for r in read_back) // len(read_back)
     gc.collect()
     started = time.perf_counter()
-    recovered = state_store.recover(replayed, topic="cost-model", clock_offset_ms=0,
+    recovered = state_store.recover(read_back, topic="cost-model", clock_offset_ms=0,
                                     partitions=state_topic_partitions)
     out["recover_s"] = time.perf_counter() - started
     assert len(recovered.partitions) == groups * partitions and not recovered.skipped, \
@@ -442,6 +449,17 @@ def write_state_topic(bootstrap: str, topic: str, records: Iterable[tuple[int, b
     return count, time.perf_counter() - started
 
 
+def write_layout_2_state_topic(bootstrap: str, topic: str, records: Iterable[tuple[bytes, bytes | None, bytes | int]],
+                               ) -> tuple[int, float]:
+    """Create ``topic`` as the proxy creates a new state topic and append ``records`` on their home
+    partitions after the layout marker, so a proxy replays it as it is; returns (records, seconds)."""
+    from proxy.share.persister import StateTopicSpec, ensure_state_topics
+
+    partitions = state_partitions()
+    ensure_state_topics(bootstrap, [StateTopicSpec(topic, partitions=partitions)])
+    return write_state_topic(bootstrap, topic, placed(records, partitions))
+
+
 def http_get(url: str) -> tuple[int, str] | None:
     try:
         with urllib.request.urlopen(url, timeout=5) as response:
@@ -492,7 +510,6 @@ def end_to_end(args: argparse.Namespace, groups: int, partitions: int, counts: S
     from integration.kafka_fixtures import ProxyProcess, admin_client, create_topics, unique_name
     from proxy.localkafka import LocalKafka
     from proxy.localkafka.broker import free_port
-    from proxy.share.persister import StateTopicSpec, ensure_state_topics
 
     rows = []
     with LocalKafka(version=args.kafka_version, share_groups=False, data_dir=log_dir / "kafka") as kafka:
@@ -501,11 +518,8 @@ def end_to_end(args: argparse.Namespace, groups: int, partitions: int, counts: S
         for records in counts:
             out: dict = {"groups": groups, "partitions": partitions, "records": records}
             state_topic = unique_name("__cost_model_state")
-            # The proxy's own spec, at the partition count it gives a new state topic.
-            ensure_state_topics(kafka.bootstrap, [StateTopicSpec(state_topic, partitions=state_partitions())])
-            out["written"], out["write_s"] = write_state_topic(kafka.bootstrap, state_topic, placed(
-                state_records(groups, partitions, records, topic_id=topic_id, batches=args.snapshot_batches),
-                state_partitions()))
+            out["written"], out["write_s"] = write_layout_2_state_topic(kafka.bootstrap, state_topic, state_records(
+                groups, partitions, records, topic_id=topic_id, batches=args.snapshot_batches))
             port = free_port()
             extra = ("--state-topic", state_topic, "--metrics-port", str(port), "--log-level", "warning")
             out["load_before"] = os.getloadavg()

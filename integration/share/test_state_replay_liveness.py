@@ -19,17 +19,14 @@ import pytest
 
 from integration.bench.cost_model import (
     LivenessPoller,
-    placed,
-    state_partitions,
     state_records,
     topic_uuid,
-    write_state_topic,
+    write_layout_2_state_topic,
 )
 from integration.share.conftest import metric, scrape_metrics
 from integration.bench.procfs import proc_status_kib
 from integration.kafka_fixtures import admin_client
 from proxy.localkafka import free_port
-from proxy.share.persister import StateTopicSpec, ensure_state_topics
 
 pytestmark = pytest.mark.integration
 
@@ -46,9 +43,8 @@ def test_healthz_answers_through_a_long_replay(kafka, share_proxy, create_topic)
     topic = create_topic(f"replay-liveness-{uuid.uuid4().hex[:8]}", partitions=PARTITIONS)
     topic_id = topic_uuid(admin_client(kafka.bootstrap), topic)
     state_topic = f"__share_proxy_state_{uuid.uuid4().hex[:12]}"
-    ensure_state_topics(kafka.bootstrap, [StateTopicSpec(state_topic, partitions=state_partitions())])
-    written, _ = write_state_topic(kafka.bootstrap, state_topic, placed(
-        state_records(GROUPS, PARTITIONS, RECORDS, topic_id=topic_id), state_partitions()))
+    written, _ = write_layout_2_state_topic(kafka.bootstrap, state_topic,
+                                            state_records(GROUPS, PARTITIONS, RECORDS, topic_id=topic_id))
     assert written == RECORDS + 1  # and the layout marker
 
     port = free_port()

@@ -10,6 +10,7 @@ from integration.bench.cost_model import (
     metric_value,
     parse_shapes,
     placed,
+    replayed,
     split_evenly,
     state_batches_for,
     state_partitions,
@@ -93,12 +94,7 @@ def test_placed_records_replay_in_layout_2_without_a_migration() -> None:
     rows = list(placed(state_records(2, 3, 2 * 2 + 6 * 3 + 2, batches=3), partitions))
     assert rows[0][0] == 0 and len(rows) == 25  # the layout marker first, on partition 0
     assert len({partition for partition, _, _ in rows}) > 1  # homes spread over the topic
-    offsets = [0] * partitions
-    replayed = []
-    for partition, key, value in rows:
-        replayed.append(ReplayedRecord(partition, offsets[partition], key, value))
-        offsets[partition] += 1
-    recovered = state_store.recover(replayed, clock_offset_ms=0, partitions=partitions)
+    recovered = state_store.recover(replayed(rows, partitions), clock_offset_ms=0, partitions=partitions)
     assert recovered.layout == state_store.LayoutMarker(state_store.LAYOUT, partitions)
     assert not recovered.needs_migration(partitions) and not recovered.misplaced and not recovered.skipped
     assert len(recovered.partitions) == 6
