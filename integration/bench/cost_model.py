@@ -471,9 +471,10 @@ def http_get(url: str) -> tuple[int, str] | None:
 
 
 class LivenessPoller:
-    """Asks `url` (/healthz) once a second from a thread while the block runs; summary() counts the
-    answers from the first 200 on (before it the interpreter and the health server were starting,
-    which the chart's startup probe covers) that were not 200 or did not come within 5 s."""
+    """Asks `url` (/healthz) every `interval_s` (a second, as the chart's probe) from a thread while
+    the block runs; summary() counts the answers from the first 200 on (before it the interpreter
+    and the health server were starting, which the chart's startup probe covers) that were not 200
+    or did not come within 5 s, and the slowest."""
 
     def __init__(self, url: str, interval_s: float = 1.0) -> None:
         self.url = url
@@ -526,7 +527,7 @@ def end_to_end(args: argparse.Namespace, groups: int, partitions: int, counts: S
             started = time.monotonic()
             # Liveness while it replays, asked as the chart's probe asks (/healthz every second here,
             # 5 s timeout): an answer other than 200, or none, is what restarts a pod 3 in a row.
-            with LivenessPoller(f"http://127.0.0.1:{port}/healthz") as liveness, \
+            with LivenessPoller(f"http://127.0.0.1:{port}/healthz", args.liveness_interval) as liveness, \
                     ProxyProcess(upstream=kafka.bootstrap, log_path=log_dir / f"proxy-{records}.log", extra_args=extra,
                                  startup_timeout=args.e2e_timeout) as proxy:
                 while True:
@@ -662,6 +663,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         default=[20_000, 1_000_000], help="state records replayed by share-proxy serve, one fresh "
                         "state topic and proxy per count (0: skip)")
     parser.add_argument("--e2e-timeout", type=float, default=600.0)
+    parser.add_argument("--liveness-interval", type=float, default=1.0,
+                        help="seconds between the end-to-end part's /healthz asks (default 1, as a probe; "
+                             "shorter catches shorter stalls)")
     parser.add_argument("--kafka-version", default=None)
     parser.add_argument("--json", type=Path, help="also write every number here")
     parser.add_argument("--child", help=argparse.SUPPRESS)
