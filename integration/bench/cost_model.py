@@ -389,7 +389,7 @@ def child_replay(spec: dict) -> dict:
     async def restore() -> None:
         service = new_service()
         started = time.perf_counter()
-        service.restore(recovered)
+        await service.restore(recovered)
         out["restore_s"] = time.perf_counter() - started
         assert len(service.leaders) == groups * partitions
 

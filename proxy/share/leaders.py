@@ -230,11 +230,12 @@ class PartitionRegistry:
         self.schedule(leader)
         return leader
 
-    def restore(self, key: SharePartitionKey, snapshot: PartitionSnapshot, updates, *, snapshot_epoch: int,
+    def rebuild(self, key: SharePartitionKey, snapshot: PartitionSnapshot, updates, *, snapshot_epoch: int,
                 state_epoch: int, create_timestamp: int) -> Leader:
+        """A leader rebuilt from replayed state, not served until it is ``add``-ed."""
         engine = SharePartition.from_persisted(self.config_for(key[0]), snapshot, updates)
-        return self.add(Leader(key, engine, create_timestamp=create_timestamp, snapshot_epoch=snapshot_epoch,
-                               state_epoch=state_epoch))
+        return Leader(key, engine, create_timestamp=create_timestamp, snapshot_epoch=snapshot_epoch,
+                      state_epoch=state_epoch)
 
     def remove(self, key: SharePartitionKey) -> bool:
         """Forget a share-partition (its group or topic was deleted)."""

@@ -90,6 +90,9 @@ NOT_LED_HERE = (ErrorCode.not_leader_or_follower,
 # Fetch failures that mean our metadata may be stale trigger a refresh at most this often.
 STALE_METADATA_REFRESH_S = 0.5
 
+# A restore rebuilds engines for at most this long before letting other tasks run (ShareService.restore).
+RESTORE_SLICE_S = 0.02
+
 # Why the timer released IN_PROGRESS records -> the cause the commit pipeline records.
 RELEASE_CAUSES = {
     ReleaseReason.STALENESS: Cause.STALE_RELEASED,
@@ -202,8 +205,13 @@ class ShareService:
 
     # ----- lifecycle -----------------------------------------------------------------
 
-    def restore(self, recovered: state_store.RecoveredState) -> None:
-        """Serve from replayed state: groups (no members; they rejoin) and share-partitions."""
+    async def restore(self, recovered: state_store.RecoveredState, *, slice_s: float = RESTORE_SLICE_S) -> None:
+        """Serve from replayed state: groups (no members; they rejoin) and share-partitions.
+
+        The share-partitions' engines (~0.1 ms each) are rebuilt in slices of ``slice_s``, other
+        tasks running between them, and served all in one step once every one is built: nothing
+        sees part of them, and the loop keeps answering meanwhile (/healthz during start-up, the
+        connections already served when a scale-out instance gains partitions)."""
         for group_id, group in recovered.groups.items():
             if group.exists:
                 self.coordinator.restore_group(
@@ -216,9 +224,18 @@ class ShareService:
             if dropped:
                 log.warning("persisted group configs outside the proxy's bounds ignored", group=group_id,
                             configs=dropped)
+        rebuilt = []
+        resume_at = time.perf_counter() + slice_s
         for key, partition in recovered.partitions.items():
-            self.leaders.restore(key, partition.snapshot, partition.updates, snapshot_epoch=partition.snapshot_epoch,
-                                 state_epoch=partition.state_epoch, create_timestamp=partition.create_timestamp)
+            rebuilt.append(self.leaders.rebuild(key, partition.snapshot, partition.updates,
+                                                snapshot_epoch=partition.snapshot_epoch,
+                                                state_epoch=partition.state_epoch,
+                                                create_timestamp=partition.create_timestamp))
+            if time.perf_counter() >= resume_at:
+                await trio.sleep(0)
+                resume_at = time.perf_counter() + slice_s
+        for leader in rebuilt:
+            self.leaders.add(leader)
         log.info("share state restored", groups=len(recovered.groups), partitions=len(recovered.partitions),
                  skipped_records=recovered.skipped)
 
@@ -506,11 +523,12 @@ class ShareService:
 
     # ----- scale-out: state partitions gained and given up -------------------------------------
 
-    def gain(self, partitions: frozenset[int], recovered: state_store.RecoveredState) -> None:
+    async def gain(self, partitions: frozenset[int], recovered: state_store.RecoveredState) -> None:
         """Serve the share-partitions and groups homed on ``partitions`` (fenced and replayed by the
-        caller; ``recovered`` holds only their records)."""
+        caller; ``recovered`` holds only their records). Nothing homed there is served (ownership)
+        before the restore has put all of it in place."""
         assert self.ownership is not None
-        self.restore(recovered)
+        await self.restore(recovered)
         self.ownership.owned = self.ownership.owned | partitions
         self.work.fire()
 

@@ -21,6 +21,7 @@ from codec.extensions import DEFAULT_DESCRIBE_IN_FLIGHT_KEY, DEFAULT_MARK_IN_PRO
 from codec.registry import DEFAULT_REGISTRY
 from confluent_kafka.admin import AdminClient
 
+from proxy.allocator import release_freed_memory
 from proxy.apiversions import VersionRange
 from proxy.config import HostPort
 from proxy.errors import ConfigError
@@ -368,7 +369,9 @@ class ScaleOut:
                             error=str(exc), retry_in_s=delay)
                 await trio.sleep(delay)
                 delay = min(delay * 2, 10.0)
-        self.service.gain(partitions, recovered)
+        await self.service.gain(partitions, recovered)
+        # What the replay read is garbage now (as after start-up); trimmed off the loop's thread.
+        await trio.to_thread.run_sync(release_freed_memory)
         for partition in partitions:
             metrics.STATE_PARTITION_OWNED.labels(str(partition)).set(1)
         log.info("state partitions gained", partitions=sorted(partitions), records=recovered.records,
@@ -497,7 +500,7 @@ async def start_share_service(proxy: Proxy, settings: ShareSettings, nursery: tr
     )
     # ShareServiceConfig does not carry the partition bounds yet; set them on the cache
     # before anything is served.
-    service.restore(recovered)
+    await service.restore(recovered)
     if scale_out:
         service.ownership = ServiceOwnership(state_partitions)
         service.reader.leads = service.ownership.leads  # long polls answered at once on a hand-over
