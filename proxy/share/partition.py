@@ -1137,18 +1137,21 @@ class SharePartition:
         count reached the limit, else REJECTED, Kafka's rule), for the dead-letter writer.
         """
         start = snapshot.start_offset
-        overlay: SortedDict = SortedDict()  # first -> PersistedBatch, non-overlapping
-        for batch in snapshot.state_batches:
-            _overlay(overlay, batch)
-        for update in updates:
-            if update.start_offset >= 0:
-                start = update.start_offset
-            for batch in update.state_batches:
+        batches: Iterable[PersistedBatch] = snapshot.state_batches
+        if updates or not _ascending(snapshot.state_batches):
+            overlay: SortedDict = SortedDict()  # first -> PersistedBatch, non-overlapping
+            for batch in snapshot.state_batches:
                 _overlay(overlay, batch)
+            for update in updates:
+                if update.start_offset >= 0:
+                    start = update.start_offset
+                for batch in update.state_batches:
+                    _overlay(overlay, batch)
+            batches = overlay.values()
         partition = cls(config, start)
         cursor = start
         holds: dict[tuple[str, int, int], int] = {}  # (owner, start, last progress) -> hold id
-        for persisted in _coalesce_persisted(overlay.values(), start):
+        for persisted in _coalesce_persisted(batches, start):
             # An int id too (a caller may pass what it read); `is` checks elsewhere need the member.
             state = RecordState(persisted.delivery_state) if persisted.delivery_state in _RESUMABLE else _AVAILABLE
             if _PROGRESS_HELD[state] and persisted.member_id is None:
@@ -2565,6 +2568,16 @@ def _clip(batches: Iterable[PersistedBatch], start: int) -> tuple[PersistedBatch
         for b in batches
         if b.last_offset >= start
     )
+
+
+def _ascending(batches: Sequence[PersistedBatch]) -> bool:
+    """Whether ``batches`` are in offset order without overlaps (as the proxy writes a snapshot)."""
+    previous_last = -1
+    for batch in batches:
+        if batch.first_offset <= previous_last or batch.last_offset < batch.first_offset:
+            return False
+        previous_last = batch.last_offset
+    return True
 
 
 def _overlay(overlay: SortedDict, batch: PersistedBatch) -> None:
