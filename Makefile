@@ -25,8 +25,10 @@ KAFKA_VERSIONS ?= 4.4.0 3.9.2
 SPARK_KAFKA_VERSION ?= 4.4.0
 ONE_VERSION_KAFKA ?= $(SPARK_KAFKA_VERSION)
 # Also Kafka's share-group tool driving the proxy's own share-group APIs (~2.5 minutes; the tool is
-# 4.4's whatever the broker).
-ONE_VERSION_SUITES := integration/spark integration/deploy integration/share/test_share_group_tool.py
+# 4.4's whatever the broker), and the replay-liveness test (400,000 state records replayed while
+# /healthz is asked; ~1 minute in CI: the proxy's start-up, the state topic read like any other).
+ONE_VERSION_SUITES := integration/spark integration/deploy integration/share/test_share_group_tool.py \
+	integration/share/test_state_replay_liveness.py
 # The other version runs, alone, the suites whose broker use is ordinary produce/consume, groups and
 # transactions, which both versions have: the scale-out suites (several proxy processes, the ownership
 # group, transactional state lanes; ~8 minutes) and the dead-letter suite (the proxy's own producer
