@@ -124,27 +124,30 @@ def state_batches_for(start: int, batches: int, run: int) -> tuple:
 
 def state_records(groups: int, partitions: int, records: int, *, topic_id: uuid.UUID = TOPIC_ID,
                   batches: int = 4, run: int = 5, create_timestamp: int = 1_700_000_000_000,
-                  ) -> Iterator[tuple[bytes, bytes | None, bytes]]:
+                  updated: bool = False) -> Iterator[tuple[bytes, bytes | None, bytes]]:
     """`records` state-topic records for groups x partitions share-partitions, in log order, as the
     proxy's writer takes them: (key, value, route).
 
     Per group its metadata and initialised-partitions records (so replay keeps its partitions);
     the rest are ShareSnapshots spread evenly over the share-partitions, each with the SPSO moved on
     and `batches` state batches of `run` offsets, snapshot epochs counting up per share-partition.
+    With `updated`, the last record of each share-partition is a cumulative ShareUpdate over its
+    newest snapshot instead (`--state-deltas on` after compaction): part of the window's second
+    batch acknowledged, splitting it.
     """
     from proxy.share import state_store
     from proxy.share.partition import PartitionSnapshot
 
     keys = [(f"cost-group-{g:05d}", topic_id, p) for g in range(groups) for p in range(partitions)]
     group_records = 2 * groups
-    if records < group_records + len(keys):
+    if records < group_records + len(keys) * (2 if updated else 1):
         raise ValueError(f"{records} records cannot hold {groups} groups' 2 records and one snapshot "
-                         f"for each of {len(keys)} share-partitions")
+                         f"{'and one update ' if updated else ''}for each of {len(keys)} share-partitions")
     for g in range(groups):
         group_id = f"cost-group-{g:05d}"
         yield state_store.group_metadata_record(group_id, 1, create_timestamp)
         yield state_store.group_partitions_record(group_id, [(topic_id, p) for p in range(partitions)], {})
-    per_key = split_evenly(records - group_records, len(keys))
+    per_key = split_evenly(records - group_records - (len(keys) if updated else 0), len(keys))
     rounds = per_key[0]
     for epoch in range(1, rounds + 1):
         for key, count in zip(keys, per_key):
@@ -155,6 +158,15 @@ def state_records(groups: int, partitions: int, records: int, *, topic_id: uuid.
             yield (*state_store.snapshot_record(key, snapshot, snapshot_epoch=epoch, state_epoch=0,
                                                 create_timestamp=create_timestamp,
                                                 write_timestamp=create_timestamp + epoch, clock_offset_ms=0),
+                   state_store.share_partition_route(key))
+    if updated:
+        from proxy.share.partition import PersistedBatch, StateDelta
+        from proxy.share.states import RecordState
+
+        for key, epoch in zip(keys, per_key):
+            first = epoch * 1000 + run  # the second batch of the newest snapshot's window
+            delta = StateDelta(-1, (PersistedBatch(first, first + run // 2, RecordState.ACKNOWLEDGED, 1),))
+            yield (*state_store.update_record(key, delta, snapshot_epoch=epoch, clock_offset_ms=0),
                    state_store.share_partition_route(key))
 
 
@@ -373,7 +385,8 @@ def child_replay(spec: dict) -> dict:
     out: dict = dict(spec)
     started = time.perf_counter()
     state_topic_partitions = state_partitions()
-    read_back = replayed(placed(state_records(groups, partitions, records, batches=spec["batches"], run=spec["run"]),
+    read_back = replayed(placed(state_records(groups, partitions, records, batches=spec["batches"], run=spec["run"],
+                                              updated=spec.get("updated", False)),
                                 state_topic_partitions), state_topic_partitions)
     out["build_s"] = time.perf_counter() - started
     out["value_bytes"] = sum(len(r.value or b"") for r in read_back) // len(read_back)
@@ -394,7 +407,8 @@ def child_replay(spec: dict) -> dict:
         assert len(service.leaders) == groups * partitions
 
     trio.run(restore)
-    out["state_batches"] = spec["batches"] * (records - 2 * groups)
+    updates = groups * partitions if spec.get("updated") else 0  # of one state batch each
+    out["state_batches"] = spec["batches"] * (records - 2 * groups - updates) + updates
     return out
 
 
@@ -624,6 +638,8 @@ def replay_part(args: argparse.Namespace, shapes: list[tuple[int, int]]) -> dict
           f"{'restore':>9} {'us/partition':>12} {'us/state batch':>14}")
     rows = []
     kinds = [("steady", args.replay_records, args.snapshot_batches, 5)]
+    if args.updated_records:
+        kinds.append(("updated", args.updated_records, args.snapshot_batches, 5))
     if args.fragmented_records:
         kinds.append(("fragmented", args.fragmented_records, args.fragmented_batches, 1))
     for index, (groups, partitions) in enumerate(shapes):
@@ -632,7 +648,7 @@ def replay_part(args: argparse.Namespace, shapes: list[tuple[int, int]]) -> dict
                 continue  # per state batch, whatever the shape: measured at the first shape only
             records = max(records, 3 * groups * partitions)
             row = in_child("replay", {"groups": groups, "partitions": partitions, "records": records,
-                                      "batches": batches, "run": run})
+                                      "batches": batches, "run": run, "updated": kind == "updated"})
             row["kind"] = kind
             rows.append(row)
             print(f"{groups:>4}x{partitions:<4} {kind:>10} {records:>10,} {row['value_bytes']:>8} "
@@ -654,6 +670,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timer-repeat", type=int, default=3, help="timer rounds per shape; the best is reported")
     parser.add_argument("--replay-records", type=int, default=1_000_000, help="state records per in-process replay")
     parser.add_argument("--snapshot-batches", type=int, default=4, help="state batches per steady snapshot")
+    parser.add_argument("--updated-records", type=int, default=0,
+                        help="state records of a replay whose share-partitions each end in a cumulative "
+                             "ShareUpdate over their newest snapshot, at every shape (0: skip, the default)")
     parser.add_argument("--fragmented-records", type=int, default=1_000,
                         help="state records of the fragmented replay, at the first shape only (0: skip)")
     parser.add_argument("--fragmented-batches", type=int, default=2000,

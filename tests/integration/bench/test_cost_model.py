@@ -17,6 +17,7 @@ from integration.bench.cost_model import (
     state_records,
 )
 from proxy.share import state_store
+from proxy.share.partition import PartitionConfig, SharePartition
 from proxy.share.persister import ReplayedRecord
 from proxy.share.states import RecordState
 
@@ -79,6 +80,25 @@ def test_state_records_replay_to_every_share_partition_at_its_newest_snapshot() 
 def test_state_records_refuses_too_few_records() -> None:
     with pytest.raises(ValueError):
         list(state_records(2, 3, 9))
+    with pytest.raises(ValueError):  # a snapshot and an update each
+        list(state_records(2, 3, 2 * 2 + 6 * 2 - 1, updated=True))
+
+
+def test_updated_state_records_end_each_share_partition_in_an_update_over_its_newest_snapshot() -> None:
+    records = list(state_records(2, 3, 2 * 2 + 6 * 3 + 2, batches=3, updated=True))
+    assert len(records) == 24
+    recovered = state_store.recover(records, clock_offset_ms=0)
+    assert not recovered.skipped and len(recovered.partitions) == 6
+    # 14 snapshots over 6 share-partitions (the first two got 3), then an update each.
+    newest = recovered.partitions[("cost-group-00000", TOPIC_ID, 0)]
+    assert newest.snapshot_epoch == 3 and newest.snapshot.start_offset == 3000
+    assert [(b.first_offset, b.last_offset, b.delivery_state) for u in newest.updates for b in u.state_batches] == \
+        [(3005, 3007, RecordState.ACKNOWLEDGED)]
+    engine = SharePartition.from_persisted(PartitionConfig(), newest.snapshot, newest.updates)
+    # Acknowledged from the SPSO on through the update's part of the second batch: the SPSO passed it.
+    assert engine.start_offset == 3008
+    assert [(first, last, state) for first, last, state, _, _ in engine.in_flight()] == [
+        (3008, 3009, RecordState.AVAILABLE), (3010, 3014, RecordState.ARCHIVED)]
 
 
 def test_state_partitions_is_what_the_proxy_gives_a_new_state_topic() -> None:
