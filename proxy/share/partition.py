@@ -1136,18 +1136,7 @@ class SharePartition:
         ARCHIVING batches come back ARCHIVING with their reason (unknown: DELIVERY_LIMIT when the
         count reached the limit, else REJECTED, Kafka's rule), for the dead-letter writer.
         """
-        start = snapshot.start_offset
-        batches: Iterable[PersistedBatch] = snapshot.state_batches
-        if updates or not _ascending(snapshot.state_batches):
-            overlay: SortedDict = SortedDict()  # first -> PersistedBatch, non-overlapping
-            for batch in snapshot.state_batches:
-                _overlay(overlay, batch)
-            for update in updates:
-                if update.start_offset >= 0:
-                    start = update.start_offset
-                for batch in update.state_batches:
-                    _overlay(overlay, batch)
-            batches = overlay.values()
+        start, batches = _persisted_view(snapshot, updates)
         partition = cls(config, start)
         cursor = start
         holds: dict[tuple[str, int, int], int] = {}  # (owner, start, last progress) -> hold id
@@ -2570,14 +2559,68 @@ def _clip(batches: Iterable[PersistedBatch], start: int) -> tuple[PersistedBatch
     )
 
 
+def _persisted_view(snapshot: PartitionSnapshot, updates: Iterable[StateDelta],
+                    ) -> tuple[int, Sequence[PersistedBatch]]:
+    """The SPSO and the batches a rebuild starts from: the snapshot with the updates written over it
+    in order, later writes winning. What the proxy writes is in offset order without overlaps, and
+    is merged in one pass; anything else (another writer, damage) is laid over a sorted map."""
+    updates = list(updates)
+    start = snapshot.start_offset
+    for update in updates:
+        if update.start_offset >= 0:
+            start = update.start_offset
+    if not (_ascending(snapshot.state_batches) and all(_ascending(u.state_batches) for u in updates)):
+        return start, _overlaid(snapshot.state_batches, updates)
+    batches: Sequence[PersistedBatch] = snapshot.state_batches
+    for update in updates:
+        if update.state_batches:
+            batches = _merged(batches, update.state_batches)
+    return start, batches
+
+
 def _ascending(batches: Sequence[PersistedBatch]) -> bool:
-    """Whether ``batches`` are in offset order without overlaps (as the proxy writes a snapshot)."""
+    """Whether ``batches`` are in offset order without overlaps (as the proxy writes them)."""
     previous_last = -1
     for batch in batches:
         if batch.first_offset <= previous_last or batch.last_offset < batch.first_offset:
             return False
         previous_last = batch.last_offset
     return True
+
+
+def _merged(base: Sequence[PersistedBatch], over: Sequence[PersistedBatch]) -> list[PersistedBatch]:
+    """``over`` written on top of ``base`` (both ``_ascending``), splitting what it covers: the
+    overlay's result in one pass."""
+    out: list[PersistedBatch] = []
+    rest = iter(base)
+    pending = next(rest, None)  # the base batch not yet passed, trimmed of what `over` covered
+    for batch in over:
+        first, last = batch.first_offset, batch.last_offset
+        while pending is not None and pending.last_offset < first:
+            out.append(pending)
+            pending = next(rest, None)
+        if pending is not None and pending.first_offset < first:
+            out.append(pending._replace(last_offset=first - 1))
+        out.append(batch)
+        while pending is not None and pending.last_offset <= last:
+            pending = next(rest, None)
+        if pending is not None and pending.first_offset <= last:
+            pending = pending._replace(first_offset=last + 1)
+    if pending is not None:
+        out.append(pending)
+    out.extend(rest)
+    return out
+
+
+def _overlaid(snapshot_batches: Iterable[PersistedBatch], updates: Iterable[StateDelta]) -> Sequence[PersistedBatch]:
+    """Every batch written over the ones before it, in any order or overlap."""
+    overlay: SortedDict = SortedDict()  # first -> PersistedBatch, non-overlapping
+    for batch in snapshot_batches:
+        _overlay(overlay, batch)
+    for update in updates:
+        for batch in update.state_batches:
+            _overlay(overlay, batch)
+    return list(overlay.values())
 
 
 def _overlay(overlay: SortedDict, batch: PersistedBatch) -> None:
