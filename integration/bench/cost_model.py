@@ -19,13 +19,14 @@ What a user sizes a deployment with, measured at several shapes (groups x partit
 * **state replay** -- real state records built with ``state_store``'s encoders (group metadata and
   partitions records, ShareSnapshots), folded by ``state_store.recover`` (decode included) and
   served by ``ShareService.restore`` (engines rebuilt), in process; steady snapshots (a few state
-  batches) and fragmented ones (one state batch per few offsets) -- then one end-to-end replay:
+  batches), with ``--updated-records`` also each share-partition ending in a cumulative ShareUpdate,
+  and fragmented ones (one state batch per few offsets) -- then one end-to-end replay:
   the same records written to a real LocalKafka state topic (created by the proxy's own
   ``ensure_state_topics``; a fresh topic per count of ``--e2e-records``, 20,000 and 1,000,000 by
   default, so a line separates start-up from the per-record cost) and ``share-proxy serve`` started
   against it, reading
   ``ksp_share_state_replay_seconds`` / ``_records`` from /metrics once /readyz answers 200, and the
-  proxy's VmRSS / VmHWM from /proc.
+  proxy's VmRSS / VmHWM from /proc, /healthz asked every ``--liveness-interval`` meanwhile.
 
 Prints one table per part and the fitted coefficients of
 
@@ -539,8 +540,8 @@ def end_to_end(args: argparse.Namespace, groups: int, partitions: int, counts: S
             extra = ("--state-topic", state_topic, "--metrics-port", str(port), "--log-level", "warning")
             out["load_before"] = os.getloadavg()
             started = time.monotonic()
-            # Liveness while it replays, asked as the chart's probe asks (/healthz every second here,
-            # 5 s timeout): an answer other than 200, or none, is what restarts a pod 3 in a row.
+            # Liveness while it replays, asked as the chart's probe asks (/healthz every --liveness-interval,
+            # a second by default; 5 s timeout): an answer other than 200, or none, restarts a pod 3 in a row.
             with LivenessPoller(f"http://127.0.0.1:{port}/healthz", args.liveness_interval) as liveness, \
                     ProxyProcess(upstream=kafka.bootstrap, log_path=log_dir / f"proxy-{records}.log", extra_args=extra,
                                  startup_timeout=args.e2e_timeout) as proxy:

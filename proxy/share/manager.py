@@ -208,7 +208,7 @@ class ShareService:
     async def restore(self, recovered: state_store.RecoveredState, *, slice_s: float = RESTORE_SLICE_S) -> None:
         """Serve from replayed state: groups (no members; they rejoin) and share-partitions.
 
-        The share-partitions' engines (~0.1 ms each) are rebuilt in slices of ``slice_s``, other
+        The share-partitions' engines (0.1-0.2 ms each) are rebuilt in slices of ``slice_s``, other
         tasks running between them, and served all in one step once every one is built: nothing
         sees part of them, and the loop keeps answering meanwhile (/healthz during start-up, the
         connections already served when a scale-out instance gains partitions)."""
