@@ -1,0 +1,120 @@
+"""How long a scale-out instance's loop stalls while it gains state partitions (a hand-over).
+
+Instance A serves a state topic holding ``--groups`` x ``--partitions`` share-partitions (the cost
+model's state records, layout 2, on the proxy's default 12 state partitions). Instance B joins, so A
+hands it about half the state partitions, then B leaves cleanly (SIGTERM): A gains them back --
+fences their lanes, replays them in a worker thread, rebuilds their engines -- while it goes on
+serving. A's /healthz, answered by A's own event loop, is asked every ``--interval`` seconds from
+B's stop until A reports every state partition owned again (``ksp_share_state_partition_owned``);
+the slowest answer is what any connection A serves would have waited at most. Each round runs the
+proxy of every ``--proxy-trees`` tree in turn (before/after a change), the order rotating.
+
+    PYTHONPATH=$PWD .venv/bin/python -m integration.bench.gain_stall --groups 100 --partitions 100 \\
+        --records 20000 --proxy-trees before=/tmp/base,after=$PWD --repeat 2
+
+Without ``--proxy-trees`` it measures the tree it runs from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from integration.bench.cost_model import LivenessPoller, state_records, topic_uuid, write_layout_2_state_topic
+from integration.bench.scale_bench import wait_for_owners
+from integration.bench.share_bench import parse_trees, proxy_samples, rotated
+from integration.kafka_fixtures import ProxyProcess, admin_client, create_topics, unique_name
+from proxy.localkafka import DEFAULT_VERSION, LocalKafka
+from proxy.localkafka.broker import free_port
+
+#: The partitions a new state topic gets (--state-topic-partitions' default; the cost model's topic).
+STATE_PARTITIONS = 12
+
+
+def owned_partitions(metrics_url: str) -> int:
+    return int(sum(value for (name, _), value in proxy_samples(metrics_url).items()
+                   if name == "ksp_share_state_partition_owned"))
+
+
+def instance(kafka: LocalKafka, state_topic: str, slot: int, tree: str, log_dir: Path) -> tuple[ProxyProcess, int]:
+    port = free_port()
+    proxy = ProxyProcess(
+        upstream=kafka.bootstrap, log_path=log_dir / f"{state_topic}-ksp-{slot}.log",
+        extra_args=("--instance-id", f"ksp-{slot}", "--broker-port-base", str(free_port() - kafka.broker_id),
+                    "--state-topic", state_topic, "--log-level", "warning", "--metrics-port", str(port)),
+        env={"PYTHONPATH": tree} if tree else None, startup_timeout=300)
+    return proxy, port
+
+
+def measure(kafka: LocalKafka, topic_id, tree: str, args: argparse.Namespace, log_dir: Path) -> dict:
+    state_topic = unique_name("__bench_gain_state")
+    written, _ = write_layout_2_state_topic(kafka.bootstrap, state_topic, state_records(
+        args.groups, args.partitions, args.records, topic_id=topic_id))
+    with contextlib.ExitStack() as stack:
+        first, first_port = instance(kafka, state_topic, 0, tree, log_dir)
+        stack.enter_context(first)
+        metrics = f"http://127.0.0.1:{first_port}/metrics"
+        wait_for_owners(kafka.bootstrap, state_topic, STATE_PARTITIONS, 1, timeout_s=300)
+        second, _ = instance(kafka, state_topic, 1, tree, log_dir)
+        with second:
+            wait_for_owners(kafka.bootstrap, state_topic, STATE_PARTITIONS, 2, timeout_s=300)
+            deadline = time.monotonic() + 60
+            while owned_partitions(metrics) == STATE_PARTITIONS:  # A's revocation done
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the first instance kept every state partition")
+                time.sleep(0.1)
+            handed_over = STATE_PARTITIONS - owned_partitions(metrics)
+            poller = stack.enter_context(LivenessPoller(f"http://127.0.0.1:{first_port}/healthz", args.interval))
+            time.sleep(1.0)  # a baseline of answers before the hand-back
+            load = os.getloadavg()[0]
+            stopped = time.monotonic()
+        # B has left (SIGTERM, a clean leave): A gains its partitions back.
+        deadline = stopped + 300
+        while owned_partitions(metrics) < STATE_PARTITIONS:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the first instance did not gain every state partition back")
+            time.sleep(0.05)
+        gained_s = time.monotonic() - stopped
+        time.sleep(1.0)
+        poller.__exit__(None, None, None)
+        summary = poller.summary()
+    return {"written": written, "handed_over": handed_over, "gained_s": gained_s, "load": load, **summary}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--groups", type=int, default=100)
+    parser.add_argument("--partitions", type=int, default=100, help="topic partitions per group")
+    parser.add_argument("--records", type=int, default=20_000, help="state records written (cost model's)")
+    parser.add_argument("--interval", type=float, default=0.05, help="seconds between /healthz asks")
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--proxy-trees", type=parse_trees, default=None,
+                        help="NAME=PATH,...: measure the proxy of each source tree, rounds alternating")
+    parser.add_argument("--kafka-version", default=DEFAULT_VERSION)
+    args = parser.parse_args(argv)
+    trees = args.proxy_trees or [("this", "")]
+    print(f"gain stall: {args.groups}x{args.partitions} share-partitions, {args.records:,} state records, "
+          f"/healthz every {args.interval}s, Kafka {args.kafka_version}", flush=True)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="gain-stall-") as tmp, \
+            LocalKafka(version=args.kafka_version, share_groups=False, data_dir=Path(tmp) / "kafka") as kafka:
+        topic = create_topics(kafka.bootstrap, [unique_name("gain-stall")], partitions=args.partitions)[0]
+        topic_id = topic_uuid(admin_client(kafka.bootstrap), topic)
+        for repeat in range(args.repeat):
+            for name, path in rotated(trees, repeat):
+                row = {"tree": name, "repeat": repeat + 1, **measure(kafka, topic_id, path, args, Path(tmp))}
+                rows.append(row)
+                print(f"{name:>8} repeat {repeat + 1}: {row['handed_over']} of {STATE_PARTITIONS} state partitions "
+                      f"handed back in {row['gained_s']:.2f}s; slowest /healthz {row['healthz_slowest_s']:.3f}s "
+                      f"({row['healthz_failed']} of {row['healthz_asked']} failed); load {row['load']:.2f}",
+                      flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
