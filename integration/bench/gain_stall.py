@@ -18,23 +18,24 @@ Without ``--proxy-trees`` it measures the tree it runs from.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from integration.bench.cost_model import LivenessPoller, state_records, topic_uuid, write_layout_2_state_topic
+from integration.bench.cost_model import (
+    LivenessPoller,
+    state_partitions,
+    state_records,
+    topic_uuid,
+    write_layout_2_state_topic,
+)
 from integration.bench.scale_bench import wait_for_owners
 from integration.bench.share_bench import parse_trees, proxy_samples, rotated
 from integration.kafka_fixtures import ProxyProcess, admin_client, create_topics, unique_name
 from proxy.localkafka import DEFAULT_VERSION, LocalKafka
 from proxy.localkafka.broker import free_port
-
-#: The partitions a new state topic gets (--state-topic-partitions' default; the cost model's topic).
-STATE_PARTITIONS = 12
-
 
 def owned_partitions(metrics_url: str) -> int:
     return int(sum(value for (name, _), value in proxy_samples(metrics_url).items()
@@ -55,35 +56,33 @@ def measure(kafka: LocalKafka, topic_id, tree: str, args: argparse.Namespace, lo
     state_topic = unique_name("__bench_gain_state")
     written, _ = write_layout_2_state_topic(kafka.bootstrap, state_topic, state_records(
         args.groups, args.partitions, args.records, topic_id=topic_id))
-    with contextlib.ExitStack() as stack:
-        first, first_port = instance(kafka, state_topic, 0, tree, log_dir)
-        stack.enter_context(first)
+    partitions = state_partitions()  # the topic write_layout_2_state_topic created
+    first, first_port = instance(kafka, state_topic, 0, tree, log_dir)
+    second, _ = instance(kafka, state_topic, 1, tree, log_dir)
+    with first:
         metrics = f"http://127.0.0.1:{first_port}/metrics"
-        wait_for_owners(kafka.bootstrap, state_topic, STATE_PARTITIONS, 1, timeout_s=300)
-        second, _ = instance(kafka, state_topic, 1, tree, log_dir)
+        wait_for_owners(kafka.bootstrap, state_topic, partitions, 1, timeout_s=300)
         with second:
-            wait_for_owners(kafka.bootstrap, state_topic, STATE_PARTITIONS, 2, timeout_s=300)
+            wait_for_owners(kafka.bootstrap, state_topic, partitions, 2, timeout_s=300)
             deadline = time.monotonic() + 60
-            while owned_partitions(metrics) == STATE_PARTITIONS:  # A's revocation done
+            while owned_partitions(metrics) == partitions:  # A's revocation done
                 if time.monotonic() > deadline:
                     raise RuntimeError("the first instance kept every state partition")
                 time.sleep(0.1)
-            handed_over = STATE_PARTITIONS - owned_partitions(metrics)
-            poller = stack.enter_context(LivenessPoller(f"http://127.0.0.1:{first_port}/healthz", args.interval))
-            time.sleep(1.0)  # a baseline of answers before the hand-back
-            load = os.getloadavg()[0]
-            stopped = time.monotonic()
-        # B has left (SIGTERM, a clean leave): A gains its partitions back.
-        deadline = stopped + 300
-        while owned_partitions(metrics) < STATE_PARTITIONS:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the first instance did not gain every state partition back")
-            time.sleep(0.05)
-        gained_s = time.monotonic() - stopped
-        time.sleep(1.0)
-        poller.__exit__(None, None, None)
-        summary = poller.summary()
-    return {"written": written, "handed_over": handed_over, "gained_s": gained_s, "load": load, **summary}
+            handed_over = partitions - owned_partitions(metrics)
+            with LivenessPoller(f"http://127.0.0.1:{first_port}/healthz", args.interval) as poller:
+                time.sleep(1.0)  # a baseline of answers before the hand-back
+                load = os.getloadavg()[0]
+                stopped = time.monotonic()
+                second.stop()  # a clean leave (SIGTERM): A gains its partitions back
+                deadline = stopped + 300
+                while owned_partitions(metrics) < partitions:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("the first instance did not gain every state partition back")
+                    time.sleep(0.05)
+                gained_s = time.monotonic() - stopped
+                time.sleep(1.0)
+    return {"written": written, "handed_over": handed_over, "gained_s": gained_s, "load": load, **poller.summary()}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -109,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for name, path in rotated(trees, repeat):
                 row = {"tree": name, "repeat": repeat + 1, **measure(kafka, topic_id, path, args, Path(tmp))}
                 rows.append(row)
-                print(f"{name:>8} repeat {repeat + 1}: {row['handed_over']} of {STATE_PARTITIONS} state partitions "
+                print(f"{name:>8} repeat {repeat + 1}: {row['handed_over']} of {state_partitions()} state partitions "
                       f"handed back in {row['gained_s']:.2f}s; slowest /healthz {row['healthz_slowest_s']:.3f}s "
                       f"({row['healthz_failed']} of {row['healthz_asked']} failed); load {row['load']:.2f}",
                       flush=True)
