@@ -75,6 +75,7 @@ from proxy.share.sessions import (
     ShareSessionError,
 )
 from proxy.share.supervise import guarded, supervised
+from proxy.timeslice import TimeSlices
 
 log = structlog.get_logger(__name__)
 
@@ -225,15 +226,13 @@ class ShareService:
                 log.warning("persisted group configs outside the proxy's bounds ignored", group=group_id,
                             configs=dropped)
         rebuilt = []
-        resume_at = time.perf_counter() + slice_s
+        slices = TimeSlices(slice_s)
         for key, partition in recovered.partitions.items():
             rebuilt.append(self.leaders.rebuild(key, partition.snapshot, partition.updates,
                                                 snapshot_epoch=partition.snapshot_epoch,
                                                 state_epoch=partition.state_epoch,
                                                 create_timestamp=partition.create_timestamp))
-            if time.perf_counter() >= resume_at:
-                await trio.sleep(0)
-                resume_at = time.perf_counter() + slice_s
+            await slices.pause_if_due()
         for leader in rebuilt:
             self.leaders.add(leader)
         log.info("share state restored", groups=len(recovered.groups), partitions=len(recovered.partitions),
