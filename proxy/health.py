@@ -13,14 +13,18 @@ loop is wedged).
   broker answering ApiVersions, every :data:`PROBE_INTERVAL_S` -- succeeded), and with share groups
   ``share_state_replayed`` (the state topic was replayed into the engines; until then no share API
   is routed) and ``share_state_writable`` (the last state-topic write did not fail).
-* ``/metrics``: the Prometheus text exposition of the default registry.
+* ``/metrics``: the Prometheus text exposition of the default registry. Collectors that read the
+  loop's state (the share groups', at ~7 us per share-partition) read it first, on the loop in time
+  slices (:data:`proxy.metrics.SCRAPE_PREPARERS`); the text is then formatted in a worker thread, one
+  scrape at a time. A scrape of 10,000 share-partitions used to hold the loop for 0.15-0.4 s, and
+  for seconds with ``--metrics-per-partition``.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import structlog
@@ -29,6 +33,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from proxy.config import HostPort
 from proxy.errors import UpstreamError
+from proxy.metrics import SCRAPE_PREPARERS
 from proxy.security import UpstreamSecurity
 from proxy.upstream import UpstreamClient, open_first_upstream
 
@@ -146,17 +151,31 @@ class Response:
     content_type: str = "text/plain; charset=utf-8"
 
 
+METRICS_PATHS = ("/metrics", "/")
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
 
 
 class HealthEndpoints:
-    """What each path answers (pure: no sockets, so tests call :meth:`answer` directly)."""
+    """What each path answers (no sockets: tests call :meth:`answer` or :meth:`respond` directly)."""
 
     def __init__(self, readiness: Readiness = READINESS, liveness: Liveness | None = None,
-                 registry=REGISTRY) -> None:
+                 registry=REGISTRY, scrape_preparers: Sequence[Callable[[], Awaitable[None]]] = SCRAPE_PREPARERS
+                 ) -> None:
         self.readiness = readiness
         self.liveness = liveness
         self.registry = registry
+        self.scrape_preparers = scrape_preparers
+        self._scrape_lock = trio.Lock()  # a preparer keeps one reading for the scrape that follows
+
+    async def respond(self, method: str, target: str) -> Response:
+        """:meth:`answer`, with a scrape's formatting off the loop's thread."""
+        if method not in ("GET", "HEAD") or target.split("?", 1)[0] not in METRICS_PATHS:
+            return self.answer(method, target)
+        async with self._scrape_lock:
+            for prepare in self.scrape_preparers:
+                await prepare()
+            body = await trio.to_thread.run_sync(generate_latest, self.registry)
+        return Response(200, body, CONTENT_TYPE_LATEST)
 
     def answer(self, method: str, target: str) -> Response:
         if method not in ("GET", "HEAD"):
@@ -170,7 +189,7 @@ class HealthEndpoints:
             not_ready = [name for name, ok in checks.items() if not ok]
             body = json.dumps({"ready": not not_ready, "checks": checks, "not_ready": not_ready}).encode() + b"\n"
             return Response(503 if not_ready else 200, body, "application/json")
-        if path in ("/metrics", "/"):
+        if path in METRICS_PATHS:
             return Response(200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
         return Response(404, b"not found: try /metrics, /healthz or /readyz\n")
 
@@ -209,7 +228,7 @@ async def handle(stream: trio.abc.Stream, endpoints: HealthEndpoints) -> None:
             await stream.send_all(render(Response(400, b"bad request\n")))
             return
         method, target = parsed
-        await stream.send_all(render(endpoints.answer(method, target), head_only=method == "HEAD"))
+        await stream.send_all(render(await endpoints.respond(method, target), head_only=method == "HEAD"))
     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
         pass
     except Exception:  # noqa: BLE001 - a bad probe must never take the proxy down

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from prometheus_client import Counter, Gauge, Histogram
+
+#: Awaited on the event loop's thread before each scrape of the default registry, which the metrics
+#: endpoint then formats in a worker thread: collectors that read the loop's state read it here.
+SCRAPE_PREPARERS: list[Callable[[], Awaitable[None]]] = []
 
 CONNECTIONS_ACCEPTED = Counter(
     "ksp_client_connections", "Client connections accepted", ["listener"]

@@ -37,10 +37,12 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from proxy.metrics import SCRAPE_PREPARERS
 from proxy.share.commit import Cause, Change
 from proxy.share.partition import AckRange, AcquiredRecords, StateDelta
 from proxy.share.group_admin import share_lag
 from proxy.share.states import TERMINAL_STATES, AcknowledgeType, RecordState
+from proxy.timeslice import TimeSlices
 
 if TYPE_CHECKING:
     from proxy.share.manager import ShareService
@@ -57,6 +59,8 @@ IN_PROGRESS_RELEASE_REASONS = {
     Cause.MAX_EXTENSION_RELEASED: "max_extension",
     Cause.GRACE_EXPIRED: "grace_expiry",
 }
+# A scrape reads the engines in slices of this long (ShareCollector.prepare).
+SCRAPE_SLICE_S = 0.01
 ACK_TYPE_NAMES = {int(t): t.name.lower() for t in AcknowledgeType if t is not AcknowledgeType.GAP}
 ARCHIVE_REASONS = ("rejected", "delivery_limit", "aborted_or_control", "log_truncated")
 STATE_NAMES = {state: state.name.lower() for state in RecordState}
@@ -241,44 +245,96 @@ def partition_view(key: SharePartitionKey, topic: str, engine, high_watermark: i
     return PartitionView(key, topic, engine.start_offset, in_flight, lag, engine.in_progress_count(), stale)
 
 
+@dataclass(slots=True)
+class ShareReading:
+    """What one scrape reports, read on the event loop's thread; formatting it touches nothing the
+    loop changes, so it may run in a worker thread."""
+
+    group_ids: list[str]
+    groups_by_state: dict[str, int]
+    members: list[tuple[str, int]]
+    sessions: int
+    views: list[PartitionView]
+    group_counts: dict[str, ShareCounts]
+    # Per-partition counts with their label values (group, topic, partition); None when off.
+    partition_counts: list[tuple[list[str], ShareCounts]] | None
+
+
 class ShareCollector:
-    """Prometheus collector of the share-group series (registered once the service runs)."""
+    """Prometheus collector of the share-group series (registered once the service runs).
+
+    A scrape first reads the engines, the coordinator and the event counts on the loop's thread
+    (:meth:`prepare`, in time slices: ~7 us per share-partition), then formats what it read
+    (:meth:`collect`, wherever the registry is walked: the metrics endpoint does it in a worker
+    thread). Without a :meth:`prepare` first, :meth:`collect` reads for itself."""
 
     def __init__(self, service: ShareService, events: ShareEventCounts = EVENTS) -> None:
         self.service = service
         self.events = events
+        self._prepared: ShareReading | None = None
 
     def describe(self) -> Iterable:
         return ()  # names are not checked against other collectors (families are built per scrape)
 
-    def collect(self) -> Iterator:
-        service, events = self.service, self.events
-        coordinator, leaders = service.coordinator, service.leaders
-        group_ids = coordinator.group_ids()
-        now = service.clock()
+    async def prepare(self, slices: TimeSlices | None = None) -> None:
+        """Read the next scrape's values, letting other tasks run between ``slices``."""
+        slices = slices or TimeSlices(SCRAPE_SLICE_S)
+        now = self.service.clock()
         views = []
-        for leader in leaders.values():
-            views.append(self._view(leader, now))
-            events.in_progress_finished(leader.key, leader.engine.drain_in_progress_finished())
-        known_keys = leaders.keys()
-        events.forget_missing(set(group_ids) | {k[0] for k in known_keys}, known_keys)
-        per_partition = events.per_partition
+        for leader in self.service.leaders.values():
+            views.append(self._read_leader(leader, now))
+            await slices.pause_if_due()
+        self._prepared = self._reading(views)
 
-        groups = GaugeMetricFamily("ksp_share_groups", "Share groups by state (Kafka: share-group-count)",
-                                   labels=["state"])
+    def read(self) -> ShareReading:
+        """The next scrape's values, read in one go."""
+        now = self.service.clock()
+        return self._reading([self._read_leader(leader, now) for leader in self.service.leaders.values()])
+
+    def collect(self) -> Iterator:
+        reading, self._prepared = self._prepared or self.read(), None
+        yield from self._families(reading)
+
+    def _read_leader(self, leader, now: int) -> PartitionView:
+        self.events.in_progress_finished(leader.key, leader.engine.drain_in_progress_finished())
+        return partition_view(leader.key, self._topic_name(leader.key[1]), leader.engine, leader.high_watermark, now)
+
+    def _reading(self, views: list[PartitionView]) -> ShareReading:
+        coordinator, events = self.service.coordinator, self.events
+        group_ids = coordinator.group_ids()
+        known_keys = self.service.leaders.keys()
+        events.forget_missing(set(group_ids) | {k[0] for k in known_keys}, known_keys)
+        views = [view for view in views if view.key in known_keys]  # not one removed while reading
         by_state: dict[str, int] = {}
         for _, state in coordinator.list_groups():
             by_state[state.value] = by_state.get(state.value, 0) + 1
+        partition_counts = None
+        if events.per_partition:
+            names = {view.key: [view.key[0], view.topic, str(view.key[2])] for view in views}
+            keys = sorted(events.partitions, key=lambda k: (k[0], str(k[1]), k[2]))
+            partition_counts = [(names.get(k) or [k[0], self._topic_name(k[1]), str(k[2])], events.partitions[k])
+                                for k in keys]
+        return ShareReading(
+            group_ids=group_ids, groups_by_state=by_state,
+            members=[(group_id, coordinator.member_count(group_id)) for group_id in group_ids],
+            sessions=len(self.service.sessions), views=views,
+            group_counts={g: events.groups[g] for g in sorted(events.groups)},
+            partition_counts=partition_counts)
+
+    def _families(self, reading: ShareReading) -> Iterator:
+        group_ids, views = reading.group_ids, reading.views
+        groups = GaugeMetricFamily("ksp_share_groups", "Share groups by state (Kafka: share-group-count)",
+                                   labels=["state"])
         for state_name in ("Empty", "Stable"):
-            groups.add_metric([state_name], by_state.get(state_name, 0))
+            groups.add_metric([state_name], reading.groups_by_state.get(state_name, 0))
         yield groups
 
         members = GaugeMetricFamily("ksp_share_group_members", "Members of a share group", labels=["group"])
-        for group_id in group_ids:
-            members.add_metric([group_id], coordinator.member_count(group_id))
+        for group_id, count in reading.members:
+            members.add_metric([group_id], count)
         yield members
         yield GaugeMetricFamily("ksp_share_sessions", "Share sessions open (Kafka: group.share.max.share.sessions)",
-                                value=len(service.sessions))
+                                value=reading.sessions)
 
         in_flight = GaugeMetricFamily(
             "ksp_share_group_in_flight_records",
@@ -329,9 +385,9 @@ class ShareCollector:
         yield stale
 
         yield from _counter_families("ksp_share_group", ["group"],
-                                     ((g, [g]) for g in sorted(events.groups)), events.groups)
+                                     (([g], counts) for g, counts in reading.group_counts.items()))
 
-        if per_partition:
+        if reading.partition_counts is not None:
             labels = ["group", "topic", "partition"]
             spso = GaugeMetricFamily("ksp_share_partition_start_offset", "Share-partition start offset (SPSO)",
                                      labels=labels)
@@ -346,10 +402,8 @@ class ShareCollector:
             p_stale = GaugeMetricFamily("ksp_share_partition_records_in_progress_stale",
                                         "Records IN_PROGRESS with no progress within the staleness threshold",
                                         labels=labels)
-            names: dict[SharePartitionKey, list[str]] = {}
             for view in views:
                 label_values = [view.key[0], view.topic, str(view.key[2])]
-                names[view.key] = label_values
                 spso.add_metric(label_values, view.start_offset)
                 p_lag.add_metric(label_values, view.lag)
                 p_in_progress.add_metric(label_values, view.in_progress)
@@ -361,21 +415,14 @@ class ShareCollector:
             yield p_lag
             yield p_in_progress
             yield p_stale
-            keys = sorted(events.partitions, key=lambda k: (k[0], str(k[1]), k[2]))
-            yield from _counter_families(
-                "ksp_share_partition", labels,
-                ((k, names.get(k) or [k[0], self._topic_name(k[1]), str(k[2])]) for k in keys),
-                events.partitions)
+            yield from _counter_families("ksp_share_partition", labels, reading.partition_counts)
 
     def _topic_name(self, topic_id: uuid.UUID) -> str:
         topic = self.service.cluster.topic_by_id(topic_id)
         return topic.name if topic is not None else str(topic_id)
 
-    def _view(self, leader, now: int) -> PartitionView:
-        return partition_view(leader.key, self._topic_name(leader.key[1]), leader.engine, leader.high_watermark, now)
 
-
-def _counter_families(prefix: str, labels: list[str], rows, table) -> Iterator:
+def _counter_families(prefix: str, labels: list[str], rows: Iterable[tuple[list[str], ShareCounts]]) -> Iterator:
     acquired = CounterMetricFamily(f"{prefix}_records_acquired", "Records acquired (handed to consumers)",
                                    labels=labels)
     acknowledged = CounterMetricFamily(
@@ -402,8 +449,7 @@ def _counter_families(prefix: str, labels: list[str], rows, table) -> Iterator:
         f"{prefix}_in_progress_duration_seconds",
         "How long records stayed IN_PROGRESS (first mark to accept, release, reject or release by the proxy)",
         labels=labels)
-    for key, label_values in rows:
-        counts: ShareCounts = table[key]
+    for label_values, counts in rows:
         acquired.add_metric(label_values, counts.acquired)
         for name in ACK_TYPE_NAMES.values():
             acknowledged.add_metric([*label_values, name], counts.acknowledged.get(name, 0))
@@ -459,6 +505,8 @@ def register(service: ShareService, *, per_partition: bool, registry=None) -> Sh
     service.commits.subscribe(in_progress_drain(service, EVENTS))
     collector = ShareCollector(service)
     (registry or REGISTRY).register(collector)
+    if registry is None:
+        SCRAPE_PREPARERS.append(collector.prepare)
     return collector
 
 

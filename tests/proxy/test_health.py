@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import trio
 import trio.testing
@@ -56,6 +58,53 @@ def test_metrics_unknown_paths_and_methods():
     assert endpoints.answer("GET", "/nope").status == 404
     assert endpoints.answer("POST", "/healthz").status == 405
     assert endpoints.answer("GET", "/healthz?verbose").status == 200
+
+
+class SlowCollector:
+    """A collector whose formatting takes ``seconds`` and reports what prepared it and where it ran."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.prepared = 0
+        self.collected_on: list[int] = []
+
+    async def prepare(self) -> None:
+        self.prepared += 1
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        self.collected_on.append(threading.get_ident())
+        time.sleep(self.seconds)  # a big registry's formatting
+        yield GaugeMetricFamily("ksp_prepared", "scrapes prepared before formatting", value=self.prepared)
+
+
+async def test_a_scrape_is_prepared_on_the_loop_then_formatted_off_it_while_the_loop_runs():
+    registry = CollectorRegistry()
+    slow = SlowCollector(0.3)
+    registry.register(slow)
+    endpoints = HealthEndpoints(Readiness(), registry=registry, scrape_preparers=[slow.prepare])
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await trio.sleep(0.01)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(tick)
+        await trio.sleep(0.02)
+        before = ticks
+        scraped = await endpoints.respond("GET", "/metrics")
+        during = ticks - before
+        nursery.cancel_scope.cancel()
+    assert scraped.status == 200 and b"ksp_prepared 1.0" in scraped.body  # prepared, then formatted
+    assert slow.collected_on != [threading.get_ident()]  # not formatted on the loop's thread
+    assert during >= 10  # ~30 ticks of 10 ms while a 0.3 s formatting ran
+    assert (await endpoints.respond("GET", "/healthz")).status == 200
+    assert (await endpoints.respond("GET", "/nope")).status == 404
+    assert slow.prepared == 1  # only scrapes are prepared
 
 
 def test_healthz_is_503_once_after_the_loop_stalled():

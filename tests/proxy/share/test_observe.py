@@ -6,6 +6,7 @@ import uuid
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
+import trio
 from prometheus_client import CollectorRegistry
 
 from proxy.share.commit import Cause, Change
@@ -19,6 +20,7 @@ from proxy.share.observe import (
 )
 from proxy.share.partition import AckRange, BatchHeader, PartitionConfig, SharePartition
 from proxy.share.states import AcknowledgeType
+from proxy.timeslice import TimeSlices
 
 TOPIC_ID = uuid.uuid4()
 KEY = ("orders-group", TOPIC_ID, 0)
@@ -192,6 +194,47 @@ def test_collector_series_per_group_per_partition_with_the_switch_and_removal_of
     samples = scrape(ShareCollector(service, events))
     assert not any(("group", "other-group") in labels for _, labels in samples)
     assert "other-group" not in events.groups
+
+
+async def test_a_prepared_scrape_reads_in_slices_reports_what_read_reports_and_drops_leaders_removed_meanwhile():
+    events = ShareEventCounts(per_partition=True)
+    leaders = []
+    for partition in range(6):
+        key = ("orders-group", TOPIC_ID, partition)
+        engine = engine_with(10)
+        events.acquired(key, acquire(engine, 0, partition).acquired)
+        leaders.append(FakeLeader(key, engine, 20))
+    service = make_service({"orders-group": 1}, leaders)
+    collector = ShareCollector(service, events)
+    expected = scrape(collector)  # read in one go
+    turns = 0
+
+    async def other_task() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            if turns == 3:  # a share-partition goes away while the scrape reads
+                service.leaders.leaders.pop(("orders-group", TOPIC_ID, 5))
+            await trio.sleep(0)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other_task)
+        await trio.sleep(0)
+        before = turns
+        await collector.prepare(TimeSlices(0))  # a pause after every share-partition
+        during = turns - before
+        nursery.cancel_scope.cancel()
+    prepared = scrape(collector)  # formats what prepare read
+    assert during >= 5
+    gone = frozenset({("group", "orders-group"), ("topic", "orders"), ("partition", "5")})
+    assert ("ksp_share_partition_start_offset", gone) in expected
+    assert not any(labels == gone for _, labels in prepared)
+    assert prepared[("ksp_share_group_partitions", frozenset({("group", "orders-group")}))] == 5
+    # A reading is used once; the next scrapes read in one go: after the removal, the same values.
+    assert scrape(collector) == prepared
+    leaders[0].high_watermark += 100
+    lag = ("ksp_share_group_lag_records", frozenset({("group", "orders-group")}))
+    assert scrape(collector)[lag] == prepared[lag] + 100
 
 
 # ----- IN_PROGRESS ----------------------------------------------------------------------------
