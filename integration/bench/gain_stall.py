@@ -6,8 +6,12 @@ hands it about half the state partitions, then B leaves cleanly (SIGTERM): A gai
 fences their lanes, replays them in a worker thread, rebuilds their engines -- while it goes on
 serving. A's /healthz, answered by A's own event loop, is asked every ``--interval`` seconds from
 B's stop until A reports every state partition owned again (``ksp_share_state_partition_owned``);
-the slowest answer is what any connection A serves would have waited at most. Each round runs the
-proxy of every ``--proxy-trees`` tree in turn (before/after a change), the order rotating.
+the slowest answer is what any connection A serves would have waited at most. (Whether A owns every
+partition is read from its /metrics every 50 ms meanwhile, so the hand-back is measured under
+scrapes.) Before B joins, A's /metrics is scraped ``--scrapes`` times, one after the other, with
+/healthz asked as above: how long a scrape of that many share-partitions takes, and how long the
+loop waited meanwhile. Each round runs the proxy of every ``--proxy-trees`` tree in turn
+(before/after a change), the order rotating.
 
     PYTHONPATH=$PWD .venv/bin/python -m integration.bench.gain_stall --groups 100 --partitions 100 \\
         --records 20000 --proxy-trees before=/tmp/base,after=$PWD --repeat 2
@@ -26,6 +30,7 @@ from pathlib import Path
 
 from integration.bench.cost_model import (
     LivenessPoller,
+    http_get,
     state_partitions,
     state_records,
     topic_uuid,
@@ -40,6 +45,24 @@ from proxy.localkafka.broker import free_port
 def owned_partitions(metrics_url: str) -> int:
     return int(sum(value for (name, _), value in proxy_samples(metrics_url).items()
                    if name == "ksp_share_state_partition_owned"))
+
+
+def scraped(metrics_url: str, healthz_url: str, scrapes: int, interval_s: float) -> dict:
+    """Scrape ``metrics_url`` ``scrapes`` times in a row while asking ``healthz_url`` every ``interval_s``."""
+    seconds, size = [], 0
+    with LivenessPoller(healthz_url, interval_s) as poller:
+        time.sleep(0.5)  # a baseline of answers first
+        for _ in range(scrapes):
+            asked = time.monotonic()
+            answer = http_get(metrics_url)
+            seconds.append(time.monotonic() - asked)
+            if answer is None or answer[0] != 200:
+                raise RuntimeError(f"/metrics did not answer 200: {answer}")
+            size = len(answer[1])
+        time.sleep(0.5)
+    summary = poller.summary()
+    return {"scrape_slowest_s": max(seconds, default=0.0), "scrape_bytes": size,
+            "scrape_healthz_slowest_s": summary["healthz_slowest_s"], "scrape_healthz_failed": summary["healthz_failed"]}
 
 
 def instance(kafka: LocalKafka, state_topic: str, slot: int, tree: str, log_dir: Path) -> tuple[ProxyProcess, int]:
@@ -62,6 +85,7 @@ def measure(kafka: LocalKafka, topic_id, tree: str, args: argparse.Namespace, lo
     with first:
         metrics = f"http://127.0.0.1:{first_port}/metrics"
         wait_for_owners(kafka.bootstrap, state_topic, partitions, 1, timeout_s=300)
+        scrapes = scraped(metrics, f"http://127.0.0.1:{first_port}/healthz", args.scrapes, args.interval)
         with second:
             wait_for_owners(kafka.bootstrap, state_topic, partitions, 2, timeout_s=300)
             deadline = time.monotonic() + 60
@@ -82,7 +106,8 @@ def measure(kafka: LocalKafka, topic_id, tree: str, args: argparse.Namespace, lo
                     time.sleep(0.05)
                 gained_s = time.monotonic() - stopped
                 time.sleep(1.0)
-    return {"written": written, "handed_over": handed_over, "gained_s": gained_s, "load": load, **poller.summary()}
+    return {"written": written, "handed_over": handed_over, "gained_s": gained_s, "load": load, **poller.summary(),
+            **scrapes}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -91,6 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=100, help="topic partitions per group")
     parser.add_argument("--records", type=int, default=20_000, help="state records written (cost model's)")
     parser.add_argument("--interval", type=float, default=0.05, help="seconds between /healthz asks")
+    parser.add_argument("--scrapes", type=int, default=5, help="/metrics scrapes timed before the hand-over")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--proxy-trees", type=parse_trees, default=None,
                         help="NAME=PATH,...: measure the proxy of each source tree, rounds alternating")
@@ -110,7 +136,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rows.append(row)
                 print(f"{name:>8} repeat {repeat + 1}: {row['handed_over']} of {state_partitions()} state partitions "
                       f"handed back in {row['gained_s']:.2f}s; slowest /healthz {row['healthz_slowest_s']:.3f}s "
-                      f"({row['healthz_failed']} of {row['healthz_asked']} failed); load {row['load']:.2f}",
+                      f"({row['healthz_failed']} of {row['healthz_asked']} failed); load {row['load']:.2f}; "
+                      f"before it, {args.scrapes} scrapes of /metrics ({row['scrape_bytes']:,} bytes): slowest "
+                      f"{row['scrape_slowest_s']:.3f}s, slowest /healthz meanwhile {row['scrape_healthz_slowest_s']:.3f}s "
+                      f"({row['scrape_healthz_failed']} failed)",
                       flush=True)
     return 0
 
