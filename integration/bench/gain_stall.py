@@ -8,7 +8,7 @@ serving. A's /healthz, answered by A's own event loop, is asked every ``--interv
 B's stop until A reports every state partition owned again (``ksp_share_state_partition_owned``);
 the slowest answer is what any connection A serves would have waited at most. (Whether A owns every
 partition is read from its /metrics every 50 ms meanwhile, so the hand-back is measured under
-scrapes.) Before B joins, A's /metrics is scraped ``--scrapes`` times, one after the other, with
+scrapes.) Before B joins, once A has restored everything, A's /metrics is scraped ``--scrapes`` times, one after the other, with
 /healthz asked as above: how long a scrape of that many share-partitions takes, and how long the
 loop waited meanwhile. Each round runs the proxy of every ``--proxy-trees`` tree in turn
 (before/after a change), the order rotating.
@@ -45,6 +45,15 @@ from proxy.localkafka.broker import free_port
 def owned_partitions(metrics_url: str) -> int:
     return int(sum(value for (name, _), value in proxy_samples(metrics_url).items()
                    if name == "ksp_share_state_partition_owned"))
+
+
+def wait_until_owned(metrics_url: str, partitions: int, timeout_s: float = 300) -> None:
+    """Until the instance reports ``partitions`` state partitions owned: gained, replayed, restored."""
+    deadline = time.monotonic() + timeout_s
+    while owned_partitions(metrics_url) < partitions:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the instance did not own {partitions} state partitions within {timeout_s}s")
+        time.sleep(0.05)
 
 
 def scraped(metrics_url: str, healthz_url: str, scrapes: int, interval_s: float) -> dict:
@@ -85,6 +94,7 @@ def measure(kafka: LocalKafka, topic_id, tree: str, args: argparse.Namespace, lo
     with first:
         metrics = f"http://127.0.0.1:{first_port}/metrics"
         wait_for_owners(kafka.bootstrap, state_topic, partitions, 1, timeout_s=300)
+        wait_until_owned(metrics, partitions)  # replayed and restored: the scrapes see all of it
         scrapes = scraped(metrics, f"http://127.0.0.1:{first_port}/healthz", args.scrapes, args.interval)
         with second:
             wait_for_owners(kafka.bootstrap, state_topic, partitions, 2, timeout_s=300)
@@ -99,11 +109,7 @@ def measure(kafka: LocalKafka, topic_id, tree: str, args: argparse.Namespace, lo
                 load = os.getloadavg()[0]
                 stopped = time.monotonic()
                 second.stop()  # a clean leave (SIGTERM): A gains its partitions back
-                deadline = stopped + 300
-                while owned_partitions(metrics) < partitions:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("the first instance did not gain every state partition back")
-                    time.sleep(0.05)
+                wait_until_owned(metrics, partitions)
                 gained_s = time.monotonic() - stopped
                 time.sleep(1.0)
     return {"written": written, "handed_over": handed_over, "gained_s": gained_s, "load": load, **poller.summary(),
