@@ -195,6 +195,14 @@ class PartitionRegistry:
     def keys(self) -> set[SharePartitionKey]:
         return set(self._leaders) | set(self._parked)
 
+    def group_ids(self) -> set[str]:
+        """Groups with a share-partition here, in memory or parked."""
+        return set(self._by_group) | {key[0] for key in self._parked}
+
+    def active_group_ids(self) -> list[str]:
+        """Groups with a share-partition in memory (the others hold no records)."""
+        return list(self._by_group)
+
     def parked_start_offset(self, key: SharePartitionKey) -> int | None:
         """The SPSO of a parked share-partition (without bringing it back), None if not parked."""
         parked = self._parked.get(key)

@@ -370,12 +370,12 @@ class ShareService:
         held: dict[str, set[str]] = {}
         if self.ownership is None:
             return held
-        for key in self.leaders.keys():
-            if self.ownership.coordinates(key[0]):
+        for group_id in self.leaders.active_group_ids():  # a parked share-partition holds nothing
+            if self.ownership.coordinates(group_id):
                 continue  # departures come as the coordinator's own events
-            leader = self.leaders.active(key)
-            if leader is not None and (members := leader.engine.members()):
-                held.setdefault(key[0], set()).update(members)
+            for leader in self.leaders.of_group(group_id):
+                if members := leader.engine.members():
+                    held.setdefault(group_id, set()).update(members)
         return held
 
     def release_departed_member(self, group_id: str, member_id: str) -> None:

@@ -331,7 +331,7 @@ class ScaleOut:
         service, ownership, coordinator = self.service, self.service.ownership, self.service.coordinator
 
         def groups() -> set[str]:
-            return {key[0] for key in service.leaders.keys() if not ownership.coordinates(key[0])}
+            return {group_id for group_id in service.leaders.group_ids() if not ownership.coordinates(group_id)}
 
         mirror = GroupConfigMirror(
             groups, coordinator_elsewhere, connect,

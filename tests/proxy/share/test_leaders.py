@@ -64,8 +64,10 @@ def test_idle_share_partitions_of_memberless_groups_are_parked_and_come_back():
     idle.engine.acknowledge("m", [AckRange(0, 9, (int(AcknowledgeType.ACCEPT),))], now=0)
     assert idle.engine.in_flight_count == 0 and idle.engine.start_offset == 10
 
-    assert reg.park_idle(["g"]) == 1
-    assert reg.active(idle.key) is None and reg.active(busy.key) is busy
+    quiet = add(reg, "quiet", 0)  # a group whose only share-partition is parked
+    assert reg.park_idle(["g", "quiet"]) == 2
+    assert reg.active(idle.key) is None and reg.active(busy.key) is busy and reg.active(quiet.key) is None
+    assert (reg.group_ids(), reg.active_group_ids()) == ({"g", "quiet"}, ["g"])
     back = reg.get(idle.key)  # brought back from its parked SPSO and epochs
     assert back is not None and back is not idle and back.engine.start_offset == 10
 

@@ -567,6 +567,22 @@ async def test_a_long_poll_is_answered_at_once_when_its_share_partition_is_hande
     assert harness.service.leaders.active((GROUP, *TP)) is None  # and not initialised again
 
 
+async def test_holders_are_listed_for_groups_another_instance_coordinates_only(harness, autojump_clock):
+    # Scale-out's membership watch asks the coordinating instance about these members.
+    from proxy.share.ownership import ServiceOwnership
+
+    harness.cluster.append([b"a", b"b"])
+    member = harness.member("m")
+    await harness.fetch(member)
+    ownership = ServiceOwnership(3)
+    harness.service.ownership = ownership
+    group_home = ownership.home_of_group(GROUP)
+    ownership.owned = frozenset({0, 1, 2}) - {group_home}
+    assert harness.service.holders_of_groups_coordinated_elsewhere() == {GROUP: {member.member_id}}
+    ownership.owned = frozenset({0, 1, 2})  # coordinated here: departures come as its own events
+    assert harness.service.holders_of_groups_coordinated_elsewhere() == {}
+
+
 async def test_long_poll_wakes_when_another_member_releases(harness, autojump_clock):
     harness.cluster.append([b"a", b"b"])
     holder, waiter = harness.member("holder"), harness.member("waiter")
