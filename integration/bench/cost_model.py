@@ -221,6 +221,13 @@ class NullWriter:
         self.bytes += sum(len(r[0]) + len(r[1] or b"") for r in records)
 
 
+class NoCluster:
+    """The cluster of an in-process service: knows no topics (a scrape names them by id)."""
+
+    def topic_by_id(self, topic_id: uuid.UUID) -> None:
+        return None
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 0
@@ -371,8 +378,39 @@ def child_timer(spec: dict) -> dict:
         out.update(share_partitions=n, idle_pass_s=min(idle_passes), park_idle_s=min(park),
                    expire_all_s=min(all_due), write_once_s=min(writes), snapshots_written=written,
                    snapshot_bytes=service.commits.writer.bytes // max(1, service.commits.writer.records))
+        out.update(await scrape_costs(service, leaders))
 
     trio.run(run)
+    return out
+
+
+async def scrape_costs(service, leaders) -> dict:
+    """One /metrics scrape of the share series: the reading of the engines (on the loop's thread, in
+    slices) and the formatting (in a worker thread), group series only and per share-partition."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from proxy.share.observe import ShareCollector, ShareEventCounts
+    from proxy.timeslice import TimeSlices
+
+    if service.cluster is None:  # in process: no cluster to name topics; the series carry their ids
+        service.cluster = NoCluster()
+    out = {}
+    for label, per_partition in (("scrape", False), ("scrape_per_partition", True)):
+        events = ShareEventCounts(per_partition=per_partition)
+        for leader in leaders:
+            events.acquired(leader.key, [])  # counts kept for every group (and share-partition)
+        collector = ShareCollector(service, events)
+        registry = CollectorRegistry()
+        registry.register(collector)
+        reads, formats = [], []
+        for _ in range(2):  # the faster of two: a collection of the cyclic collector can fall in either
+            started = time.perf_counter()
+            await collector.prepare(TimeSlices(float("inf")))  # read without pausing: its whole CPU
+            read = time.perf_counter()
+            body = generate_latest(registry)
+            reads.append(read - started)
+            formats.append(time.perf_counter() - read)
+        out.update({f"{label}_read_s": min(reads), f"{label}_format_s": min(formats), f"{label}_bytes": len(body)})
     return out
 
 
@@ -624,12 +662,22 @@ def timer_part(args: argparse.Namespace, shapes: list[tuple[int, int]]) -> dict:
               f"{row['expire_all_s'] * 1e3:8.2f}ms {row['expire_all_s'] / n * 1e6:12.1f} "
               f"{row['write_once_s'] * 1e3:8.2f}ms {row['write_once_s'] / row['snapshots_written'] * 1e6:11.1f} "
               f"{row['park_idle_s'] * 1e3:8.2f}ms {row['park_idle_s'] / n * 1e6:12.2f}", flush=True)
+    print("\n/metrics scrape of the share series (reading on the loop in slices, formatting in a worker thread)")
+    print(f"{'shape':>9} {'partitions':>10} {'read':>9} {'format':>9} {'bytes':>11} "
+          f"{'per-partition read':>18} {'format':>9} {'bytes':>11}")
+    for row in rows:
+        print(f"{row['groups']:>4}x{row['partitions']:<4} {row['share_partitions']:>10,} "
+              f"{row['scrape_read_s'] * 1e3:7.1f}ms {row['scrape_format_s'] * 1e3:7.1f}ms {row['scrape_bytes']:>11,} "
+              f"{row['scrape_per_partition_read_s'] * 1e3:16.1f}ms {row['scrape_per_partition_format_s'] * 1e3:7.1f}ms "
+              f"{row['scrape_per_partition_bytes']:>11,}", flush=True)
     fits = {name: fit_line([(r["share_partitions"], r[key]) for r in rows])
             for name, key in (("expire_all", "expire_all_s"), ("write_once", "write_once_s"),
-                              ("park_idle", "park_idle_s"), ("nothing_due", "idle_pass_s"))}
+                              ("park_idle", "park_idle_s"), ("nothing_due", "idle_pass_s"),
+                              ("scrape_read", "scrape_read_s"), ("scrape_format", "scrape_format_s"),
+                              ("scrape_pp_format", "scrape_per_partition_format_s"))}
     print("\nfitted seconds = a + e * share-partitions:")
     for name, (a, e) in fits.items():
-        print(f"  {name:12s} a={a * 1e3:8.3f} ms  e={e * 1e6:8.2f} us/partition")
+        print(f"  {name:16s} a={a * 1e3:8.3f} ms  e={e * 1e6:8.2f} us/partition")
     return {"rows": rows, "fits": fits}
 
 

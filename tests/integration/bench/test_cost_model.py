@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from integration.bench import cost_model
 from integration.bench.cost_model import (
     TOPIC_ID,
     fit_line,
@@ -127,3 +128,21 @@ def test_records_on_a_partition_other_than_their_home_would_be_migrated() -> Non
     replayed = [ReplayedRecord(0 if i == 0 else 1 + i % (partitions - 1), i, key, value)
                 for i, (_, key, value) in enumerate(rows)]
     assert state_store.recover(replayed, clock_offset_ms=0, partitions=partitions).needs_migration(partitions)
+
+
+def test_scrape_costs_time_a_scrape_of_the_share_series_with_and_without_per_partition_series() -> None:
+    import trio
+
+    async def costs(groups: int) -> dict:
+        service = cost_model.new_service()
+        leaders = [leader for g in range(groups) for leader in cost_model.add_group(service, g, 3)]
+        return await cost_model.scrape_costs(service, leaders)
+
+    one, two = trio.run(costs, 1), trio.run(costs, 2)
+    for row in (one, two):
+        assert row["scrape_read_s"] > 0 and row["scrape_format_s"] > 0
+        assert row["scrape_per_partition_bytes"] > row["scrape_bytes"]  # ~30 series per share-partition
+    # Each group adds its series; per share-partition, three more share-partitions add theirs.
+    assert two["scrape_bytes"] > one["scrape_bytes"]
+    assert (two["scrape_per_partition_bytes"] - two["scrape_bytes"]
+            > 1.5 * (one["scrape_per_partition_bytes"] - one["scrape_bytes"]))
