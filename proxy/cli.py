@@ -60,7 +60,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def keep_test_libraries_out() -> None:
+    """Make hypothesis unimportable in this process unless it is loaded already (a test run).
+
+    The proxy has no use for it, but kio imports it whenever it is installed (the project's test
+    extra), and importing it switches trio's scheduler into the reproducible mode trio keeps for
+    tests: every batch of ready tasks sorted and shuffled, on a loop that runs ~100,000 batches a
+    second when busy. It also costs start-up time and memory."""
+    sys.modules.setdefault("hypothesis", None)  # type: ignore[arg-type]
+
+
 def main(argv: list[str] | None = None) -> int:
+    keep_test_libraries_out()
     parser = build_parser()
     args = parser.parse_args(argv)
     return int(args._run(args) or 0)
