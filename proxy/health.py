@@ -14,7 +14,7 @@ loop is wedged).
   ``share_state_replayed`` (the state topic was replayed into the engines; until then no share API
   is routed) and ``share_state_writable`` (the last state-topic write did not fail).
 * ``/metrics``: the Prometheus text exposition of the default registry. Collectors that read the
-  loop's state (the share groups', at ~7 us per share-partition) read it first, on the loop in time
+  loop's state (the share groups', ~10 us per share-partition) read it first, on the loop in time
   slices (:data:`proxy.metrics.SCRAPE_PREPARERS`); the text is then formatted in a worker thread, one
   scrape at a time. A scrape of 10,000 share-partitions used to hold the loop for 0.15-0.4 s, and
   for seconds with ``--metrics-per-partition``.

@@ -264,9 +264,10 @@ class ShareCollector:
     """Prometheus collector of the share-group series (registered once the service runs).
 
     A scrape first reads the engines, the coordinator and the event counts on the loop's thread
-    (:meth:`prepare`, in time slices: ~7 us per share-partition), then formats what it read
+    (:meth:`prepare`, in time slices: ~10 us per share-partition), then formats what it read
     (:meth:`collect`, wherever the registry is walked: the metrics endpoint does it in a worker
-    thread). Without a :meth:`prepare` first, :meth:`collect` reads for itself."""
+    thread). Without a :meth:`prepare` first, :meth:`collect` reads for itself, which is safe on the
+    loop's thread only (tests, and a registry other than the default one)."""
 
     def __init__(self, service: ShareService, events: ShareEventCounts = EVENTS) -> None:
         self.service = service
