@@ -8,10 +8,10 @@ serving. A's /healthz, answered by A's own event loop, is asked every ``--interv
 B's stop until A reports every state partition owned again (``ksp_share_state_partition_owned``);
 the slowest answer is what any connection A serves would have waited at most. (Whether A owns every
 partition is read from its /metrics every 50 ms meanwhile, so the hand-back is measured under
-scrapes.) Before B joins, once A has restored everything, A's /metrics is scraped ``--scrapes`` times, one after the other, with
-/healthz asked as above: how long a scrape of that many share-partitions takes, and how long the
-loop waited meanwhile. Each round runs the proxy of every ``--proxy-trees`` tree in turn
-(before/after a change), the order rotating.
+scrapes.) Before B joins, once A has restored everything, A's /metrics is scraped ``--scrapes``
+times, one after the other, with /healthz asked as above: how long a scrape of that many
+share-partitions takes, and how long the loop waited meanwhile. Each round runs the proxy of every
+``--proxy-trees`` tree in turn (before/after a change), the order rotating.
 
     PYTHONPATH=$PWD .venv/bin/python -m integration.bench.gain_stall --groups 100 --partitions 100 \\
         --records 20000 --proxy-trees before=/tmp/base,after=$PWD --repeat 2
