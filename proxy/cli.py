@@ -65,7 +65,7 @@ def keep_test_libraries_out() -> None:
 
     The proxy has no use for it, but kio imports it whenever it is installed (the project's test
     extra), and importing it switches trio's scheduler into the reproducible mode trio keeps for
-    tests: every batch of ready tasks sorted and shuffled. It also cost 14 MiB and 0.2 s at start
+    tests: every batch of ready tasks sorted and shuffled. It also cost 14 MiB of memory
     (docs/benchmarks.md, stop 48)."""
     sys.modules.setdefault("hypothesis", None)  # type: ignore[arg-type]
 
