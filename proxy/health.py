@@ -168,7 +168,7 @@ class HealthEndpoints:
         self._scrape_lock = trio.Lock()  # a preparer keeps one reading for the scrape that follows
 
     async def respond(self, method: str, target: str) -> Response:
-        """:meth:`answer`, with a scrape's formatting off the loop's thread."""
+        """The answer to a request: :meth:`answer`, or a scrape (formatted off the loop's thread)."""
         if method not in ("GET", "HEAD") or target.split("?", 1)[0] not in METRICS_PATHS:
             return self.answer(method, target)
         async with self._scrape_lock:
@@ -178,6 +178,7 @@ class HealthEndpoints:
         return Response(200, body, CONTENT_TYPE_LATEST)
 
     def answer(self, method: str, target: str) -> Response:
+        """The answer to any request but a scrape (those need :meth:`respond`)."""
         if method not in ("GET", "HEAD"):
             return Response(405, b"only GET and HEAD\n")
         path = target.split("?", 1)[0]
@@ -189,8 +190,6 @@ class HealthEndpoints:
             not_ready = [name for name, ok in checks.items() if not ok]
             body = json.dumps({"ready": not not_ready, "checks": checks, "not_ready": not_ready}).encode() + b"\n"
             return Response(503 if not_ready else 200, body, "application/json")
-        if path in METRICS_PATHS:
-            return Response(200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
         return Response(404, b"not found: try /metrics, /healthz or /readyz\n")
 
 

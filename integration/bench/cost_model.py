@@ -240,7 +240,7 @@ def new_service(clock: Clock | None = None):
     from proxy.share.manager import ShareService
 
     clock = clock or Clock()
-    return ShareService(None, NullWriter(), clock=clock, wall_clock=lambda: 1_700_000_000_000 + clock.now)
+    return ShareService(NoCluster(), NullWriter(), clock=clock, wall_clock=lambda: 1_700_000_000_000 + clock.now)
 
 
 def add_group(service, group: int, partitions: int) -> list:
@@ -392,8 +392,6 @@ async def scrape_costs(service, leaders) -> dict:
     from proxy.share.observe import ShareCollector, ShareEventCounts
     from proxy.timeslice import TimeSlices
 
-    if service.cluster is None:  # in process: no cluster to name topics; the series carry their ids
-        service.cluster = NoCluster()
     out = {}
     for label, per_partition in (("scrape", False), ("scrape_per_partition", True)):
         events = ShareEventCounts(per_partition=per_partition)

@@ -280,31 +280,32 @@ class ShareCollector:
     async def prepare(self, slices: TimeSlices | None = None) -> None:
         """Read the next scrape's values, letting other tasks run between ``slices``."""
         slices = slices or TimeSlices(SCRAPE_SLICE_S)
-        now = self.service.clock()
         views = []
-        for leader in self.service.leaders.values():
-            views.append(self._read_leader(leader, now))
+        for view in self._leader_views():
+            views.append(view)
             await slices.pause_if_due()
         self._prepared = self._reading(views)
 
     def read(self) -> ShareReading:
         """The next scrape's values, read in one go."""
-        now = self.service.clock()
-        return self._reading([self._read_leader(leader, now) for leader in self.service.leaders.values()])
+        return self._reading(list(self._leader_views()))
 
     def collect(self) -> Iterator:
         reading, self._prepared = self._prepared or self.read(), None
         yield from self._families(reading)
 
-    def _read_leader(self, leader, now: int) -> PartitionView:
-        self.events.in_progress_finished(leader.key, leader.engine.drain_in_progress_finished())
-        return partition_view(leader.key, self._topic_name(leader.key[1]), leader.engine, leader.high_watermark, now)
+    def _leader_views(self) -> Iterator[PartitionView]:
+        now = self.service.clock()
+        for leader in self.service.leaders.values():
+            self.events.in_progress_finished(leader.key, leader.engine.drain_in_progress_finished())
+            yield partition_view(leader.key, self._topic_name(leader.key[1]), leader.engine, leader.high_watermark,
+                                 now)
 
     def _reading(self, views: list[PartitionView]) -> ShareReading:
         coordinator, events = self.service.coordinator, self.events
         group_ids = coordinator.group_ids()
         known_keys = self.service.leaders.keys()
-        events.forget_missing(set(group_ids) | {k[0] for k in known_keys}, known_keys)
+        events.forget_missing(set(group_ids) | self.service.leaders.group_ids(), known_keys)
         views = [view for view in views if view.key in known_keys]  # not one removed while reading
         by_state: dict[str, int] = {}
         for _, state in coordinator.list_groups():

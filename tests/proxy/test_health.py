@@ -48,11 +48,11 @@ def test_a_check_that_raises_reports_not_ready_instead_of_failing_the_endpoint()
     assert (answer.status, ready_body(answer)["not_ready"]) == (503, ["broken"])
 
 
-def test_metrics_unknown_paths_and_methods():
+async def test_metrics_unknown_paths_and_methods():
     registry = CollectorRegistry()
     Counter("ksp_example", "example", registry=registry).inc(3)
-    endpoints = HealthEndpoints(Readiness(), registry=registry)
-    metrics = endpoints.answer("GET", "/metrics")
+    endpoints = HealthEndpoints(Readiness(), registry=registry, scrape_preparers=[])
+    metrics = await endpoints.respond("GET", "/metrics")
     assert metrics.status == 200 and b"ksp_example_total 3.0" in metrics.body
     assert metrics.content_type.startswith("text/plain; version=")
     assert endpoints.answer("GET", "/nope").status == 404

@@ -130,6 +130,9 @@ class FakeRegistry:
     def keys(self):
         return set(self.leaders)
 
+    def group_ids(self):
+        return {key[0] for key in self.leaders}
+
 
 class FakeCoordinator:
     def __init__(self, members: dict[str, int]) -> None:
