@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaException
 
 from integration.kafka_fixtures import (
     admin_client, create_topic, share_proxy_executable, terminate, unique_name, wait_for_ready_line,
@@ -227,11 +228,15 @@ def check_probes(manifests: Manifests, config: RunnableConfig, process: subproce
 
 
 def check_metadata(config: RunnableConfig, client_config: dict[str, str], broker_id: int, expect_topic: str | None,
-                   advertised_host: str | None = None) -> None:
+                   log_path: Path, advertised_host: str | None = None) -> None:
     """A client bootstrapping from the proxy gets metadata naming the chart's advertised addresses."""
     bootstrap = f"127.0.0.1:{config.port(int(config.toml['listen'].rpartition(':')[2]))}"
     admin = admin_client(bootstrap, client_config)
-    metadata = admin.list_topics(timeout=20)
+    try:
+        metadata = admin.list_topics(timeout=20)
+    except KafkaException as error:  # what the proxy saw is the cause worth reading
+        raise AssertionError(f"no metadata through the proxy: {error}; its log:\n"
+                             f"{log_path.read_text(errors='replace')[-3000:]}") from error
     advertised = {(broker.host, broker.port) for broker in metadata.brokers.values()}
     host = advertised_host or config.toml["advertised-host"]
     assert advertised == {(host, config.port(config.toml["broker-port-base"] + broker_id))}
@@ -253,7 +258,7 @@ def test_the_default_values_run_the_proxy_against_kafka(kafka, tmp_path: Path) -
     log_path = tmp_path / "serve.log"
     with running(config, log_path) as process:
         check_probes(manifests, config, process, log_path)
-        check_metadata(config, {}, kafka.broker_id, topic, advertised_host="localhost")
+        check_metadata(config, {}, kafka.broker_id, topic, log_path, advertised_host="localhost")
     log = log_path.read_text()
     assert "Traceback" not in log
     assert '"event": "share authorization: off' in log  # a JSON line (log-json = true)
@@ -283,7 +288,7 @@ def test_the_tls_sasl_values_run_the_proxy_against_a_sasl_ssl_cluster(secured_ka
         # alice, over TLS to the proxy (its certificate from the cluster's CA), her SCRAM passed through.
         alice = secured_kafka.client_config("alice")
         check_metadata(config, {key: value for key, value in alice.items() if key != "bootstrap.servers"},
-                       secured_kafka.broker_id, None)
+                       secured_kafka.broker_id, None, log_path)
     log = log_path.read_text()
     assert "Traceback" not in log and password("admin") not in log
 
@@ -339,6 +344,6 @@ def test_a_loopback_sidecar_is_probed_on_the_pod_ip_while_kafka_stays_on_loopbac
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection((pod_ip, bootstrap_port), timeout=5).close()
         # ...and is on loopback, advertising 127.0.0.1 to the pod's applications.
-        check_metadata(config, {}, kafka.broker_id, None)
+        check_metadata(config, {}, kafka.broker_id, None, log_path)
     log = log_path.read_text()
     assert "Traceback" not in log
