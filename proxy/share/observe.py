@@ -499,16 +499,25 @@ def in_progress_drain(service, events: ShareEventCounts):
 
 
 def register(service: ShareService, *, per_partition: bool, registry=None) -> ShareCollector:
-    """Count the service's share events and export them (one block in runtime.py)."""
+    """Count the service's share events and export them (one block in runtime.py) until the
+    service closes (a process that runs the share service again exports only the new one)."""
     from prometheus_client import REGISTRY
 
     EVENTS.per_partition = per_partition
     service.commits.subscribe(EVENTS.on_change)
     service.commits.subscribe(in_progress_drain(service, EVENTS))
     collector = ShareCollector(service)
-    (registry or REGISTRY).register(collector)
+    exported_by = registry or REGISTRY
+    exported_by.register(collector)
     if registry is None:
         SCRAPE_PREPARERS.append(collector.prepare)
+
+    async def unregister() -> None:
+        exported_by.unregister(collector)
+        if collector.prepare in SCRAPE_PREPARERS:
+            SCRAPE_PREPARERS.remove(collector.prepare)
+
+    service.closers.append(unregister)
     return collector
 
 

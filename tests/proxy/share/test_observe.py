@@ -9,9 +9,12 @@ from types import SimpleNamespace
 import trio
 from prometheus_client import CollectorRegistry
 
+from proxy.metrics import SCRAPE_PREPARERS
 from proxy.share.commit import Cause, Change
 from proxy.share.coordinator import GroupState
+from proxy.share import observe
 from proxy.share.observe import (
+    EVENTS,
     IN_PROGRESS_DURATION_BUCKETS,
     ShareCollector,
     ShareEventCounts,
@@ -362,3 +365,22 @@ def test_the_change_hook_drains_durations_of_the_share_partition_that_changed():
     counts = events.groups["orders-group"]
     assert counts.in_progress_durations[IN_PROGRESS_DURATION_BUCKETS.index(120.0)] == 4  # 70 s each
     assert counts.in_progress_seconds == 280.0
+
+
+async def test_a_registered_collector_is_exported_and_prepared_until_its_service_closes():
+    from prometheus_client import REGISTRY
+
+    service = make_service({"g": 1}, [FakeLeader(("g", TOPIC_ID, 0), engine_with(3))])
+    service.commits = SimpleNamespace(subscribe=lambda hook: None)
+    service.closers = []
+    per_partition = EVENTS.per_partition
+    try:
+        collector = observe.register(service, per_partition=False)
+        assert collector.prepare in SCRAPE_PREPARERS
+        assert "ksp_share_groups" in {family.name for family in REGISTRY.collect()}
+        for close in service.closers:
+            await close()
+        assert collector.prepare not in SCRAPE_PREPARERS
+        assert "ksp_share_groups" not in {family.name for family in REGISTRY.collect()}
+    finally:
+        EVENTS.per_partition = per_partition
