@@ -10,9 +10,9 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from proxy.metrics import SCRAPE_PREPARERS
+from proxy.share import observe
 from proxy.share.commit import Cause, Change
 from proxy.share.coordinator import GroupState
-from proxy.share import observe
 from proxy.share.observe import (
     EVENTS,
     IN_PROGRESS_DURATION_BUCKETS,
@@ -374,13 +374,13 @@ async def test_a_registered_collector_is_exported_and_prepared_until_its_service
     service.commits = SimpleNamespace(subscribe=lambda hook: None)
     service.closers = []
     per_partition = EVENTS.per_partition
+    collector = observe.register(service, per_partition=False)
     try:
-        collector = observe.register(service, per_partition=False)
         assert collector.prepare in SCRAPE_PREPARERS
         assert "ksp_share_groups" in {family.name for family in REGISTRY.collect()}
+    finally:  # the service closes (and the process-wide registry is left as it was) whatever failed
         for close in service.closers:
             await close()
-        assert collector.prepare not in SCRAPE_PREPARERS
-        assert "ksp_share_groups" not in {family.name for family in REGISTRY.collect()}
-    finally:
         EVENTS.per_partition = per_partition
+    assert collector.prepare not in SCRAPE_PREPARERS
+    assert "ksp_share_groups" not in {family.name for family in REGISTRY.collect()}
