@@ -68,11 +68,16 @@ def wait_for_ready_line(process: subprocess.Popen[str], timeout: float, what: st
             if match:
                 return match
     process.poll()
-    log = log_path.read_text(errors="replace")[-4000:] if log_path and log_path.exists() else ""
+    log = log_tail(log_path, 4000) if log_path else ""
     raise ReadyTimeout(
         f"{what} printed no ready line within {timeout:.0f}s (exit code {process.returncode}); "
         f"stdout {seen!r}; log:\n{log}"
     )
+
+
+def log_tail(log_path: Path, chars: int = 3000) -> str:
+    """The last `chars` characters of a process's log, for a failure message ("" if there is none)."""
+    return log_path.read_text(errors="replace")[-chars:] if log_path.exists() else ""
 
 
 def terminate(process: subprocess.Popen[str], timeout: float = 15.0) -> int:

@@ -40,7 +40,7 @@ import pytest
 from confluent_kafka import KafkaException
 
 from integration.kafka_fixtures import (
-    admin_client, create_topic, share_proxy_executable, terminate, unique_name, wait_for_ready_line,
+    admin_client, create_topic, log_tail, share_proxy_executable, terminate, unique_name, wait_for_ready_line,
 )
 from proxy.localkafka.broker import die_with_parent
 from proxy.localkafka.config import password
@@ -205,7 +205,7 @@ def wait_for_status(url: str, timeout_s: float, budget: float, process: subproce
             break
         time.sleep(0.2)
     raise AssertionError(f"{url} never answered 200 (seen {sorted(set(map(str, seen)))}, exit {process.poll()}):\n"
-                         f"{log_path.read_text(errors='replace')[-3000:]}")
+                         f"{log_tail(log_path)}")
 
 
 def check_probes(manifests: Manifests, config: RunnableConfig, process: subprocess.Popen[str], log_path: Path,
@@ -236,7 +236,7 @@ def check_metadata(config: RunnableConfig, client_config: dict[str, str], broker
         metadata = admin.list_topics(timeout=20)
     except KafkaException as error:  # what the proxy saw is the cause worth reading
         raise AssertionError(f"no metadata through the proxy: {error}; its log:\n"
-                             f"{log_path.read_text(errors='replace')[-3000:]}") from error
+                             f"{log_tail(log_path)}") from error
     advertised = {(broker.host, broker.port) for broker in metadata.brokers.values()}
     host = advertised_host or config.toml["advertised-host"]
     assert advertised == {(host, config.port(config.toml["broker-port-base"] + broker_id))}
