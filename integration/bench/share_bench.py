@@ -63,6 +63,16 @@ first. ``cluster:0`` is cluster mode without the cache (``--share-authorization-
 request probes), the worst case.
 
     .venv/bin/python -m integration.bench.share_bench --share-authorization off,cluster,cluster:0 --consumers 1,4
+
+Where the proxy's Python time goes, three ways, each per proxied share run: ``--py-spy`` samples
+the thread holding Python's lock; ``--perf`` records every thread, kernel included, by library and
+symbol; ``--cprofile`` runs the proxy under cProfile (``cprofiled.py``, switched on and off by
+signals around the run) timed by the trio thread's own CPU clock, and lists its functions with
+their CPU and calls per ShareFetch the consumers sent -- exact call counts, at a third to a half of
+the unprofiled rate.
+
+    PYTHONPATH=$PWD .venv/bin/python -m integration.bench.share_bench --records 1000000 \\
+        --consumers 1,16 --no-native --cprofile --profile-top 30
 """
 
 from __future__ import annotations
@@ -74,6 +84,7 @@ import datetime
 import itertools
 import json
 import os
+import pstats
 import re
 import shutil
 import signal
@@ -580,6 +591,57 @@ def profile_summary(path: Path, top: int = 25) -> str:
     return "\n".join(lines)
 
 
+CPROFILED = Path(__file__).with_name("cprofiled.py")
+
+
+def cprofiled_launcher(out_dir: Path) -> tuple[str, ...]:
+    """The proxy's CLI run under :mod:`integration.bench.cprofiled` (by path: a --proxy-trees tree
+    on PYTHONPATH need not have it), its profiles written to `out_dir`."""
+    return (sys.executable, str(CPROFILED), str(out_dir), "proxy.cli")
+
+
+@contextlib.contextmanager
+def cprofile_window(out_dir: Path | None, pid: int, output: Path, timeout: float = 60.0):
+    """Profile the proxy `pid` (started with :func:`cprofiled_launcher` writing to `out_dir`; None:
+    nothing) while the block runs, its profile then moved to `output`."""
+    if out_dir is None:
+        yield
+        return
+    written = set(out_dir.glob(f"cprofile-{pid}-*.pstats"))
+    os.kill(pid, signal.SIGUSR1)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGUSR2)
+        deadline = time.monotonic() + timeout
+        while not (new := set(out_dir.glob(f"cprofile-{pid}-*.pstats")) - written):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the proxy ({pid}) wrote no profile into {out_dir} within {timeout:.0f} s")
+            time.sleep(0.05)
+        new.pop().replace(output)
+
+
+def cprofile_summary(path: Path, share_fetches: int | None, top: int = 25) -> str:
+    """The functions of a cProfile profile with the most CPU of their own, then the most CPU
+    including what they call: per ShareFetch when the run's count is known (µs and calls each),
+    else in all (ms and calls). A coroutine's calls count its resumptions."""
+    stats = pstats.Stats(str(path))
+    per = share_fetches if share_fetches else 1
+    unit = "µs per ShareFetch" if share_fetches else "ms in all"
+    scale = 1e6 / per if share_fetches else 1e3
+    rows = stats.stats  # type: ignore[attr-defined]  # {(file, line, name): (primitive, calls, own, cumulative, callers)}
+
+    def listing(column: int) -> list[str]:
+        ranked = sorted(rows.items(), key=lambda item: -item[1][column])[:top]
+        return [f"  {own * scale:9.1f} {cumulative * scale:9.1f} {calls / per:9.2f}  {pstats.func_std_string(function)}"
+                for function, (_primitive, calls, own, cumulative, _callers) in ranked]
+
+    return "\n".join([
+        f"{stats.total_tt * 1e3:,.0f} ms of the trio thread's CPU profiled"
+        f"{f' over {share_fetches:,} ShareFetches' if share_fetches else ''}; own / including calls ({unit}), calls, by own:",
+        *listing(2), "by including calls:", *listing(3)])
+
+
 # ----- data ---------------------------------------------------------------------------------------
 
 
@@ -642,7 +704,8 @@ def phase_proxy(args: argparse.Namespace, tools: PerfTools, log_dir: Path, *, na
                          "--log-level", "warning", "--metrics-port", str(metrics_port))
                 proxy = stack.enter_context(ProxyProcess(
                     upstream=kafka.bootstrap, log_path=log_dir / f"proxy{'-' + tree if tree else ''}.log",
-                    extra_args=extra, env={"PYTHONPATH": path} if path else None))
+                    extra_args=extra, env={"PYTHONPATH": path} if path else None,
+                    launcher=cprofiled_launcher(args.profile_dir) if args.cprofile else ()))
                 proxies.append((tree, proxy, f"http://127.0.0.1:{metrics_port}/metrics"))
             runs = itertools.count()
             for repeat in range(args.repeat):
@@ -691,7 +754,9 @@ def proxied_share_run(args: argparse.Namespace, tools: PerfTools, proxy: ProxyPr
     acquired_before = proxy_counter(metrics_url, "ksp_share_records_acquired")
     samples_before = proxy_samples(metrics_url)
     recording = profile.with_suffix(".perf.data")
+    profiled = profile.with_suffix(".pstats")
     with py_spy(args.py_spy, pid, profile), perf_record(args.perf, pid, recording), \
+            cprofile_window(args.profile_dir if args.cprofile else None, pid, profiled), \
             CpuSampler(broker_pid, pid) as sampler:
         cpu_before = process_cpu_seconds(pid)
         measured = share_perf(tools, proxy.bootstrap, topic, unique_name("bench-share"), args.records, consumers,
@@ -711,6 +776,10 @@ def proxied_share_run(args: argparse.Namespace, tools: PerfTools, proxy: ProxyPr
           file=sys.stderr, flush=True)
     if args.py_spy and profile.exists():
         print(f"    profile {profile}:\n{profile_summary(profile, args.profile_top)}", file=sys.stderr, flush=True)
+    if args.cprofile and profiled.exists():
+        fetches = measured.client.fetches if measured.client is not None else None
+        print(f"    cProfile {profiled}:\n{cprofile_summary(profiled, fetches, args.profile_top)}", file=sys.stderr,
+              flush=True)
     if args.perf and recording.exists():
         print(f"    perf {recording}:\n{perf_summary(args.perf, recording, args.profile_top)}", file=sys.stderr,
               flush=True)
@@ -959,8 +1028,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--perf", default=None, metavar="PATH",
                         help="also record the proxy with Linux perf (this executable) during each proxied share "
                              "run: CPU by library and symbol, kernel included (needs perf_event access)")
+    parser.add_argument("--cprofile", action="store_true",
+                        help="run the proxy under cProfile (the trio thread's CPU clock) and list its functions "
+                             "per ShareFetch for each proxied share run")
     parser.add_argument("--profile-dir", type=Path, default=Path(tempfile.gettempdir()) / "share-bench-profiles",
-                        help="where --py-spy writes its raw profiles (one file per run)")
+                        help="where --py-spy, --perf and --cprofile write their profiles (one file per run)")
     parser.add_argument("--profile-top", type=int, default=25, help="functions listed per profile")
     parser.add_argument("--json", type=Path, help="also write every measurement here")
     parser.add_argument("--no-native", action="store_true",
