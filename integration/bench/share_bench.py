@@ -626,9 +626,8 @@ def cprofile_summary(path: Path, share_fetches: int | None, top: int = 25) -> st
     including what they call: per ShareFetch when the run's count is known (µs and calls each),
     else in all (ms and calls). A coroutine's calls count its resumptions."""
     stats = pstats.Stats(str(path))
-    per = share_fetches if share_fetches else 1
-    unit = "µs per ShareFetch" if share_fetches else "ms in all"
-    scale = 1e6 / per if share_fetches else 1e3
+    per, scale, unit = ((share_fetches, 1e6 / share_fetches, "µs per ShareFetch") if share_fetches
+                        else (1, 1e3, "ms in all"))
     rows = stats.stats  # type: ignore[attr-defined]  # {(file, line, name): (primitive, calls, own, cumulative, callers)}
 
     def listing(column: int) -> list[str]:

@@ -3,6 +3,7 @@ share_bench's window around a run and its summary per ShareFetch."""
 
 from __future__ import annotations
 
+import cProfile
 import os
 import pstats
 import subprocess
@@ -74,8 +75,6 @@ def test_a_window_without_a_profiling_proxy_is_nothing(tmp_path):
 
 
 def test_the_summary_gives_cpu_and_calls_per_share_fetch(tmp_path):
-    import cProfile
-
     def leaf():
         return sum(range(1000))
 
