@@ -16,8 +16,8 @@ loop is wedged).
 * ``/metrics``: the Prometheus text exposition of the default registry. Collectors that read the
   loop's state (the share groups', ~10 us per share-partition) read it first, on the loop in time
   slices (:data:`proxy.metrics.SCRAPE_PREPARERS`); the text is then formatted in a worker thread, one
-  scrape at a time. A scrape of 10,000 share-partitions used to hold the loop for 0.15-0.4 s, and
-  for seconds with ``--metrics-per-partition``.
+  scrape at a time (:func:`proxy.exposition.exposition`). A scrape of 10,000 share-partitions used
+  to hold the loop for 0.15-0.4 s, and for seconds with ``--metrics-per-partition``.
 """
 
 from __future__ import annotations
@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 
 import structlog
 import trio
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY
 
 from proxy.config import HostPort
 from proxy.errors import UpstreamError
+from proxy.exposition import exposition
 from proxy.metrics import SCRAPE_PREPARERS
 from proxy.security import UpstreamSecurity
 from proxy.upstream import UpstreamClient, open_first_upstream
@@ -174,7 +175,7 @@ class HealthEndpoints:
         async with self._scrape_lock:
             for prepare in self.scrape_preparers:
                 await prepare()
-            body = await trio.to_thread.run_sync(generate_latest, self.registry)
+            body = await trio.to_thread.run_sync(exposition, self.registry)
         return Response(200, body, CONTENT_TYPE_LATEST)
 
     def answer(self, method: str, target: str) -> Response:

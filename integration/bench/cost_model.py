@@ -387,8 +387,9 @@ def child_timer(spec: dict) -> dict:
 async def scrape_costs(service, leaders) -> dict:
     """One /metrics scrape of the share series: the reading of the engines (on the loop's thread, in
     slices) and the formatting (in a worker thread), group series only and per share-partition."""
-    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client import CollectorRegistry
 
+    from proxy.exposition import exposition
     from proxy.share.observe import ShareCollector, ShareEventCounts
     from proxy.timeslice import TimeSlices
 
@@ -405,7 +406,7 @@ async def scrape_costs(service, leaders) -> dict:
             started = time.perf_counter()
             await collector.prepare(TimeSlices(float("inf")))  # read without pausing: its whole CPU
             read = time.perf_counter()
-            body = generate_latest(registry)
+            body = exposition(registry)  # what the metrics endpoint formats with
             reads.append(read - started)
             formats.append(time.perf_counter() - read)
         out.update({f"{label}_read_s": min(reads), f"{label}_format_s": min(formats), f"{label}_bytes": len(body)})

@@ -35,8 +35,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import GaugeMetricFamily
 
+from proxy.exposition import CounterSeries, GaugeSeries, HistogramSeries
 from proxy.metrics import SCRAPE_PREPARERS
 from proxy.share.commit import Cause, Change
 from proxy.share.partition import AckRange, AcquiredRecords, StateDelta
@@ -325,33 +326,33 @@ class ShareCollector:
 
     def _families(self, reading: ShareReading) -> Iterator:
         group_ids, views = reading.group_ids, reading.views
-        groups = GaugeMetricFamily("ksp_share_groups", "Share groups by state (Kafka: share-group-count)",
+        groups = GaugeSeries("ksp_share_groups", "Share groups by state (Kafka: share-group-count)",
                                    labels=["state"])
         for state_name in ("Empty", "Stable"):
             groups.add_metric([state_name], reading.groups_by_state.get(state_name, 0))
         yield groups
 
-        members = GaugeMetricFamily("ksp_share_group_members", "Members of a share group", labels=["group"])
+        members = GaugeSeries("ksp_share_group_members", "Members of a share group", labels=["group"])
         for group_id, count in reading.members:
             members.add_metric([group_id], count)
         yield members
         yield GaugeMetricFamily("ksp_share_sessions", "Share sessions open (Kafka: group.share.max.share.sessions)",
                                 value=reading.sessions)
 
-        in_flight = GaugeMetricFamily(
+        in_flight = GaugeSeries(
             "ksp_share_group_in_flight_records",
             "Records in flight (between SPSO and SPEO) by state, summed over the group's share-partitions "
             "(Kafka: SharePartitionMetrics InFlightMessageCount)", labels=["group", "state"])
-        lag = GaugeMetricFamily(
+        lag = GaugeSeries(
             "ksp_share_group_lag_records",
             "End offset - SPSO - delivery-complete records above SPSO, summed over share-partitions whose "
             "end offset is known (DescribeShareGroupOffsets v1 lag)", labels=["group"])
-        partitions = GaugeMetricFamily("ksp_share_group_partitions", "Share-partitions of the group (in memory)",
+        partitions = GaugeSeries("ksp_share_group_partitions", "Share-partitions of the group (in memory)",
                                        labels=["group"])
-        in_progress = GaugeMetricFamily(
+        in_progress = GaugeSeries(
             "ksp_share_group_records_in_progress",
             "Records IN_PROGRESS (marked by MarkInProgress, not yet acknowledged or released)", labels=["group"])
-        stale = GaugeMetricFamily(
+        stale = GaugeSeries(
             "ksp_share_group_records_in_progress_stale",
             "Records IN_PROGRESS whose last progress is older than the group's staleness threshold "
             "(the sweeper releases them on its next pass)", labels=["group"])
@@ -391,17 +392,17 @@ class ShareCollector:
 
         if reading.partition_counts is not None:
             labels = ["group", "topic", "partition"]
-            spso = GaugeMetricFamily("ksp_share_partition_start_offset", "Share-partition start offset (SPSO)",
+            spso = GaugeSeries("ksp_share_partition_start_offset", "Share-partition start offset (SPSO)",
                                      labels=labels)
-            p_in_flight = GaugeMetricFamily("ksp_share_partition_in_flight_records",
+            p_in_flight = GaugeSeries("ksp_share_partition_in_flight_records",
                                             "Records in flight by state (Kafka: InFlightMessageCount)",
                                             labels=[*labels, "state"])
-            p_lag = GaugeMetricFamily("ksp_share_partition_lag_records",
+            p_lag = GaugeSeries("ksp_share_partition_lag_records",
                                       "End offset - SPSO - delivery-complete records above SPSO; -1 unknown",
                                       labels=labels)
-            p_in_progress = GaugeMetricFamily("ksp_share_partition_records_in_progress", "Records IN_PROGRESS",
+            p_in_progress = GaugeSeries("ksp_share_partition_records_in_progress", "Records IN_PROGRESS",
                                               labels=labels)
-            p_stale = GaugeMetricFamily("ksp_share_partition_records_in_progress_stale",
+            p_stale = GaugeSeries("ksp_share_partition_records_in_progress_stale",
                                         "Records IN_PROGRESS with no progress within the staleness threshold",
                                         labels=labels)
             for view in views:
@@ -425,29 +426,29 @@ class ShareCollector:
 
 
 def _counter_families(prefix: str, labels: list[str], rows: Iterable[tuple[list[str], ShareCounts]]) -> Iterator:
-    acquired = CounterMetricFamily(f"{prefix}_records_acquired", "Records acquired (handed to consumers)",
+    acquired = CounterSeries(f"{prefix}_records_acquired", "Records acquired (handed to consumers)",
                                    labels=labels)
-    acknowledged = CounterMetricFamily(
+    acknowledged = CounterSeries(
         f"{prefix}_records_acknowledged", "Records acknowledged, by type (Kafka: RecordAcknowledgementsPerSec)",
         labels=[*labels, "type"])
-    expired = CounterMetricFamily(
+    expired = CounterSeries(
         f"{prefix}_lock_expired_records", "Records whose acquisition lock expired "
         "(Kafka: AcquisitionLockTimeoutPerSec)", labels=labels)
-    released = CounterMetricFamily(f"{prefix}_member_released_records",
+    released = CounterSeries(f"{prefix}_member_released_records",
                                    "Acquired records released because their member left or its session closed",
                                    labels=labels)
-    archived = CounterMetricFamily(f"{prefix}_records_archived", "Records archived, by reason",
+    archived = CounterSeries(f"{prefix}_records_archived", "Records archived, by reason",
                                    labels=[*labels, "reason"])
-    deliveries = HistogramMetricFamily(f"{prefix}_delivery_count",
+    deliveries = HistogramSeries(f"{prefix}_delivery_count",
                                        "Delivery count of each record handed to a consumer", labels=labels)
-    marked = CounterMetricFamily(f"{prefix}_records_marked_in_progress",
+    marked = CounterSeries(f"{prefix}_records_marked_in_progress",
                                  "Records named by applied MarkInProgress requests (first marks and refreshes)",
                                  labels=labels)
-    in_progress_released = CounterMetricFamily(
+    in_progress_released = CounterSeries(
         f"{prefix}_in_progress_released_records",
         "IN_PROGRESS records released by the proxy (archived if on their last delivery), by reason: staleness, "
         "max_extension, grace_expiry", labels=[*labels, "reason"])
-    in_progress_durations = HistogramMetricFamily(
+    in_progress_durations = HistogramSeries(
         f"{prefix}_in_progress_duration_seconds",
         "How long records stayed IN_PROGRESS (first mark to accept, release, reject or release by the proxy)",
         labels=labels)
