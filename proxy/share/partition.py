@@ -659,6 +659,9 @@ class _Changes:
         self._events.append(entry)
         self._open[kind_id] = entry
 
+    def empty(self) -> bool:
+        return not self._runs and not self._events
+
     @property
     def batches(self) -> list[PersistedBatch]:
         return [PersistedBatch(*run) for run in self._runs]
@@ -1948,6 +1951,10 @@ class SharePartition:
             self._batches.values(), self._start, self._end - 1,
             lambda holder: holder.member_id == member_id and holder.lock_id <= through, _LOCK_EXPIRED, changes,
         )
+        if changes.empty() and not self._touched:
+            # Nothing was held (the usual case: callers ask per forgotten partition on every
+            # acknowledging ShareFetch): SPSO cannot have moved and there is nothing to persist.
+            return None
         return self._finish(changes)
 
     def _release_acquired(

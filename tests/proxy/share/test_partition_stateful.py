@@ -32,6 +32,7 @@ from proxy.share.partition import (
     SharePartition,
     ShareStateError,
     StateDelta,
+    acquisition_mark,
 )
 from proxy.share.states import TERMINAL_STATES, AcknowledgeType, RecordState
 
@@ -215,6 +216,7 @@ class PartitionMachine(RuleBasedStateMachine):
         # IN_PROGRESS offsets (also in `holder`): [in-progress start, last progress, grace deadline].
         self.progress: dict[int, list[int]] = {}
         self.next_sweep: int | None = None
+        self.first_mark = acquisition_mark()  # before every record this engine hands out
 
     # ----- helpers ---------------------------------------------------------------------
 
@@ -491,6 +493,20 @@ class PartitionMachine(RuleBasedStateMachine):
             self.count[offset] -= 1  # not a delivery attempt
             self._drop_holding(offset)
         assert (stale.records if stale is not None else 0) == stale_model
+
+    @rule(member=st.sampled_from(MEMBERS), everything=st.booleans())
+    def member_abandons(self, member, everything):
+        """The records a member will never acknowledge (on a partition its client forgot) released as
+        if their locks expired: a mark taken now covers every Acquired record it holds, the mark
+        taken before the first fetch none (the usual case, answered without a change)."""
+        delta = self.p.release_abandoned(member, acquisition_mark() if everything else self.first_mark)
+        self._record(delta)
+        if not everything:
+            assert delta is None
+            return
+        for offset in self._held_by(member):
+            if offset not in self.progress:  # IN_PROGRESS records hold no lock to expire
+                self._drop_holding(offset)
 
     @precondition(lambda self: self.p.archiving_count > 0)
     @rule(data=st.data())
