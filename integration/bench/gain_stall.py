@@ -16,7 +16,8 @@ share-partitions takes, and how long the loop waited meanwhile. Each round runs 
     PYTHONPATH=$PWD .venv/bin/python -m integration.bench.gain_stall --groups 100 --partitions 100 \\
         --records 20000 --proxy-trees before=/tmp/base,after=$PWD --repeat 2
 
-Without ``--proxy-trees`` it measures the tree it runs from.
+Without ``--proxy-trees`` it measures the tree it runs from. ``--proxy-arg`` passes a `serve` flag to
+both instances (``--proxy-arg=--metrics-per-partition``: the scrapes with per-partition series).
 """
 
 from __future__ import annotations
@@ -74,12 +75,14 @@ def scraped(metrics_url: str, healthz_url: str, scrapes: int, interval_s: float)
             "scrape_healthz_slowest_s": summary["healthz_slowest_s"], "scrape_healthz_failed": summary["healthz_failed"]}
 
 
-def instance(kafka: LocalKafka, state_topic: str, slot: int, tree: str, log_dir: Path) -> tuple[ProxyProcess, int]:
+def instance(kafka: LocalKafka, state_topic: str, slot: int, tree: str, log_dir: Path,
+             proxy_args: Sequence[str] = ()) -> tuple[ProxyProcess, int]:
     port = free_port()
     proxy = ProxyProcess(
         upstream=kafka.bootstrap, log_path=log_dir / f"{state_topic}-ksp-{slot}.log",
         extra_args=("--instance-id", f"ksp-{slot}", "--broker-port-base", str(free_port() - kafka.broker_id),
-                    "--state-topic", state_topic, "--log-level", "warning", "--metrics-port", str(port)),
+                    "--state-topic", state_topic, "--log-level", "warning", "--metrics-port", str(port),
+                    *proxy_args),
         env={"PYTHONPATH": tree} if tree else None, startup_timeout=300)
     return proxy, port
 
@@ -89,8 +92,8 @@ def measure(kafka: LocalKafka, topic_id, tree: str, args: argparse.Namespace, lo
     written, _ = write_layout_2_state_topic(kafka.bootstrap, state_topic, state_records(
         args.groups, args.partitions, args.records, topic_id=topic_id))
     partitions = state_partitions()  # the topic write_layout_2_state_topic created
-    first, first_port = instance(kafka, state_topic, 0, tree, log_dir)
-    second, _ = instance(kafka, state_topic, 1, tree, log_dir)
+    first, first_port = instance(kafka, state_topic, 0, tree, log_dir, args.proxy_arg)
+    second, _ = instance(kafka, state_topic, 1, tree, log_dir, args.proxy_arg)
     with first:
         metrics = f"http://127.0.0.1:{first_port}/metrics"
         wait_for_owners(kafka.bootstrap, state_topic, partitions, 1, timeout_s=300)
@@ -124,13 +127,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=0.05, help="seconds between /healthz asks")
     parser.add_argument("--scrapes", type=int, default=5, help="/metrics scrapes timed before the hand-over")
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--proxy-arg", action="append", default=[],
+                        help="extra `serve` argument for both instances (repeatable), e.g. --proxy-arg=--metrics-per-partition")
     parser.add_argument("--proxy-trees", type=parse_trees, default=None,
                         help="NAME=PATH,...: measure the proxy of each source tree, rounds alternating")
     parser.add_argument("--kafka-version", default=DEFAULT_VERSION)
     args = parser.parse_args(argv)
     trees = args.proxy_trees or [("this", "")]
     print(f"gain stall: {args.groups}x{args.partitions} share-partitions, {args.records:,} state records, "
-          f"/healthz every {args.interval}s, Kafka {args.kafka_version}", flush=True)
+          f"/healthz every {args.interval}s, Kafka {args.kafka_version}"
+          + (f", proxies with {' '.join(args.proxy_arg)}" if args.proxy_arg else ""), flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="gain-stall-") as tmp, \
             LocalKafka(version=args.kafka_version, share_groups=False, data_dir=Path(tmp) / "kafka") as kafka:
