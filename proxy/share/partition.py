@@ -1942,6 +1942,16 @@ class SharePartition:
                         newest = holder.lock_id
         return newest
 
+    def holds_any(self, member_id: str) -> bool:
+        """Whether ``member_id`` holds any record here (Acquired or IN_PROGRESS)."""
+        for batch in self._batches.values():
+            if batch.offsets is None:
+                if _HOLDS_OWNER[batch.state] and batch.member_id == member_id:
+                    return True
+            elif any(_HOLDS_OWNER[holder.state] and holder.member_id == member_id for holder in batch.offsets):
+                return True
+        return False
+
     def release_abandoned(self, member_id: str, through: int) -> StateDelta | None:
         """Release the records ``member_id`` acquired up to the mark ``through`` (see acquisition_mark)
         and still holds, as if their locks had expired: the member got them but will never acknowledge

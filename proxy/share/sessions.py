@@ -431,7 +431,9 @@ class ForgottenPartitions:
     member acknowledges a record, whatever it still holds on a forgotten partition that it was
     handed before that record will never be acknowledged: the caller releases it. A forgotten
     partition stays watched until the member's records are all released (its session closes or it
-    leaves the group).
+    leaves the group), or until the member holds nothing there while its session does not fetch it
+    (:meth:`settled`): a group's first members are handed every partition and forget most of them
+    at the next rebalance, and each watched partition costs every acknowledging request a scan.
 
     Marks are ``partition.acquisition_mark()`` values: ``fetch_started`` notes the mark at the
     start of each ShareFetch of a watched session, which places an acknowledged record (by its lock
@@ -489,6 +491,17 @@ class ForgottenPartitions:
         # Partitions listed before the acknowledged one in its response were handed out before it.
         return [(tp, fetch_end if response_order(tp) < order else marks[0])
                 for tp in sorted(watch.partitions, key=response_order)]
+
+    def settled(self, key: SessionKey, partitions: Iterable[TopicIdPartition]) -> None:
+        """Stop watching ``partitions``: the member holds nothing there and its session no longer
+        fetches them, so nothing there can be abandoned (a later forget watches them again). A
+        session left with nothing watched is as one that never forgot anything."""
+        watch = self._watches.get(key)
+        if watch is None:
+            return
+        watch.partitions.difference_update(partitions)
+        if not watch.partitions:
+            del self._watches[key]
 
     def drop(self, key: SessionKey) -> frozenset[TopicIdPartition]:
         """Stop watching a session (it ended and its records were released); returns the partitions

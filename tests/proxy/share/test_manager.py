@@ -957,6 +957,53 @@ async def test_forgotten_partition_records_listed_before_acknowledged_ones_in_a_
     assert acquired(await harness.fetch(other, max_records=2)) == [(2, 3, 2)]
 
 
+def watched(harness: Harness, member: Member) -> bool:
+    [session] = harness.service.sessions.sessions_of_member(GROUP, member.member_id)
+    return harness.service.forgotten.watching(session.key)
+
+
+async def test_a_forgotten_partition_where_the_member_holds_nothing_is_no_longer_watched(nursery, autojump_clock):
+    """A group's first member is handed every partition and forgets most at the next rebalance;
+    once it holds nothing on them, acknowledging requests stop scanning them for abandoned records."""
+    harness = await start_service(nursery, cluster=FakeCluster(partitions=2))
+    harness.cluster.append([b"a", b"b"], partition=0)
+    harness.cluster.append([b"c", b"d"], partition=1)
+    holder = harness.member("holder")
+    await harness.fetch(holder)  # P0 0-1
+    await harness.fetch(holder, add=[TP1], forget=[TP], acks=[(TP, 0, 1, ACCEPT)])  # P1 0-1; P0 left empty-handed
+    assert watched(harness, holder)
+    await harness.acknowledge(holder, [(TP1, 0, 1, ACCEPT)])
+    assert not watched(harness, holder)
+
+
+async def test_a_forgotten_partition_stays_watched_while_records_released_there_or_back_in_the_session(
+        nursery, autojump_clock):
+    """Released abandoned records leave the watch for the next acknowledgement to settle; a partition
+    back in the session stays watched although the member holds nothing there (an acknowledgement
+    puts a partition back as well, and records handed out there may be dropped by the client too)."""
+    harness = await start_service(nursery, cluster=FakeCluster(partitions=2))
+    harness.cluster.append([b"a", b"b"], partition=0)
+    harness.cluster.append([b"c", b"d"], partition=1)
+    holder, other = harness.member("holder"), harness.member("other")
+    await harness.fetch(holder, max_records=2)  # P0 0-1
+    await harness.fetch(holder, add=[TP1], forget=[TP], max_records=2)  # P1 0-1
+    await harness.acknowledge(holder, [(TP1, 0, 1, ACCEPT)])  # P0 0-1 abandoned: released
+    assert watched(harness, holder)
+    # P0 is fetched again (0-1 redelivered), then acknowledged.
+    harness.cluster.append([b"e", b"f"], partition=1)
+    await harness.fetch(holder, partitions=(TP,), add=[TP], max_records=2)
+    result = await harness.fetch(holder, acks=[(TP, 0, 1, ACCEPT)], max_records=2)  # P1 2-3
+    assert acquired(result, TP1) == [(2, 3, 1)]
+    await harness.acknowledge(holder, [(TP1, 2, 3, ACCEPT)])  # holds nothing on P0, but P0 is fetched
+    assert watched(harness, holder)
+    harness.cluster.append([b"g", b"h"], partition=0)
+    harness.cluster.append([b"i", b"j"], partition=1)
+    result = await harness.fetch(holder, max_records=4)  # P0 2-3 and P1 4-5
+    assert acquired(result) == [(2, 3, 1)] and acquired(result, TP1) == [(4, 5, 1)]
+    await harness.acknowledge(holder, [(TP1, 4, 5, ACCEPT)])  # P0 2-3's acknowledgement never comes
+    assert acquired(await harness.fetch(other, max_records=2)) == [(2, 3, 2)]
+
+
 # ----- one share session per node ----------------------------------------------------------------
 # A consumer whose partitions are led by two brokers keeps a share session on each (Kafka: one
 # ShareSessionCache per broker). Here the member fetches P0 through the listener of broker 1 and

@@ -433,3 +433,20 @@ async def test_marks_use_the_nodes_own_session_and_a_closed_session_holds_only_i
     assert holders(harness, TP1) == [(0, 1, IN_PROGRESS, 1, on_one.member_id)]
     response = await harness.acknowledge(on_two, [(TP1, 0, 1, ACCEPT)])
     assert [p.error_code for t in response.responses for p in t.partitions] == [ErrorCode.none]
+
+
+async def test_a_forgotten_partition_with_records_in_progress_stays_watched(nursery, autojump_clock):
+    """Records IN_PROGRESS are not abandoned (no lock to expire): while the member holds them on a
+    partition its session forgot, the partition stays watched, so closing the session still
+    releases them with its own."""
+    harness = await start_service(nursery, config=in_progress_config(), cluster=FakeCluster(partitions=2))
+    harness.cluster.append([b"a", b"b"], partition=0)
+    harness.cluster.append([b"c", b"d"], partition=1)
+    worker = harness.member("worker")
+    assert acquired(await harness.fetch(worker)) == [(0, 1, 1)]
+    assert (await mark(harness, worker, [(0, 1)]))[0] == ErrorCode.none
+    await harness.fetch(worker, add=[TP1], forget=[TP])  # P1 0-1
+    await harness.acknowledge(worker, [(TP1, 0, 1, ACCEPT)])
+    [session] = harness.service.sessions.sessions_of_member(GROUP, worker.member_id)
+    assert harness.service.forgotten.watching(session.key)
+    assert runs(harness) == [(0, 1, IN_PROGRESS, 1, worker.member_id)]

@@ -500,6 +500,21 @@ def test_only_the_latest_fetch_marks_are_kept():
     assert watch.abandoned(KEY, [(P1, marks[-1] + 1)], now_mark=10**6) == [(P2, marks[-1])]
 
 
+def test_settled_partitions_leave_the_watch_and_an_empty_watch_ends():
+    watch = ForgottenPartitions()
+    watch.forgot(KEY, [P0, P2])
+    watch.fetch_started(KEY, 10)
+    watch.settled(KEY, [P0])  # the member holds nothing on P0 and no longer fetches it
+    assert watch.abandoned(KEY, [(P1, 12)], now_mark=13) == [(P2, 10)]
+    watch.settled(KEY, [P2])
+    assert not watch.watching(KEY) and len(watch) == 0
+    assert watch.abandoned(KEY, [(P1, 22)], now_mark=23) == []
+    watch.settled(KEY, [P1])  # nothing watched: nothing to do
+    watch.forgot(KEY, [P2])  # forgotten again: watched again, from its next ShareFetch on
+    watch.fetch_started(KEY, 30)
+    assert watch.abandoned(KEY, [(P1, 31)], now_mark=32) == [(P2, 30)]
+
+
 def test_forgotten_partitions_are_watched_per_session():
     watch = ForgottenPartitions()
     on_two = SessionKey(2, "g", "m")
