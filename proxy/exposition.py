@@ -14,14 +14,17 @@ when asked for, so a registry's other readers see the same family.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 
 from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
-from prometheus_client.validation import _is_valid_legacy_labelname, _is_valid_legacy_metric_name
 
+# Names the text format takes as they are (others need quoting or escaping, left to prometheus-client).
+_PLAIN_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_PLAIN_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 # Integers in this range print as repr(float(n)) in Go's style ("12.0"); larger ones take an exponent.
 _PLAIN_INT = 1_000_000
 
@@ -47,12 +50,13 @@ class _Series(Metric):
     _family_class: type = Metric
 
     def __init__(self, name: str, documentation: str, labels: Sequence[str] = ()) -> None:
-        # prometheus-client's family checks the name and settles name, type and unit as it would.
+        # Metric.__init__ is not called: it would set ``samples``, which here is made on demand. A
+        # prometheus-client family of the kind checks the name and settles name, type and unit.
         model = self._family_class(name, documentation, labels=list(labels))
         self.name, self.documentation, self.unit, self.type = model.name, documentation, model.unit, model.type
         self._labels = list(labels)
         names = [*self._labels, *self._extra_labels()]
-        if not all(_is_valid_legacy_labelname(label) for label in names) or not _is_valid_legacy_metric_name(name):
+        if not _PLAIN_METRIC_NAME.fullmatch(name) or not all(_PLAIN_LABEL_NAME.fullmatch(label) for label in names):
             raise ValueError(f"{name}: only plain metric and label names are written by hand: {names}")
         # Lines list labels sorted by name; each row's values are put in that order once.
         self._order = sorted(range(len(names)), key=names.__getitem__)

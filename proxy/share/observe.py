@@ -327,7 +327,7 @@ class ShareCollector:
     def _families(self, reading: ShareReading) -> Iterator:
         group_ids, views = reading.group_ids, reading.views
         groups = GaugeSeries("ksp_share_groups", "Share groups by state (Kafka: share-group-count)",
-                                   labels=["state"])
+                             labels=["state"])
         for state_name in ("Empty", "Stable"):
             groups.add_metric([state_name], reading.groups_by_state.get(state_name, 0))
         yield groups
@@ -348,7 +348,7 @@ class ShareCollector:
             "End offset - SPSO - delivery-complete records above SPSO, summed over share-partitions whose "
             "end offset is known (DescribeShareGroupOffsets v1 lag)", labels=["group"])
         partitions = GaugeSeries("ksp_share_group_partitions", "Share-partitions of the group (in memory)",
-                                       labels=["group"])
+                                 labels=["group"])
         in_progress = GaugeSeries(
             "ksp_share_group_records_in_progress",
             "Records IN_PROGRESS (marked by MarkInProgress, not yet acknowledged or released)", labels=["group"])
@@ -393,18 +393,18 @@ class ShareCollector:
         if reading.partition_counts is not None:
             labels = ["group", "topic", "partition"]
             spso = GaugeSeries("ksp_share_partition_start_offset", "Share-partition start offset (SPSO)",
-                                     labels=labels)
+                               labels=labels)
             p_in_flight = GaugeSeries("ksp_share_partition_in_flight_records",
-                                            "Records in flight by state (Kafka: InFlightMessageCount)",
-                                            labels=[*labels, "state"])
+                                      "Records in flight by state (Kafka: InFlightMessageCount)",
+                                      labels=[*labels, "state"])
             p_lag = GaugeSeries("ksp_share_partition_lag_records",
-                                      "End offset - SPSO - delivery-complete records above SPSO; -1 unknown",
-                                      labels=labels)
+                                "End offset - SPSO - delivery-complete records above SPSO; -1 unknown",
+                                labels=labels)
             p_in_progress = GaugeSeries("ksp_share_partition_records_in_progress", "Records IN_PROGRESS",
-                                              labels=labels)
-            p_stale = GaugeSeries("ksp_share_partition_records_in_progress_stale",
-                                        "Records IN_PROGRESS with no progress within the staleness threshold",
                                         labels=labels)
+            p_stale = GaugeSeries("ksp_share_partition_records_in_progress_stale",
+                                  "Records IN_PROGRESS with no progress within the staleness threshold",
+                                  labels=labels)
             for view in views:
                 label_values = [view.key[0], view.topic, str(view.key[2])]
                 spso.add_metric(label_values, view.start_offset)
@@ -427,7 +427,7 @@ class ShareCollector:
 
 def _counter_families(prefix: str, labels: list[str], rows: Iterable[tuple[list[str], ShareCounts]]) -> Iterator:
     acquired = CounterSeries(f"{prefix}_records_acquired", "Records acquired (handed to consumers)",
-                                   labels=labels)
+                             labels=labels)
     acknowledged = CounterSeries(
         f"{prefix}_records_acknowledged", "Records acknowledged, by type (Kafka: RecordAcknowledgementsPerSec)",
         labels=[*labels, "type"])
@@ -435,15 +435,15 @@ def _counter_families(prefix: str, labels: list[str], rows: Iterable[tuple[list[
         f"{prefix}_lock_expired_records", "Records whose acquisition lock expired "
         "(Kafka: AcquisitionLockTimeoutPerSec)", labels=labels)
     released = CounterSeries(f"{prefix}_member_released_records",
-                                   "Acquired records released because their member left or its session closed",
-                                   labels=labels)
+                             "Acquired records released because their member left or its session closed",
+                             labels=labels)
     archived = CounterSeries(f"{prefix}_records_archived", "Records archived, by reason",
-                                   labels=[*labels, "reason"])
+                             labels=[*labels, "reason"])
     deliveries = HistogramSeries(f"{prefix}_delivery_count",
-                                       "Delivery count of each record handed to a consumer", labels=labels)
+                                 "Delivery count of each record handed to a consumer", labels=labels)
     marked = CounterSeries(f"{prefix}_records_marked_in_progress",
-                                 "Records named by applied MarkInProgress requests (first marks and refreshes)",
-                                 labels=labels)
+                           "Records named by applied MarkInProgress requests (first marks and refreshes)",
+                           labels=labels)
     in_progress_released = CounterSeries(
         f"{prefix}_in_progress_released_records",
         "IN_PROGRESS records released by the proxy (archived if on their last delivery), by reason: staleness, "
