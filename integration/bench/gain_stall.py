@@ -128,7 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--scrapes", type=int, default=5, help="/metrics scrapes timed before the hand-over")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--proxy-arg", action="append", default=[],
-                        help="extra `serve` argument for both instances (repeatable), e.g. --proxy-arg=--metrics-per-partition")
+                        help="extra `serve` argument for both instances (repeatable), "
+                             "e.g. --proxy-arg=--metrics-per-partition")
     parser.add_argument("--proxy-trees", type=parse_trees, default=None,
                         help="NAME=PATH,...: measure the proxy of each source tree, rounds alternating")
     parser.add_argument("--kafka-version", default=DEFAULT_VERSION)
