@@ -10,8 +10,9 @@ the slowest answer is what any connection A serves would have waited at most. (W
 partition is read from its /metrics every 50 ms meanwhile, so the hand-back is measured under
 scrapes.) Before B joins, once A has restored everything, A's /metrics is scraped ``--scrapes``
 times, one after the other, with /healthz asked as above: how long a scrape of that many
-share-partitions takes, and how long the loop waited meanwhile. Each round runs the proxy of every
-``--proxy-trees`` tree in turn (before/after a change), the order rotating.
+share-partitions takes, how long the loop waited meanwhile, and the full collections of Python's
+cyclic collector A made from the first scrape to the last (``ksp_gc_pause_seconds``). Each round
+runs the proxy of every ``--proxy-trees`` tree in turn (before/after a change), the order rotating.
 
     PYTHONPATH=$PWD .venv/bin/python -m integration.bench.gain_stall --groups 100 --partitions 100 \\
         --records 20000 --proxy-trees before=/tmp/base,after=$PWD --repeat 2
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import tempfile
 import time
 from collections.abc import Sequence
@@ -57,9 +59,21 @@ def wait_until_owned(metrics_url: str, partitions: int, timeout_s: float = 300) 
         time.sleep(0.05)
 
 
+_GC_PAUSES = re.compile(r'^ksp_gc_pause_seconds_(count|sum)\{generation="(\d)"\} (\S+)$', re.MULTILINE)
+
+
+def gc_pauses(text: str) -> dict[int, tuple[int, float]]:
+    """Per generation, (collections, seconds paused) so far, from a proxy's /metrics text."""
+    found: dict[int, dict[str, float]] = {}
+    for kind, generation, value in _GC_PAUSES.findall(text):
+        found.setdefault(int(generation), {})[kind] = float(value)
+    return {generation: (int(v.get("count", 0)), v.get("sum", 0.0)) for generation, v in found.items()}
+
+
 def scraped(metrics_url: str, healthz_url: str, scrapes: int, interval_s: float) -> dict:
-    """Scrape ``metrics_url`` ``scrapes`` times in a row while asking ``healthz_url`` every ``interval_s``."""
-    seconds, size = [], 0
+    """Scrape ``metrics_url`` ``scrapes`` times in a row while asking ``healthz_url`` every ``interval_s``;
+    also the full collections (generation 2) the proxy made between the first scrape and the last."""
+    seconds, size, texts = [], 0, []
     with LivenessPoller(healthz_url, interval_s) as poller:
         time.sleep(0.5)  # a baseline of answers first
         for _ in range(scrapes):
@@ -69,10 +83,13 @@ def scraped(metrics_url: str, healthz_url: str, scrapes: int, interval_s: float)
             if answer is None or answer[0] != 200:
                 raise RuntimeError(f"/metrics did not answer 200: {answer}")
             size = len(answer[1])
+            texts[1:] = [answer[1]]  # the first and the latest
         time.sleep(0.5)
     summary = poller.summary()
+    first, last = (gc_pauses(text).get(2, (0, 0.0)) for text in (texts[0], texts[-1]))
     return {"scrape_slowest_s": max(seconds, default=0.0), "scrape_bytes": size,
-            "scrape_healthz_slowest_s": summary["healthz_slowest_s"], "scrape_healthz_failed": summary["healthz_failed"]}
+            "scrape_healthz_slowest_s": summary["healthz_slowest_s"], "scrape_healthz_failed": summary["healthz_failed"],
+            "scrape_full_collections": last[0] - first[0], "scrape_full_collection_s": last[1] - first[1]}
 
 
 def instance(kafka: LocalKafka, state_topic: str, slot: int, tree: str, log_dir: Path,
@@ -152,7 +169,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       f"({row['healthz_failed']} of {row['healthz_asked']} failed); load {row['load']:.2f}; "
                       f"before it, {args.scrapes} scrapes of /metrics ({row['scrape_bytes']:,} bytes): slowest "
                       f"{row['scrape_slowest_s']:.3f}s, slowest /healthz meanwhile {row['scrape_healthz_slowest_s']:.3f}s "
-                      f"({row['scrape_healthz_failed']} failed)",
+                      f"({row['scrape_healthz_failed']} failed); from the first scrape to the last, "
+                      f"{row['scrape_full_collections']} full collections, {row['scrape_full_collection_s']:.3f}s",
                       flush=True)
     return 0
 

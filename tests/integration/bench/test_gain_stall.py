@@ -1,0 +1,17 @@
+"""gain_stall's reading of the proxy's collector pauses from a /metrics text."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+from integration.bench.gain_stall import gc_pauses
+
+
+def test_collections_and_pause_seconds_per_generation_are_read_from_the_exposition():
+    registry = CollectorRegistry()
+    pauses = Histogram("ksp_gc_pause_seconds", "pauses", ["generation"], registry=registry)
+    for generation, seconds in (("0", 0.001), ("0", 0.002), ("2", 0.15)):
+        pauses.labels(generation=generation).observe(seconds)
+    text = generate_latest(registry).decode()
+    assert gc_pauses(text) == {0: (2, 0.003), 2: (1, 0.15)}
+    assert gc_pauses("ksp_other_total 1.0\n") == {}
