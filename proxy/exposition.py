@@ -81,36 +81,34 @@ class _Series(Metric):
         raise NotImplementedError
 
 
-class GaugeSeries(_Series):
+class _ValueSeries(_Series):
+    """A family with one value per row, its samples named ``name + _suffix``."""
+
+    _suffix = ""
+
+    def add_metric(self, labels: Sequence[str], value: float) -> None:
+        self._rows.append((labels, value))
+
+    def text(self) -> str:
+        name = self.name + self._suffix
+        lines = [_help_lines(name, self.documentation, self.type)]
+        for labels, value in self._rows:
+            lines.append(f"{name}{{{self._label_text(labels)}}} {_value(value)}\n" if labels
+                         else f"{name} {_value(value)}\n")
+        return "".join(lines)
+
+
+class GaugeSeries(_ValueSeries):
     """A gauge family, as :class:`prometheus_client.core.GaugeMetricFamily` with labels."""
 
     _family_class = GaugeMetricFamily
 
-    def add_metric(self, labels: Sequence[str], value: float) -> None:
-        self._rows.append((labels, value))
 
-    def text(self) -> str:
-        return _plain_text(self, self.name)
-
-
-class CounterSeries(_Series):
+class CounterSeries(_ValueSeries):
     """A counter family, as :class:`prometheus_client.core.CounterMetricFamily` with labels."""
 
     _family_class = CounterMetricFamily
-
-    def add_metric(self, labels: Sequence[str], value: float) -> None:
-        self._rows.append((labels, value))
-
-    def text(self) -> str:
-        return _plain_text(self, self.name + "_total")
-
-
-def _plain_text(family: _Series, name: str) -> str:
-    lines = [_help_lines(name, family.documentation, family.type)]
-    label_text = family._label_text
-    for labels, value in family._rows:
-        lines.append(f"{name}{{{label_text(labels)}}} {_value(value)}\n" if labels else f"{name} {_value(value)}\n")
-    return "".join(lines)
+    _suffix = "_total"
 
 
 class HistogramSeries(_Series):

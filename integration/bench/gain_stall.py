@@ -73,7 +73,7 @@ def gc_pauses(text: str) -> dict[int, tuple[int, float]]:
 def scraped(metrics_url: str, healthz_url: str, scrapes: int, interval_s: float) -> dict:
     """Scrape ``metrics_url`` ``scrapes`` times in a row while asking ``healthz_url`` every ``interval_s``;
     also the full collections (generation 2) the proxy made between the first scrape and the last."""
-    seconds, size, texts = [], 0, []
+    seconds, size, first, last = [], 0, "", ""
     with LivenessPoller(healthz_url, interval_s) as poller:
         time.sleep(0.5)  # a baseline of answers first
         for _ in range(scrapes):
@@ -83,13 +83,13 @@ def scraped(metrics_url: str, healthz_url: str, scrapes: int, interval_s: float)
             if answer is None or answer[0] != 200:
                 raise RuntimeError(f"/metrics did not answer 200: {answer}")
             size = len(answer[1])
-            texts[1:] = [answer[1]]  # the first and the latest
+            first, last = first or answer[1], answer[1]
         time.sleep(0.5)
     summary = poller.summary()
-    first, last = (gc_pauses(text).get(2, (0, 0.0)) for text in (texts[0], texts[-1]))
+    (before, before_s), (after, after_s) = (gc_pauses(text).get(2, (0, 0.0)) for text in (first, last))
     return {"scrape_slowest_s": max(seconds, default=0.0), "scrape_bytes": size,
             "scrape_healthz_slowest_s": summary["healthz_slowest_s"], "scrape_healthz_failed": summary["healthz_failed"],
-            "scrape_full_collections": last[0] - first[0], "scrape_full_collection_s": last[1] - first[1]}
+            "scrape_full_collections": after - before, "scrape_full_collection_s": after_s - before_s}
 
 
 def instance(kafka: LocalKafka, state_topic: str, slot: int, tree: str, log_dir: Path,

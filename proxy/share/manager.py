@@ -657,7 +657,9 @@ class ShareService:
         expiry, and not staged: no client waits on it."""
         released = False
         group_id, member_id = session.group_id, session.member_id
-        settled = []
+        view = self.sessions.get(session.node_id, group_id, member_id)
+        fetched = view.partitions if view is not None else frozenset()
+        settled = []  # nothing of the member's there, nor fetched again: nothing left to abandon
         for tp, mark in self.forgotten.abandoned(session, acknowledged, acquisition_mark()):
             leader = self.leaders.active((group_id, *tp))
             if leader is None:
@@ -668,12 +670,10 @@ class ShareService:
                 released = True
                 log.debug("released records abandoned on a forgotten partition", group=group_id,
                           member=member_id, topic_id=str(tp[0]), partition=tp[1])
-            elif not leader.engine.holds_any(member_id):
+            elif tp not in fetched and member_id not in leader.engine.members():
                 settled.append(tp)
         if settled:
-            view = self.sessions.get(session.node_id, session.group_id, session.member_id)
-            fetched = view.partitions if view is not None else frozenset()
-            self.forgotten.settled(session, [tp for tp in settled if tp not in fetched])
+            self.forgotten.settled(session, settled)
         return released
 
     async def _await_durable(self, results: AckResults, waits) -> None:

@@ -914,7 +914,7 @@ class SharePartition:
             yield InFlightRun(run[0], run[1], *run[2])
 
     def members(self) -> set[str]:
-        """Members currently holding acquired records."""
+        """Members currently holding records (Acquired or IN_PROGRESS)."""
         return {member for _, _, state, _, member in self._runs() if _HOLDS_OWNER[state] and member is not None}
 
     def next_deadline(self) -> int | None:
@@ -1941,16 +1941,6 @@ class SharePartition:
                     if _HOLDS_LOCK[holder.state] and holder.member_id == member_id and holder.lock_id > newest:
                         newest = holder.lock_id
         return newest
-
-    def holds_any(self, member_id: str) -> bool:
-        """Whether ``member_id`` holds any record here (Acquired or IN_PROGRESS)."""
-        for batch in self._batches.values():
-            if batch.offsets is None:
-                if _HOLDS_OWNER[batch.state] and batch.member_id == member_id:
-                    return True
-            elif any(_HOLDS_OWNER[holder.state] and holder.member_id == member_id for holder in batch.offsets):
-                return True
-        return False
 
     def release_abandoned(self, member_id: str, through: int) -> StateDelta | None:
         """Release the records ``member_id`` acquired up to the mark ``through`` (see acquisition_mark)

@@ -509,18 +509,18 @@ def test_release_abandoned_releases_only_what_the_member_acquired_up_to_the_mark
     assert p.release_abandoned("m1", mark) is None
 
 
-def test_holds_any_tells_whether_a_member_holds_records_acquired_or_in_progress():
+def test_members_are_those_holding_records_acquired_or_in_progress():
     p = SharePartition(PartitionConfig(), 0)
     log = Log.uniform(0, 20, 10)
     fetch(p, log, "m1", max_records=10)  # 0-9
     fetch(p, log, "m2", max_records=10)  # 10-19
-    assert p.holds_any("m1") and p.holds_any("m2") and not p.holds_any("m3")
+    assert p.members() == {"m1", "m2"}
     ack(p, "m1", 0, 4, ACCEPT)  # a per-offset batch: 5-9 still held
-    assert p.holds_any("m1")
+    assert "m1" in p.members()
     p.mark_in_progress("m1", [(5, 9)], now=0)
-    assert p.holds_any("m1")
+    assert "m1" in p.members()
     ack(p, "m1", 5, 9, ACCEPT)
-    assert not p.holds_any("m1") and p.holds_any("m2")
+    assert p.members() == {"m2"}
 
 
 def test_release_abandoned_archives_at_the_delivery_limit_as_lock_expiry_does():
