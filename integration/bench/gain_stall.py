@@ -5,8 +5,10 @@ model's state records, layout 2, on the proxy's default 12 state partitions). In
 hands it about half the state partitions, then B leaves cleanly (SIGTERM): A gains them back --
 fences their lanes, replays them in a worker thread, rebuilds their engines -- while it goes on
 serving. A's /healthz, answered by A's own event loop, is asked every ``--interval`` seconds from
-B's stop until A reports every state partition owned again (``ksp_share_state_partition_owned``);
-the slowest answer is what any connection A serves would have waited at most. (Whether A owns every
+B's stop until 2 s after A reports every state partition owned again (``ksp_share_state_partition_owned``);
+the slowest answer is what any connection A serves would have waited at most; the full collections
+of Python's cyclic collector A made meanwhile are read from its ``ksp_gc_pause_seconds`` (a scrape
+just before the hand-back's /healthz window and one just after). (Whether A owns every
 partition is read from its /metrics every 50 ms meanwhile, so the hand-back is measured under
 scrapes.) Before B joins, once A has restored everything, A's /metrics is scraped ``--scrapes``
 times, one after the other, with /healthz asked as above: how long a scrape of that many
@@ -86,10 +88,24 @@ def scraped(metrics_url: str, healthz_url: str, scrapes: int, interval_s: float)
             first, last = first or answer[1], answer[1]
         time.sleep(0.5)
     summary = poller.summary()
-    (before, before_s), (after, after_s) = (gc_pauses(text).get(2, (0, 0.0)) for text in (first, last))
+    collections, collection_s = full_collections_between(first, last)
     return {"scrape_slowest_s": max(seconds, default=0.0), "scrape_bytes": size,
             "scrape_healthz_slowest_s": summary["healthz_slowest_s"], "scrape_healthz_failed": summary["healthz_failed"],
-            "scrape_full_collections": after - before, "scrape_full_collection_s": after_s - before_s}
+            "scrape_full_collections": collections, "scrape_full_collection_s": collection_s}
+
+
+def full_collections_between(first: str, last: str) -> tuple[int, float]:
+    """The full collections (generation 2) a proxy made between two of its /metrics texts, and
+    the seconds they paused it."""
+    (before, before_s), (after, after_s) = (gc_pauses(text).get(2, (0, 0.0)) for text in (first, last))
+    return after - before, after_s - before_s
+
+
+def metrics_text(metrics_url: str) -> str:
+    answer = http_get(metrics_url)
+    if answer is None or answer[0] != 200:
+        raise RuntimeError(f"/metrics did not answer 200: {answer}")
+    return answer[1]
 
 
 def instance(kafka: LocalKafka, state_topic: str, slot: int, tree: str, log_dir: Path,
@@ -124,6 +140,7 @@ def measure(kafka: LocalKafka, topic_id, tree: str, args: argparse.Namespace, lo
                     raise RuntimeError("the first instance kept every state partition")
                 time.sleep(0.1)
             handed_over = partitions - owned_partitions(metrics)
+            before_hand_back = metrics_text(metrics)  # (a scrape: not while the loop's answers are timed)
             with LivenessPoller(f"http://127.0.0.1:{first_port}/healthz", args.interval) as poller:
                 time.sleep(1.0)  # a baseline of answers before the hand-back
                 load = os.getloadavg()[0]
@@ -131,9 +148,10 @@ def measure(kafka: LocalKafka, topic_id, tree: str, args: argparse.Namespace, lo
                 second.stop()  # a clean leave (SIGTERM): A gains its partitions back
                 wait_until_owned(metrics, partitions)
                 gained_s = time.monotonic() - stopped
-                time.sleep(1.0)
+                time.sleep(2.0)  # an instance renews its collector's frozen set 0.5 s after a change (runtime)
+            collections, collection_s = full_collections_between(before_hand_back, metrics_text(metrics))
     return {"written": written, "handed_over": handed_over, "gained_s": gained_s, "load": load, **poller.summary(),
-            **scrapes}
+            "full_collections": collections, "full_collection_s": collection_s, **scrapes}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -166,7 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rows.append(row)
                 print(f"{name:>8} repeat {repeat + 1}: {row['handed_over']} of {state_partitions()} state partitions "
                       f"handed back in {row['gained_s']:.2f}s; slowest /healthz {row['healthz_slowest_s']:.3f}s "
-                      f"({row['healthz_failed']} of {row['healthz_asked']} failed); load {row['load']:.2f}; "
+                      f"({row['healthz_failed']} of {row['healthz_asked']} failed), {row['full_collections']} full "
+                      f"collections, {row['full_collection_s']:.3f}s; load {row['load']:.2f}; "
                       f"before it, {args.scrapes} scrapes of /metrics ({row['scrape_bytes']:,} bytes): slowest "
                       f"{row['scrape_slowest_s']:.3f}s, slowest /healthz meanwhile {row['scrape_healthz_slowest_s']:.3f}s "
                       f"({row['scrape_healthz_failed']} failed); from the first scrape to the last, "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from integration.bench.gain_stall import gc_pauses
+from integration.bench.gain_stall import full_collections_between, gc_pauses
 
 
 def test_collections_and_pause_seconds_per_generation_are_read_from_the_exposition():
@@ -15,3 +15,16 @@ def test_collections_and_pause_seconds_per_generation_are_read_from_the_expositi
     text = generate_latest(registry).decode()
     assert gc_pauses(text) == {0: (2, 0.003), 2: (1, 0.15)}
     assert gc_pauses("ksp_other_total 1.0\n") == {}
+
+
+def test_the_full_collections_between_two_texts_are_their_difference():
+    registry = CollectorRegistry()
+    pauses = Histogram("ksp_gc_pause_seconds", "pauses", ["generation"], registry=registry)
+    pauses.labels(generation="2").observe(0.1)
+    pauses.labels(generation="0").observe(0.001)
+    first = generate_latest(registry).decode()
+    pauses.labels(generation="2").observe(0.25)
+    pauses.labels(generation="0").observe(0.002)
+    collections, seconds = full_collections_between(first, generate_latest(registry).decode())
+    assert collections == 1 and abs(seconds - 0.25) < 1e-9
+    assert full_collections_between(first, first) == (0, 0.0)
