@@ -23,6 +23,7 @@ from confluent_kafka.admin import AdminClient
 
 from proxy.allocator import release_freed_memory
 from proxy.apiversions import VersionRange
+from proxy.collector import refreeze
 from proxy.config import HostPort
 from proxy.errors import ConfigError
 from proxy.security import librdkafka_config, peer_security
@@ -251,6 +252,10 @@ async def _settled_layout(writer, topic: str, bootstrap: str, client_config) -> 
     return partitions
 
 
+#: How long after a change of the state partitions owned the collector's frozen set is renewed.
+FREEZE_DELAY_S = 0.5
+
+
 class ScaleOut:
     """This instance's part in a scale-out deployment (--instance-id; docs/scale-out.md): its
     member of the ownership group, and what gaining and losing state partitions does to the share
@@ -275,6 +280,8 @@ class ScaleOut:
         self.event_log: EventLog | None = None  # set when the event log is on
         self.peer_connections: PeerConnections | None = None
         self.in_flight_key = DEFAULT_DESCRIBE_IN_FLIGHT_KEY
+        self.nursery: trio.Nursery | None = None  # the service's, from join on
+        self._freeze_pending = False
 
     async def check_slot(self) -> None:
         """Refuse to start (OwnershipError) when another live instance claims this slot."""
@@ -283,6 +290,7 @@ class ScaleOut:
         refuse_taken_slot(members, self.settings.instance_id, self.slot)
 
     async def join(self, bootstrap_port: int, nursery: trio.Nursery) -> None:
+        self.nursery = nursery
         identity = InstanceIdentity(self.settings.instance_id, self.slot, self.directory.advertised_host,
                                     bootstrap_port, self.directory.port_base or 0)
         self.member = OwnershipMember(
@@ -370,6 +378,7 @@ class ScaleOut:
                 await trio.sleep(delay)
                 delay = min(delay * 2, 10.0)
         await self.service.gain(partitions, recovered)
+        self._freeze_soon("gained")
         # What the replay read is garbage now (as after start-up); trimmed off the loop's thread.
         await trio.to_thread.run_sync(release_freed_memory)
         for partition in partitions:
@@ -395,6 +404,27 @@ class ScaleOut:
         await self.writer.release(self.settings.state_topic, partitions)
         for partition in partitions:
             metrics.STATE_PARTITION_OWNED.labels(str(partition)).set(0)
+        self._freeze_soon("released")
+
+    def _freeze_soon(self, change: str) -> None:
+        """After a change of the state partitions owned, what start-up froze is frozen again with
+        today's state (proxy.collector.refreeze; nothing when start-up froze nothing,
+        --gc-threshold 0), FREEZE_DELAY_S later in a task of its own: the collection holds Python's
+        lock throughout, so run at once it would hold up the ownership thread's side of the
+        rebalance too; and changes close together (a revocation, then the next round's gain) share it."""
+        assert self.nursery is not None  # ownership changes come once joined
+        if not self._freeze_pending:
+            self._freeze_pending = True
+            self.nursery.start_soon(self._freeze_later, change)
+
+    async def _freeze_later(self, change: str) -> None:
+        await trio.sleep(FREEZE_DELAY_S)
+        self._freeze_pending = False  # a change from now on needs a freeze of its own
+        started = trio.current_time()
+        frozen = refreeze()
+        if frozen:
+            log.info("live objects frozen again", after=change, objects=frozen,
+                     seconds=round(trio.current_time() - started, 3))
 
 
 def _has_records(bootstrap: str, topic: str, client_config: Mapping[str, str] | None) -> bool:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import gc
+import weakref
 
 import pytest
 
 from proxy import metrics
-from proxy.collector import OLDER_THRESHOLDS, freeze_startup_objects, time_pauses, tune_collector
+from proxy.collector import OLDER_THRESHOLDS, freeze_startup_objects, refreeze, time_pauses, tune_collector
 
 
 @pytest.fixture
@@ -45,6 +46,35 @@ def test_objects_alive_at_start_up_are_frozen_and_later_garbage_is_still_collect
     del a, b
     gc.collect()
     assert not alive & {id(o) for o in gc.get_objects() if isinstance(o, Node)}
+
+
+def test_freezing_again_collects_frozen_garbage_and_freezes_what_is_alive(restored_collector):
+    class Node:
+        pass
+
+    def cycle() -> weakref.ref:
+        node = Node()
+        node.self = node
+        return weakref.ref(node)
+
+    gc.disable()  # no collection between the cycle's last use and the freeze
+    try:
+        dropped = cycle()  # garbage already, but frozen before any collection sees it
+        gc.freeze()
+    finally:
+        gc.enable()
+    gc.collect()
+    assert dropped() is not None  # a frozen cycle outlives its last use...
+    kept = Node()
+    assert refreeze() > 1000
+    assert dropped() is None  # ...until frozen again
+    assert not any(o is kept for o in gc.get_objects())  # what is alive is frozen
+
+
+def test_nothing_is_frozen_again_when_nothing_was(restored_collector):
+    gc.unfreeze()
+    assert refreeze() == 0
+    assert gc.get_freeze_count() == 0
 
 
 def test_every_collection_is_timed_per_generation(restored_collector):
