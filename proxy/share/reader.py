@@ -77,9 +77,11 @@ requests hit them.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import itertools
 import math
+import operator
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
@@ -208,6 +210,9 @@ class MetadataRefresher:
         nursery.start_soon(later)
 
 
+_LAST_OFFSET = operator.attrgetter("last_offset")
+
+
 @dataclass(frozen=True, slots=True)
 class ReadCache:
     """The batches of the last upstream read of a share-partition, kept until taken."""
@@ -218,9 +223,12 @@ class ReadCache:
 
     def batches_from(self, offset: int) -> tuple[RecordBatchHeader, ...]:
         """The cached batches holding `offset` and after, or () when `offset` is not cached."""
-        if not self.batches or not self.batches[0].base_offset <= offset <= self.batches[-1].last_offset:
+        batches = self.batches
+        if not batches or not batches[0].base_offset <= offset <= batches[-1].last_offset:
             return ()
-        return tuple(b for b in self.batches if b.last_offset >= offset)
+        # A log's batches are in offset order: the first ending at `offset` or later is found by
+        # bisection (asked on every fetch, for every partition of its session, by the read-ahead).
+        return batches[bisect.bisect_left(batches, offset, key=_LAST_OFFSET):]
 
     def reaches(self, offset: int) -> bool:
         """Whether these batches hold `offset` or end just before it: a read from `offset` on can

@@ -10,6 +10,8 @@ import uuid
 
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy.share.leaders import Leader
 from proxy.share.partition import PartitionConfig, SharePartition
@@ -763,6 +765,25 @@ def test_a_cache_of_a_responses_view_copies_out_its_tail_and_joins_what_is_read_
     assert [b.base_offset for b in joined.batches] == [0, 1, 2, 3, 4]
     assert [bytes(b) for b in (memoryview(joined.records)[b.position:b.position + b.size] for b in joined.batches)] == [
         *raw, encode_batch(4, [b"y"])]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 4)), min_size=0, max_size=12), st.integers(-2, 60))
+def test_the_batches_from_an_offset_are_those_ending_at_it_or_later(layout, offset):
+    """Batches in offset order, with gaps between them (compaction, removed transactions): the
+    cached batches from `offset` are every batch ending at it or after, when `offset` is cached."""
+    from codec.records import encode_batch, iter_batches
+
+    raw, next_offset = [], 0
+    for gap, records in layout:
+        raw.append(encode_batch(next_offset + gap, [b"x"] * records))
+        next_offset += gap + records
+    data = b"".join(raw)
+    cache = ReadCache(data, tuple(iter_batches(data)), ())
+    batches = cache.batches
+    cached = bool(batches) and batches[0].base_offset <= offset <= batches[-1].last_offset
+    expected = tuple(b for b in batches if b.last_offset >= offset) if cached else ()
+    assert cache.batches_from(offset) == expected
 
 
 class BrokerBytesCluster(ReadBytesCluster):
