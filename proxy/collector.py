@@ -18,12 +18,13 @@ CPython's defaults and freezes nothing. Every collection's pause is timed either
 
 A scale-out instance (``--instance-id``) restores share state when it gains state partitions, after
 start-up's freeze, and drops it when it loses them; so half a second after each change of what it
-owns it freezes again (:func:`refreeze`, ``runtime.ScaleOut``): the gained engines leave the collector's reach as replayed state does at
-start-up (measured: a full collection walking 10,000 restored share-partitions paused the loop
-0.18 s, and one fell in every per-partition scrape), and what was frozen and has become garbage
-since -- engines handed over, connections closed, with any reference cycle among them -- is
-collected rather than kept. One full collection per change of ownership, instead of one per full
-collection for as long as the state is held.
+owns it freezes again (:func:`refreeze`, called by ``runtime.ScaleOut``). The gained engines leave
+the collector's reach as replayed state does at start-up (measured: a full collection walking
+10,000 restored share-partitions paused the loop 0.18 s, and per-partition scrapes set such
+collections off), and what was frozen and has become garbage since -- engines handed over,
+connections closed, with any reference cycle among them -- is collected rather than kept. One full
+collection per change of ownership, instead of one per full collection for as long as the state
+is held.
 """
 
 from __future__ import annotations
