@@ -21,6 +21,9 @@ runs the proxy of every ``--proxy-trees`` tree in turn (before/after a change), 
 
 Without ``--proxy-trees`` it measures the tree it runs from. ``--proxy-arg`` passes a `serve` flag to
 both instances (``--proxy-arg=--metrics-per-partition``: the scrapes with per-partition series).
+``--hand-overs N`` has a new second instance join and leave N times in a round; the first hand-back's
+stall is reported as above, and A's resident memory (VmRSS) after each: state handed over and
+gained again must not pile up (what A gains is frozen out of the collector's reach, runtime.ScaleOut).
 """
 
 from __future__ import annotations
@@ -35,12 +38,14 @@ from pathlib import Path
 
 from integration.bench.cost_model import (
     LivenessPoller,
+    fit_line,
     http_get,
     state_partitions,
     state_records,
     topic_uuid,
     write_layout_2_state_topic,
 )
+from integration.bench.procfs import proc_status_kib
 from integration.bench.scale_bench import wait_for_owners
 from integration.bench.share_bench import parse_trees, proxy_samples, rotated
 from integration.kafka_fixtures import ProxyProcess, admin_client, create_topics, unique_name
@@ -118,38 +123,69 @@ def instance(kafka: LocalKafka, state_topic: str, slot: int, tree: str, log_dir:
     return proxy, port
 
 
+def hand_back(kafka: LocalKafka, state_topic: str, partitions: int, first: ProxyProcess, first_port: int,
+              slot: int, tree: str, args: argparse.Namespace, log_dir: Path) -> dict:
+    """Instance ``slot`` joins, takes about half the state partitions, and leaves cleanly: how the
+    first instance's loop, collector and resident memory fare while it gains them back."""
+    metrics = f"http://127.0.0.1:{first_port}/metrics"
+    second, _ = instance(kafka, state_topic, slot, tree, log_dir, args.proxy_arg)
+    with second:
+        wait_for_owners(kafka.bootstrap, state_topic, partitions, 2, timeout_s=300)
+        deadline = time.monotonic() + 60
+        while owned_partitions(metrics) == partitions:  # A's revocation done
+            if time.monotonic() > deadline:
+                raise RuntimeError("the first instance kept every state partition")
+            time.sleep(0.1)
+        handed_over = partitions - owned_partitions(metrics)
+        before_hand_back = metrics_text(metrics)  # (a scrape: not while the loop's answers are timed)
+        with LivenessPoller(f"http://127.0.0.1:{first_port}/healthz", args.interval) as poller:
+            time.sleep(1.0)  # a baseline of answers before the hand-back
+            load = os.getloadavg()[0]
+            stopped = time.monotonic()
+            second.stop()  # a clean leave (SIGTERM): A gains its partitions back
+            wait_until_owned(metrics, partitions)
+            gained_s = time.monotonic() - stopped
+            time.sleep(2.0)  # an instance renews its collector's frozen set 0.5 s after a change (runtime)
+        collections, collection_s = full_collections_between(before_hand_back, metrics_text(metrics))
+    return {"handed_over": handed_over, "gained_s": gained_s, "load": load, **poller.summary(),
+            "full_collections": collections, "full_collection_s": collection_s,
+            "rss_kib": resident_kib(first)}
+
+
+def resident_kib(proxy: ProxyProcess) -> int:
+    assert proxy.process is not None
+    rss = proc_status_kib(proxy.process.pid, "VmRSS")
+    if rss is None:
+        raise RuntimeError(f"cannot read the resident memory of the proxy process {proxy.process.pid}")
+    return rss
+
+
+def growth_per_hand_over(rss_kib: Sequence[int]) -> float:
+    """KiB of resident memory gained per hand-over after the first, by least squares: the first
+    hand-over's own growth (the allocator's and the caches' first high-water mark) is left out."""
+    settled = list(rss_kib[1:])
+    if len(settled) < 2:
+        return 0.0
+    return fit_line(list(enumerate(settled)))[1]
+
+
 def measure(kafka: LocalKafka, topic_id, tree: str, args: argparse.Namespace, log_dir: Path) -> dict:
     state_topic = unique_name("__bench_gain_state")
     written, _ = write_layout_2_state_topic(kafka.bootstrap, state_topic, state_records(
         args.groups, args.partitions, args.records, topic_id=topic_id))
     partitions = state_partitions()  # the topic write_layout_2_state_topic created
     first, first_port = instance(kafka, state_topic, 0, tree, log_dir, args.proxy_arg)
-    second, _ = instance(kafka, state_topic, 1, tree, log_dir, args.proxy_arg)
     with first:
         metrics = f"http://127.0.0.1:{first_port}/metrics"
         wait_for_owners(kafka.bootstrap, state_topic, partitions, 1, timeout_s=300)
         wait_until_owned(metrics, partitions)  # replayed and restored: the scrapes see all of it
         scrapes = scraped(metrics, f"http://127.0.0.1:{first_port}/healthz", args.scrapes, args.interval)
-        with second:
-            wait_for_owners(kafka.bootstrap, state_topic, partitions, 2, timeout_s=300)
-            deadline = time.monotonic() + 60
-            while owned_partitions(metrics) == partitions:  # A's revocation done
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the first instance kept every state partition")
-                time.sleep(0.1)
-            handed_over = partitions - owned_partitions(metrics)
-            before_hand_back = metrics_text(metrics)  # (a scrape: not while the loop's answers are timed)
-            with LivenessPoller(f"http://127.0.0.1:{first_port}/healthz", args.interval) as poller:
-                time.sleep(1.0)  # a baseline of answers before the hand-back
-                load = os.getloadavg()[0]
-                stopped = time.monotonic()
-                second.stop()  # a clean leave (SIGTERM): A gains its partitions back
-                wait_until_owned(metrics, partitions)
-                gained_s = time.monotonic() - stopped
-                time.sleep(2.0)  # an instance renews its collector's frozen set 0.5 s after a change (runtime)
-            collections, collection_s = full_collections_between(before_hand_back, metrics_text(metrics))
-    return {"written": written, "handed_over": handed_over, "gained_s": gained_s, "load": load, **poller.summary(),
-            "full_collections": collections, "full_collection_s": collection_s, **scrapes}
+        rss_before = resident_kib(first)
+        hand_backs = [hand_back(kafka, state_topic, partitions, first, first_port, slot, tree, args, log_dir)
+                      for slot in range(1, args.hand_overs + 1)]
+    rss = [row["rss_kib"] for row in hand_backs]
+    return {"written": written, **hand_backs[0], **scrapes, "rss_before_kib": rss_before, "rss_after_kib": rss,
+            "rss_growth_kib": growth_per_hand_over(rss)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -160,6 +196,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=0.05, help="seconds between /healthz asks")
     parser.add_argument("--scrapes", type=int, default=5, help="/metrics scrapes timed before the hand-over")
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--hand-overs", type=int, default=1,
+                        help="times a second instance joins and leaves per round; the first one's stall is "
+                             "reported, the first instance's resident memory after each")
     parser.add_argument("--proxy-arg", action="append", default=[],
                         help="extra `serve` argument for both instances (repeatable), "
                              "e.g. --proxy-arg=--metrics-per-partition")
@@ -189,6 +228,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                       f"({row['scrape_healthz_failed']} failed); from the first scrape to the last, "
                       f"{row['scrape_full_collections']} full collections, {row['scrape_full_collection_s']:.3f}s",
                       flush=True)
+                if args.hand_overs > 1:
+                    print(f"{'':>8} resident memory: {row['rss_before_kib'] / 1024:.1f} MiB before the hand-overs, "
+                          f"after each: {', '.join(f'{kib / 1024:.1f}' for kib in row['rss_after_kib'])} MiB; "
+                          f"{row['rss_growth_kib'] / 1024:+.2f} MiB per hand-over after the first", flush=True)
     return 0
 
 

@@ -1,10 +1,11 @@
-"""gain_stall's reading of the proxy's collector pauses from a /metrics text."""
+"""gain_stall's reading of the proxy's collector pauses from a /metrics text, and of memory growth."""
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from integration.bench.gain_stall import full_collections_between, gc_pauses
+from integration.bench.gain_stall import full_collections_between, gc_pauses, growth_per_hand_over
 
 
 def test_collections_and_pause_seconds_per_generation_are_read_from_the_exposition():
@@ -28,3 +29,9 @@ def test_the_full_collections_between_two_texts_are_their_difference():
     collections, seconds = full_collections_between(first, generate_latest(registry).decode())
     assert collections == 1 and abs(seconds - 0.25) < 1e-9
     assert full_collections_between(first, first) == (0, 0.0)
+
+
+def test_growth_per_hand_over_leaves_the_first_out_and_fits_the_rest():
+    assert growth_per_hand_over([100_000, 150_000, 151_000, 152_000, 153_000]) == pytest.approx(1_000)
+    assert growth_per_hand_over([100_000, 150_000, 150_000, 150_000]) == pytest.approx(0)
+    assert growth_per_hand_over([100_000, 150_000]) == 0.0  # one settled point: no slope
