@@ -206,6 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="NAME=PATH,...: measure the proxy of each source tree, rounds alternating")
     parser.add_argument("--kafka-version", default=DEFAULT_VERSION)
     args = parser.parse_args(argv)
+    if args.hand_overs < 1:
+        parser.error("--hand-overs must be 1 or more: each round measures at least one hand-over")
     trees = args.proxy_trees or [("this", "")]
     print(f"gain stall: {args.groups}x{args.partitions} share-partitions, {args.records:,} state records, "
           f"/healthz every {args.interval}s, Kafka {args.kafka_version}"

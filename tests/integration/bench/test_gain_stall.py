@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from integration.bench.gain_stall import full_collections_between, gc_pauses, growth_per_hand_over
+from integration.bench.gain_stall import full_collections_between, gc_pauses, growth_per_hand_over, main
 
 
 def test_collections_and_pause_seconds_per_generation_are_read_from_the_exposition():
@@ -35,3 +35,11 @@ def test_growth_per_hand_over_leaves_the_first_out_and_fits_the_rest():
     assert growth_per_hand_over([100_000, 150_000, 151_000, 152_000, 153_000]) == pytest.approx(1_000)
     assert growth_per_hand_over([100_000, 150_000, 150_000, 150_000]) == pytest.approx(0)
     assert growth_per_hand_over([100_000, 150_000]) == 0.0  # one settled point: no slope
+
+
+@pytest.mark.parametrize("hand_overs", ["0", "-1"])
+def test_fewer_than_one_hand_over_is_refused_before_any_broker_starts(hand_overs, capsys):
+    with pytest.raises(SystemExit) as refused:
+        main(["--hand-overs", hand_overs])
+    assert refused.value.code == 2
+    assert "--hand-overs must be 1 or more" in capsys.readouterr().err
