@@ -134,6 +134,7 @@ class ProxyConfig:
     stream_responses_from: int | None = None  # None: SPLICED_STREAM_FROM where splice applies, else off
     stream_requests_from: int | None = None  # the same for requests going upstream (Produce)
     heap_retain_bytes: int = 128 * 1024 * 1024
+    malloc_arenas: int = 2
     gc_threshold: int = 10_000
     max_connections: int = 1000
     connect_timeout: float = 10.0
@@ -317,6 +318,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("stream_requests_from", parse_optional_int, "pass client requests of at least this many bytes (large Produce) upstream as they arrive, socket to socket in the kernel (splice), once their header and topic names have been read; 0 gathers every request whole first; default 131072, off with TLS on either side (docs/proxy.md)", "BYTES"),
     Option("gc_threshold", int, "net allocations between collections of the youngest generation of Python's cyclic garbage collector; once start-up is done the objects alive then are frozen, so later collections do not walk them (measured: full collections of 25 ms or more each were the fragmented commit p99, 60-67 -> 16-20 ms). 0 leaves CPython's defaults, 700 and nothing frozen (default 10000; docs/proxy.md)", "N"),
     Option("heap_retain_bytes", int, "freed memory the C allocator (glibc) keeps for reuse instead of returning it to the OS, and large buffers (up to 32 MiB) served from its heap: a frame's buffer then reuses memory instead of faulting in fresh pages (measured: a 1 MB receive-and-build cycle 1.9-2.5 -> 0.12-0.16 ms, integration.bench.alloc_bench); resident memory stays near its recent peak. 0 leaves glibc's defaults (default 134217728; docs/proxy.md)", "BYTES"),
+    Option("malloc_arenas", int, "malloc arenas glibc may make (threads beyond share them): each arena keeps its own freed memory, so the cap bounds what --heap-retain-bytes keeps over the process's threads (measured: resident memory over 20 scale-out moves flat where it climbed 36-50 MiB). 0 leaves glibc's default, 8 per core or the environment's MALLOC_ARENA_MAX (default 2; docs/proxy.md)", "N"),
     Option("max_connections", int, "client connections open at once, over all listeners; more are closed as soon as they are accepted (default 1000)", "N"),
     Option("connect_timeout", float, "seconds to wait for an upstream broker connection (default 10)", "SECONDS"),
     Option("shutdown_grace", float, "seconds open connections get to finish on SIGTERM/SIGINT (default 5)", "SECONDS"),
@@ -531,6 +533,8 @@ def _validate(config: ProxyConfig) -> None:
         raise ConfigError("gc_threshold must be 0 (CPython's defaults) or positive")
     if config.heap_retain_bytes < 0:
         raise ConfigError("heap_retain_bytes must be 0 (glibc's defaults) or positive")
+    if config.malloc_arenas < 0:
+        raise ConfigError("malloc_arenas must be 0 (glibc's default) or positive")
     if config.stream_responses_from is not None and config.stream_responses_from < 0:
         raise ConfigError("stream_responses_from must be 0 (off) or positive")
     if config.stream_requests_from is not None and config.stream_requests_from < 0:

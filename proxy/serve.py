@@ -19,7 +19,7 @@ import sys
 import structlog
 import trio
 
-from proxy.allocator import release_freed_memory, retain_freed_memory
+from proxy.allocator import limit_arenas, release_freed_memory, retain_freed_memory
 from proxy.collector import freeze_startup_objects, time_pauses, tune_collector
 from proxy.config import ProxyConfig, configure_parser, load_config
 from proxy.errors import ConfigError, ProxyError, UpstreamAuthenticationError, UpstreamError, UpstreamTlsError
@@ -36,6 +36,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     configure_parser(parser)
 
 
+def tune_allocator(config: ProxyConfig) -> None:
+    """The C allocator's settings (docs/proxy.md, "Memory reuse"), applied before any thread starts:
+    an arena glibc has made stays, whatever the cap set later."""
+    log = structlog.get_logger("proxy.serve")
+    if config.heap_retain_bytes and not retain_freed_memory(config.heap_retain_bytes):
+        log.info("heap_retain_bytes not applied: the C library is not glibc, or mallopt refused")
+    if config.malloc_arenas and not limit_arenas(config.malloc_arenas):
+        log.info("malloc_arenas not applied: the C library is not glibc, or mallopt refused")
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args)
@@ -44,8 +54,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     configure_logging(config.log_level, config.log_json)
     log = structlog.get_logger("proxy.serve")
-    if config.heap_retain_bytes and not retain_freed_memory(config.heap_retain_bytes):
-        log.info("heap_retain_bytes not applied: the C library is not glibc, or mallopt refused")
+    tune_allocator(config)
     tune_collector(config.gc_threshold)
     time_pauses()
     try:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from integration.bench.alloc_bench import in_child
-from proxy.allocator import retain_freed_memory
+from proxy.allocator import limit_arenas, retain_freed_memory
 
 ROOT = Path(__file__).resolve().parents[2]
 glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
@@ -67,3 +67,56 @@ def test_release_gives_a_peaks_freed_memory_back():
     assert numbers["kept"] > numbers["peak"] - 20, numbers  # retained: freeing alone gave nothing back
     assert numbers["released"] is True
     assert numbers["after"] < numbers["kept"] - 150, numbers
+
+
+#: Six threads each allocate; prints `applied` (what {setup} set), then glibc's arenas on stderr.
+ARENAS_OF_SIX_THREADS = """
+import ctypes
+import sys
+import threading
+
+{setup}
+all_holding = threading.Barrier(7)
+counted = threading.Barrier(7)
+
+def allocate_and_hold():
+    held = bytearray(100_000)  # a malloc from this thread: glibc gives it an arena
+    all_holding.wait()
+    counted.wait()
+
+threads = [threading.Thread(target=allocate_and_hold) for _ in range(6)]
+for thread in threads:
+    thread.start()
+all_holding.wait()
+sys.stdout.write(f"{{applied}}\\n")
+sys.stdout.flush()
+ctypes.CDLL(None).malloc_stats()  # one "Arena N:" block per arena, on stderr
+counted.wait()
+for thread in threads:
+    thread.join()
+"""
+
+
+def arenas_in_use(setup: str) -> tuple[str, int]:
+    """Run six allocating threads after `setup` (which sets `applied`) in a fresh process: what
+    `applied` printed, and how many arenas glibc made."""
+    import subprocess
+    import sys
+
+    script = ARENAS_OF_SIX_THREADS.format(setup=setup)
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                            text=True, env={"PYTHONPATH": str(ROOT)}, timeout=60, check=True)
+    arenas = sum(1 for line in result.stderr.splitlines() if line.startswith("Arena "))
+    return result.stdout.strip(), arenas
+
+
+@glibc_only
+def test_the_arena_cap_makes_threads_share_arenas():
+    """Six threads each allocating: glibc gives each its own arena unless capped (--malloc-arenas)."""
+    capping = "from proxy.allocator import limit_arenas\napplied = limit_arenas({})"
+    assert arenas_in_use(capping.format(0)) == ("False", 7)  # glibc's default: the main arena and one per thread
+    assert arenas_in_use(capping.format(2)) == ("True", 2)
+
+
+def test_zero_arenas_leaves_the_allocator_alone():
+    assert limit_arenas(0) is False

@@ -107,6 +107,7 @@ def test_switch_flag_and_boolean_environment():
         (["--upstream", "k:1", "--state-topic-min-insync-replicas", "0"], {}),
         (["--upstream", "k:1", "--state-topic-partitions", "0"], {}),
         (["--upstream", "k:1", "--heap-retain-bytes", "-1"], {}),
+        (["--upstream", "k:1", "--malloc-arenas", "-1"], {}),
         (["--upstream", "k:1", "--state-linger-ms", "-1"], {}),
         (["--upstream", "k:1", "--state-writes-in-flight", "0"], {}),
         (["--upstream", "k:1", "--state-producers", "0"], {}),
@@ -147,6 +148,12 @@ def test_connection_byte_budget_from_flag_environment_and_file(tmp_path):
     assert parse(["--config", str(config_file)]).max_connection_bytes == 3000
     with pytest.raises(ConfigError):
         parse(["--upstream", "k:1", "--max-connection-bytes", "0"])
+
+
+def test_malloc_arenas_defaults_to_two_and_zero_leaves_glibcs_default():
+    assert parse(["--upstream", "k:1"]).malloc_arenas == 2
+    assert parse(["--upstream", "k:1", "--malloc-arenas", "0"]).malloc_arenas == 0
+    assert parse(["--upstream", "k:1"], environ={"KSP_MALLOC_ARENAS": "4"}).malloc_arenas == 4
 
 
 def test_heap_retain_bytes_defaults_to_128_mib_and_zero_turns_it_off():
