@@ -55,6 +55,11 @@ each tree against the first follows.
     PYTHONPATH=$PWD .venv/bin/python -m integration.bench.share_bench --partitions 4,32 \\
         --proxy-trees before=/tmp/reads-before,after=$PWD --repeat 2
 
+``--variant glibc-arenas="--malloc-arenas 0"`` (repeatable) adds a proxy from the current tree
+started with those extra ``serve`` arguments, measured in the same rounds: a setting against the
+defaults without a second checkout. Without ``--proxy-trees`` the current tree's own proxy is
+named ``default``, and the variants are compared with it.
+
 With ``--share-authorization off,cluster`` it measures instead what enforcing the cluster's ACLs
 costs (proxy/share/authorization.py): the proxied share runs only, once per mode, each with a
 proxy started with that ``--share-authorization`` mode on a broker without an authorizer (so
@@ -86,6 +91,7 @@ import json
 import os
 import pstats
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -690,17 +696,16 @@ def phase_proxy(args: argparse.Namespace, tools: PerfTools, log_dir: Path, *, na
     """The proxied runs and, with `native`, Kafka's native share groups on the same broker (started
     with them enabled), each measurement's sides back to back in rotating order."""
     results: list[Measurement] = []
-    trees = args.proxy_trees or [("", "")]
     with LocalKafka(version=args.kafka_version, share_groups=native, data_dir=log_dir / "kafka") as kafka:
         topics = shape_topics(kafka.bootstrap, args)
         with contextlib.ExitStack() as stack:
             proxies = []  # (tree name, proxy, metrics url), every tree's proxy in front of the same broker
-            for tree, path in trees:
+            for tree, path, variant_args in proxy_sides(args.proxy_trees, args.variant):
                 metrics_port = free_port()
                 # The proxy's state topic is its own: a share-enabled broker keeps its native share
                 # groups' state on __share_group_state.
                 extra = ("--share-auto-offset-reset", "earliest", "--state-topic", unique_name("__bench_share_state"),
-                         "--log-level", "warning", "--metrics-port", str(metrics_port))
+                         "--log-level", "warning", "--metrics-port", str(metrics_port), *variant_args)
                 proxy = stack.enter_context(ProxyProcess(
                     upstream=kafka.bootstrap, log_path=log_dir / f"proxy{'-' + tree if tree else ''}.log",
                     extra_args=extra, env={"PYTHONPATH": path} if path else None,
@@ -1008,6 +1013,27 @@ def parse_trees(text: str) -> list[tuple[str, str]]:
     return trees
 
 
+def parse_variant(text: str) -> tuple[str, tuple[str, ...]]:
+    """`glibc-arenas=--malloc-arenas 0` -> ("glibc-arenas", ("--malloc-arenas", "0"))."""
+    name, sep, extra = text.partition("=")
+    if not sep or not name or not extra.strip():
+        raise argparse.ArgumentTypeError(f'expected NAME="SERVE ARGUMENTS", got {text!r}')
+    return name, tuple(shlex.split(extra))
+
+
+def proxy_sides(trees: Sequence[tuple[str, str]] | None,
+                variants: Sequence[tuple[str, tuple[str, ...]]]) -> list[tuple[str, str, tuple[str, ...]]]:
+    """Every proxy a run starts, as (name, source tree or "" for this one, extra serve arguments):
+    the --proxy-trees, then a proxy of the current tree per --variant. Without trees the current
+    tree's proxy is unnamed, or `default` when variants are measured against it."""
+    sides = [(name, path, ()) for name, path in trees] if trees else [("default" if variants else "", "", ())]
+    sides += [(name, "", extra) for name, extra in variants]
+    names = [name for name, _, _ in sides]
+    if len(set(names)) < len(names):
+        raise ValueError(f"proxy names must differ: {', '.join(names)}")
+    return sides
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=200_000)
@@ -1022,6 +1048,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--proxy-trees", type=parse_trees, default=None,
                         help="NAME=PATH,...: a proxy per source tree (PYTHONPATH=PATH), measured side by side "
                              "in alternating order, e.g. before=/tmp/base,after=.")
+    parser.add_argument("--variant", type=parse_variant, action="append", default=[], metavar='NAME="ARGS"',
+                        help="also a proxy of the current tree started with these extra serve arguments, measured "
+                             "side by side (repeatable), e.g. glibc-arenas=\"--malloc-arenas 0\"")
     parser.add_argument("--py-spy", default=None, metavar="PATH",
                         help="profile the proxy during each proxied share run with this py-spy executable")
     parser.add_argument("--perf", default=None, metavar="PATH",
@@ -1043,8 +1072,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="measure these --share-authorization modes against each other instead (e.g. off,cluster)")
     args = parser.parse_args(argv)
 
-    if args.share_authorization and (len(args.partitions) > 1 or args.proxy_trees):
-        parser.error("--share-authorization takes one --partitions shape and no --proxy-trees")
+    if args.share_authorization and (len(args.partitions) > 1 or args.proxy_trees or args.variant):
+        parser.error("--share-authorization takes one --partitions shape and no --proxy-trees or --variant")
+    try:
+        trees = [name for name, _, _ in proxy_sides(args.proxy_trees, args.variant)]
+    except ValueError as error:
+        parser.error(str(error))
     tools = perf_tools(args.kafka_version)
     log_dir = Path(tempfile.mkdtemp(prefix="share-bench-"))
     started = time.monotonic()
@@ -1067,7 +1100,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if not args.keep_logs:
             shutil.rmtree(log_dir, ignore_errors=True)
-    trees = [tree for tree, _ in args.proxy_trees] if args.proxy_trees else [""]
     for number, partitions in enumerate(args.partitions):
         if number:
             print()

@@ -19,8 +19,11 @@ from integration.bench.share_bench import (
     fetches_table,
     latency_breakdown,
     parse_client_fetches,
+    main,
     parse_trees,
+    parse_variant,
     profile_summary,
+    proxy_sides,
     repeats_table,
     report_progress,
     rotated,
@@ -43,6 +46,33 @@ def test_parse_trees_resolves_paths_and_refuses_what_is_not_name_equals_path(tmp
         parse_trees("before")
     with pytest.raises(argparse.ArgumentTypeError):
         parse_trees("=/tmp")
+
+
+def test_parse_variant_splits_the_serve_arguments_like_a_shell():
+    assert parse_variant("glibc-arenas=--malloc-arenas 0") == ("glibc-arenas", ("--malloc-arenas", "0"))
+    assert parse_variant("quoted=--config '/tmp/a b.toml'") == ("quoted", ("--config", "/tmp/a b.toml"))
+    for text in ("glibc-arenas", "=--malloc-arenas 0", "empty=  "):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_variant(text)
+
+
+def test_proxy_sides_add_a_current_tree_proxy_per_variant():
+    # Alone: the current tree's proxy, unnamed (its results read "proxy", as goals.py expects).
+    assert proxy_sides(None, []) == [("", "", ())]
+    # Variants alone are measured against the current tree's defaults, named so.
+    assert proxy_sides(None, [("glibc", ("--malloc-arenas", "0"))]) == [
+        ("default", "", ()), ("glibc", "", ("--malloc-arenas", "0"))]
+    assert proxy_sides([("before", "/tmp/b"), ("after", "/tmp/a")], [("x", ("--gc-threshold", "0"))]) == [
+        ("before", "/tmp/b", ()), ("after", "/tmp/a", ()), ("x", "", ("--gc-threshold", "0"))]
+    with pytest.raises(ValueError, match="must differ"):
+        proxy_sides([("after", "/tmp/a")], [("after", ("--gc-threshold", "0"))])
+
+
+def test_a_variant_named_like_a_tree_is_refused_before_any_broker_starts(capsys):
+    with pytest.raises(SystemExit) as refused:
+        main(["--proxy-trees", "after=.", "--variant", "after=--gc-threshold 0"])
+    assert refused.value.code == 2
+    assert "proxy names must differ" in capsys.readouterr().err
 
 
 def test_every_cell_runs_each_side_first_once_in_as_many_repeats_as_sides():
