@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-import platform
-
-import pytest
-
-from tests.proxy.test_allocator import arenas_in_use
-
-glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+from tests.proxy.test_allocator import arenas_in_use, glibc_only
 
 SERVE_SETTINGS = """
 import argparse
