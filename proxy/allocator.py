@@ -14,19 +14,19 @@ blocks up to 32 MiB from its heap and to keep up to N bytes of freed memory for 
 returning it; the cost is resident memory that stays at its recent high-water mark (plus at most N
 free). 0 leaves glibc's defaults. Other C libraries (musl) have no such knobs: nothing is done.
 
-glibc's bounds are per arena, and it gives a thread that finds the others' arenas busy an arena of
-its own, up to 8 per core: librdkafka's threads, the state replay's and a scale-out move's threads
-each may keep their own heap with its own free memory held for reuse. ``--malloc-arenas N``
-(default 2) caps them at N, so what is kept stays near one bound instead of one per arena. Measured
-(docs/benchmarks.md, "Resident memory across repeated hand-overs"): over 20 moves of 5,000
+glibc's bounds are per arena, and it gives each thread that allocates an arena of its own, up to
+8 per core: librdkafka's threads, the state replay's and a scale-out move's threads each may keep
+their own heap with its own free memory held for reuse. ``--malloc-arenas N`` (default 2) caps
+them at N (threads beyond share them), so what is kept stays near N bounds instead of one per
+thread. Measured (docs/benchmarks.md, "Malloc arenas capped"): over 20 moves of 5,000
 share-partitions resident memory stayed flat with the cap where it had climbed 36-50 MiB.
 """
 
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
 import platform
+from collections.abc import Callable
 
 #: glibc's mallopt parameters (malloc.h).
 M_TRIM_THRESHOLD = -1
