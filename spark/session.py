@@ -3,7 +3,9 @@ Maven Central through ``spark/ivysettings.xml`` (docs/spark.md)."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 import zipfile
@@ -32,6 +34,15 @@ def code_zip(directory: Path) -> Path:
                 if path.is_file() and "__pycache__" not in path.parts and path.suffix in (".py", ".json", ".xml"):
                     archive.write(path, path.relative_to(ROOT).as_posix())
     return target
+
+
+def shipped_code_zip() -> Path:
+    """:func:`code_zip` in a directory of its own that is removed when the process exits: Spark serves
+    an added file from its path to executors that fetch it later, so it stays for the job's life,
+    and no longer (each job used to leave one in the temporary directory)."""
+    directory = Path(tempfile.mkdtemp(prefix="ksp-spark-"))
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    return code_zip(directory)
 
 
 def shuffle_partitions(master: str | None) -> int | None:
@@ -70,7 +81,7 @@ def start(app_name: str, master: str | None = None, *, kafka: bool = True, ship_
     session = builder(app_name, master, kafka=kafka, shuffle_partitions=shuffle_partitions).getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     if ship_code:
-        session.sparkContext.addPyFile(str(code_zip(Path(tempfile.mkdtemp(prefix="ksp-spark-")))))
+        session.sparkContext.addPyFile(str(shipped_code_zip()))
     return session
 
 

@@ -29,6 +29,18 @@ def test_codec_decodes_from_the_zip_alone(tmp_path: Path) -> None:
     assert result.stdout.strip() == "ok", result.stderr
 
 
+def test_the_shipped_zip_is_removed_when_the_process_exits(tmp_path: Path) -> None:
+    script = ("import sys; from spark import session; archive = session.shipped_code_zip(); "
+              "assert archive.is_file(); print(archive)")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(Path(session.ROOT))})
+    assert result.returncode == 0, result.stderr
+    archive = Path(result.stdout.strip())
+    assert archive.parent.parent == tmp_path and archive.name == "ksp-spark-code.zip"
+    assert not archive.parent.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_ivy_settings_resolve_from_maven_central_only() -> None:
     root = ElementTree.parse(session.IVY_SETTINGS).getroot()
     resolvers = root.find("resolvers")
