@@ -427,11 +427,20 @@ def report(measurements: list[Measurement], args: argparse.Namespace, notes: Seq
     return "\n".join(lines + ratio_lines)
 
 
-def _named_variant(text: str) -> tuple[str, tuple[str, ...]]:
-    name, _, extra = text.partition("=")
-    if not name or name in ("direct", "proxy") or name.endswith("-tls") or not extra.strip():
+def parse_variant(text: str) -> tuple[str, tuple[str, ...]]:
+    """`glibc-arenas=--malloc-arenas 0` -> ("glibc-arenas", ("--malloc-arenas", "0")): a proxy's
+    name and the extra serve arguments it starts with (split as a shell would)."""
+    name, sep, extra = text.partition("=")
+    if not sep or not name or not extra.strip():
         raise argparse.ArgumentTypeError(f"expected NAME=\"SERVE ARGUMENTS\", not {text!r}")
     return name, tuple(shlex.split(extra))
+
+
+def _named_variant(text: str) -> tuple[str, tuple[str, ...]]:
+    name, extra = parse_variant(text)
+    if name in ("direct", "proxy") or name.endswith("-tls"):
+        raise argparse.ArgumentTypeError(f"{name!r} names one of this benchmark's own paths: choose another")
+    return name, extra
 
 
 def _connection_counts(text: str) -> list[int]:

@@ -91,7 +91,6 @@ import json
 import os
 import pstats
 import re
-import shlex
 import shutil
 import signal
 import subprocess
@@ -107,7 +106,7 @@ from pathlib import Path
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 from prometheus_client.parser import text_string_to_metric_families
 
-from integration.bench.passthrough import Target, produce
+from integration.bench.passthrough import Target, parse_variant, produce
 from integration.bench.procfs import proc_status_kib, process_cpu_seconds
 from integration.kafka_fixtures import ProxyProcess, admin_client, create_topics, kafka_tools_jar, unique_name
 from proxy.localkafka import DEFAULT_VERSION, LocalKafka
@@ -700,7 +699,7 @@ def phase_proxy(args: argparse.Namespace, tools: PerfTools, log_dir: Path, *, na
         topics = shape_topics(kafka.bootstrap, args)
         with contextlib.ExitStack() as stack:
             proxies = []  # (tree name, proxy, metrics url), every tree's proxy in front of the same broker
-            for tree, path, variant_args in proxy_sides(args.proxy_trees, args.variant):
+            for tree, path, variant_args in args.sides:
                 metrics_port = free_port()
                 # The proxy's state topic is its own: a share-enabled broker keeps its native share
                 # groups' state on __share_group_state.
@@ -1013,14 +1012,6 @@ def parse_trees(text: str) -> list[tuple[str, str]]:
     return trees
 
 
-def parse_variant(text: str) -> tuple[str, tuple[str, ...]]:
-    """`glibc-arenas=--malloc-arenas 0` -> ("glibc-arenas", ("--malloc-arenas", "0"))."""
-    name, sep, extra = text.partition("=")
-    if not sep or not name or not extra.strip():
-        raise argparse.ArgumentTypeError(f'expected NAME="SERVE ARGUMENTS", got {text!r}')
-    return name, tuple(shlex.split(extra))
-
-
 def proxy_sides(trees: Sequence[tuple[str, str]] | None,
                 variants: Sequence[tuple[str, tuple[str, ...]]]) -> list[tuple[str, str, tuple[str, ...]]]:
     """Every proxy a run starts, as (name, source tree or "" for this one, extra serve arguments):
@@ -1075,9 +1066,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.share_authorization and (len(args.partitions) > 1 or args.proxy_trees or args.variant):
         parser.error("--share-authorization takes one --partitions shape and no --proxy-trees or --variant")
     try:
-        trees = [name for name, _, _ in proxy_sides(args.proxy_trees, args.variant)]
+        args.sides = proxy_sides(args.proxy_trees, args.variant)  # what phase_proxy starts
     except ValueError as error:
         parser.error(str(error))
+    trees = [name for name, _, _ in args.sides]
     tools = perf_tools(args.kafka_version)
     log_dir = Path(tempfile.mkdtemp(prefix="share-bench-"))
     started = time.monotonic()

@@ -21,7 +21,6 @@ from integration.bench.share_bench import (
     parse_client_fetches,
     main,
     parse_trees,
-    parse_variant,
     profile_summary,
     proxy_sides,
     repeats_table,
@@ -46,14 +45,6 @@ def test_parse_trees_resolves_paths_and_refuses_what_is_not_name_equals_path(tmp
         parse_trees("before")
     with pytest.raises(argparse.ArgumentTypeError):
         parse_trees("=/tmp")
-
-
-def test_parse_variant_splits_the_serve_arguments_like_a_shell():
-    assert parse_variant("glibc-arenas=--malloc-arenas 0") == ("glibc-arenas", ("--malloc-arenas", "0"))
-    assert parse_variant("quoted=--config '/tmp/a b.toml'") == ("quoted", ("--config", "/tmp/a b.toml"))
-    for text in ("glibc-arenas", "=--malloc-arenas 0", "empty=  "):
-        with pytest.raises(argparse.ArgumentTypeError):
-            parse_variant(text)
 
 
 def test_proxy_sides_add_a_current_tree_proxy_per_variant():
