@@ -8,7 +8,9 @@ sides are measured in the same run, and prints one table of the goals:
    at each --consumers count and --partitions shape (1,000,000 records by default); the whole-run
    rate beside it, the consumers' own ShareFetch round trip and time per cycle on both sides
    (the Java client's metrics), and what the streaming cost the machine in CPU per record on both
-   sides and how busy its cores were. Goal ≥ 1.1.
+   sides and how busy its cores were. Goal ≥ 1.1. Each cell notes what native share groups
+   measured through a bare TCP hop in the same rounds (``share_bench --hop``), against native: what
+   one more process on the path costs them here, whatever it does.
 2. ``passthrough``: confluent-kafka producers and consumers through the proxy vs directly, at each
    --connections count; the median of the per-round ratios. Goals: produce ≥ 0.9, consume ≥ 0.95.
    Each cell notes what a bare TCP hop measured in the same rounds (``passthrough --hop``: one more
@@ -99,12 +101,16 @@ def share_goals(numbers: list[dict], consumers: Sequence[int], partitions: Seque
             native = share_bench.best(results, f"share group x{count}, native", shape)
             if proxy is None or native is None:
                 continue
+            via_hop = share_bench.best(results, f"share group x{count}, {share_bench.NATIVE_VIA_HOP}", shape)
             goals.append(Goal(
                 "share consumption, proxy / native (streaming)", f"{count} consumers, {shape} partitions",
                 proxy.streaming_records_per_second / native.streaming_records_per_second, 1.1,
                 note=f"{proxy.streaming_records_per_second:,.0f} vs {native.streaming_records_per_second:,.0f} "
                      f"records/s; whole run {proxy.records_per_second / native.records_per_second:.2f}x"
-                     f"{_round_trips(proxy, native)}{_machine_cpu(proxy, native)}"))
+                     f"{_round_trips(proxy, native)}{_machine_cpu(proxy, native)}"
+                     + ("" if via_hop is None else
+                        f"; native through a bare TCP hop "
+                        f"{via_hop.streaming_records_per_second / native.streaming_records_per_second:.2f}x native")))
     return goals
 
 
@@ -181,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "share" in parts:
         numbers = run_part("share", args.out, share_bench.main, [
             "--records", str(args.share_records), "--consumers", args.share_consumers,
-            "--partitions", args.share_partitions, "--repeat", str(args.share_repeat)], log)
+            "--partitions", args.share_partitions, "--repeat", str(args.share_repeat), "--hop"], log)
         goals += share_goals(numbers, [int(c) for c in args.share_consumers.split(",")],
                              [int(p) for p in args.share_partitions.split(",")])
     if "passthrough" in parts:

@@ -307,10 +307,11 @@ def start_proxies(stack: ExitStack, kafka: LocalKafka, scratch: Path, args: argp
     return paths
 
 
-def start_kafka_behind_a_hop(stack: ExitStack, args: argparse.Namespace) -> tuple[LocalKafka, Target]:
-    """The broker with a second listener (HOP) that advertises a bare hop's address, and the hop in
-    front of it: a client that bootstraps through the hop is sent back through it for every broker
-    connection, while the direct path and the proxies use the ordinary listener."""
+def start_kafka_behind_a_hop(stack: ExitStack, **kafka_options) -> tuple[LocalKafka, Target]:
+    """The broker (`kafka_options` go to LocalKafka) with a second listener (HOP) that advertises a
+    bare hop's address, and the hop in front of it: a client that bootstraps through the hop is sent
+    back through it for every broker connection, while the direct path and the proxies use the
+    ordinary listener."""
     port, controller_port, hop_listener_port, hop_port = (free_port() for _ in range(4))
     listeners = {
         "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port},"
@@ -319,8 +320,8 @@ def start_kafka_behind_a_hop(stack: ExitStack, args: argparse.Namespace) -> tupl
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,HOP:PLAINTEXT",
     }
     hop = stack.enter_context(hop_process(hop_port, f"127.0.0.1:{hop_listener_port}"))
-    kafka = stack.enter_context(LocalKafka(version=args.kafka_version, heap=args.heap, port=port,
-                                           controller_port=controller_port, server_properties=listeners))
+    kafka = stack.enter_context(LocalKafka(port=port, controller_port=controller_port, server_properties=listeners,
+                                           **kafka_options))
     return kafka, Target("hop", f"127.0.0.1:{hop_port}", pid=hop.pid)
 
 
@@ -329,7 +330,7 @@ def run(args: argparse.Namespace) -> tuple[list[Measurement], list[str]]:
     notes = [f"load (1/5/15 min) at start: {load()}"]
     with tempfile.TemporaryDirectory(prefix="ksp-bench-") as scratch, ExitStack() as stack:
         if args.hop:
-            kafka, hop = start_kafka_behind_a_hop(stack, args)
+            kafka, hop = start_kafka_behind_a_hop(stack, version=args.kafka_version, heap=args.heap)
         else:
             kafka, hop = stack.enter_context(LocalKafka(version=args.kafka_version, heap=args.heap)), None
         paths = start_proxies(stack, kafka, Path(scratch), args)

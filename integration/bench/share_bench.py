@@ -78,6 +78,12 @@ the unprofiled rate.
 
     PYTHONPATH=$PWD .venv/bin/python -m integration.bench.share_bench --records 1000000 \\
         --consumers 1,16 --no-native --cprofile --profile-top 30
+
+``--hop`` adds one more side to every cell: Kafka's native share groups reached through a bare TCP
+hop (``integration.bench.hop``: splice threads, no Kafka spoken, nothing per byte in Python; the
+broker gets a second listener that advertises the hop, as in ``passthrough --hop``). What it
+measures against native is what one more process on the path costs share consumption on this
+machine before any proxy does work of its own; its row carries the hop's CPU in the proxy column.
 """
 
 from __future__ import annotations
@@ -106,7 +112,7 @@ from pathlib import Path
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 from prometheus_client.parser import text_string_to_metric_families
 
-from integration.bench.passthrough import Target, parse_variant, produce
+from integration.bench.passthrough import Target, parse_variant, produce, start_kafka_behind_a_hop
 from integration.bench.procfs import proc_status_kib, process_cpu_seconds
 from integration.kafka_fixtures import ProxyProcess, admin_client, create_topics, kafka_tools_jar, unique_name
 from proxy.localkafka import DEFAULT_VERSION, LocalKafka
@@ -164,7 +170,7 @@ def parse_client_fetches(output: str) -> ClientFetches | None:
 @dataclass(frozen=True, slots=True)
 class Measurement:
     label: str
-    path: str  # "direct", "proxy" or "native"
+    path: str  # "direct", "proxy", "native" or "native-hop"
     kind: str  # "consumer group" or "share group"
     consumers: int
     records: int
@@ -691,58 +697,69 @@ def proxy_label(tree: str) -> str:
     return f"proxy {tree}" if tree else "proxy"
 
 
+NATIVE = "native"
+NATIVE_VIA_HOP = "native via hop"  # native share groups through a bare TCP hop (--hop)
+
+
 def phase_proxy(args: argparse.Namespace, tools: PerfTools, log_dir: Path, *, native: bool = True) -> list[Measurement]:
     """The proxied runs and, with `native`, Kafka's native share groups on the same broker (started
     with them enabled), each measurement's sides back to back in rotating order."""
     results: list[Measurement] = []
-    with LocalKafka(version=args.kafka_version, share_groups=native, data_dir=log_dir / "kafka") as kafka:
+    with contextlib.ExitStack() as stack:
+        kafka_options = dict(version=args.kafka_version, share_groups=native, data_dir=log_dir / "kafka")
+        if args.hop:
+            kafka, hop = start_kafka_behind_a_hop(stack, **kafka_options)
+        else:
+            kafka, hop = stack.enter_context(LocalKafka(**kafka_options)), None
         topics = shape_topics(kafka.bootstrap, args)
-        with contextlib.ExitStack() as stack:
-            proxies = []  # (tree name, proxy, metrics url), every tree's proxy in front of the same broker
-            for tree, path, variant_args in args.sides:
-                metrics_port = free_port()
-                # The proxy's state topic is its own: a share-enabled broker keeps its native share
-                # groups' state on __share_group_state.
-                extra = ("--share-auto-offset-reset", "earliest", "--state-topic", unique_name("__bench_share_state"),
-                         "--log-level", "warning", "--metrics-port", str(metrics_port), *variant_args)
-                proxy = stack.enter_context(ProxyProcess(
-                    upstream=kafka.bootstrap, log_path=log_dir / f"proxy{'-' + tree if tree else ''}.log",
-                    extra_args=extra, env={"PYTHONPATH": path} if path else None,
-                    launcher=cprofiled_launcher(args.profile_dir) if args.cprofile else ()))
-                proxies.append((tree, proxy, f"http://127.0.0.1:{metrics_port}/metrics"))
-            runs = itertools.count()
-            for repeat in range(args.repeat):
-                cells = itertools.count()
-                for partitions, topic in topics.items():
-                    sides = [(kafka.bootstrap, "direct", "direct")] + [
-                        (proxy.bootstrap, "proxy", proxy_label(tree)) for tree, proxy, _ in proxies]
-                    for bootstrap, path, name in sides:
-                        results.append(dataclasses.replace(
-                            consumer_perf(tools, bootstrap, topic, args.records, f"consumer group, {name}", path),
-                            partitions=partitions))
-                        report_progress(results[-1])
-                    for consumers in args.consumers:
-                        share_sides = [*proxies, *([None] if native else [])]  # None: native share groups
-                        for side in side_order(share_sides, next(cells), repeat):
-                            if side is None:
-                                results.append(native_share_run(args, tools, kafka.bootstrap, topic, partitions,
-                                                                consumers, kafka.pid))
-                                continue
-                            tree, proxy, metrics_url = side
-                            profile = args.profile_dir / f"p{partitions}-x{consumers}-{tree or 'proxy'}-{next(runs)}.txt"
-                            results.append(proxied_share_run(args, tools, proxy, metrics_url, tree, topic, partitions,
-                                                             consumers, profile, kafka.pid))
+        proxies = []  # (tree name, proxy, metrics url), every tree's proxy in front of the same broker
+        for tree, path, variant_args in args.sides:
+            metrics_port = free_port()
+            # The proxy's state topic is its own: a share-enabled broker keeps its native share
+            # groups' state on __share_group_state.
+            extra = ("--share-auto-offset-reset", "earliest", "--state-topic", unique_name("__bench_share_state"),
+                     "--log-level", "warning", "--metrics-port", str(metrics_port), *variant_args)
+            proxy = stack.enter_context(ProxyProcess(
+                upstream=kafka.bootstrap, log_path=log_dir / f"proxy{'-' + tree if tree else ''}.log",
+                extra_args=extra, env={"PYTHONPATH": path} if path else None,
+                launcher=cprofiled_launcher(args.profile_dir) if args.cprofile else ()))
+            proxies.append((tree, proxy, f"http://127.0.0.1:{metrics_port}/metrics"))
+        runs = itertools.count()
+        for repeat in range(args.repeat):
+            cells = itertools.count()
+            for partitions, topic in topics.items():
+                sides = [(kafka.bootstrap, "direct", "direct")] + [
+                    (proxy.bootstrap, "proxy", proxy_label(tree)) for tree, proxy, _ in proxies]
+                for bootstrap, path, name in sides:
+                    results.append(dataclasses.replace(
+                        consumer_perf(tools, bootstrap, topic, args.records, f"consumer group, {name}", path),
+                        partitions=partitions))
+                    report_progress(results[-1])
+                for consumers in args.consumers:
+                    share_sides = [*proxies, *([NATIVE] if native else []), *([NATIVE_VIA_HOP] if hop else [])]
+                    for side in side_order(share_sides, next(cells), repeat):
+                        if isinstance(side, str):  # Kafka's own share groups, directly or through the hop
+                            results.append(native_share_run(args, tools, kafka.bootstrap, topic, partitions,
+                                                            consumers, kafka.pid,
+                                                            hop=hop if side == NATIVE_VIA_HOP else None))
+                            continue
+                        tree, proxy, metrics_url = side
+                        profile = args.profile_dir / f"p{partitions}-x{consumers}-{tree or 'proxy'}-{next(runs)}.txt"
+                        results.append(proxied_share_run(args, tools, proxy, metrics_url, tree, topic, partitions,
+                                                         consumers, profile, kafka.pid))
     return results
 
 
 def native_share_run(args: argparse.Namespace, tools: PerfTools, bootstrap: str, topic: str, partitions: int,
-                     consumers: int, broker_pid: int | None = None) -> Measurement:
-    """One share run with the broker's own share groups (a fresh group reading from the earliest offset)."""
+                     consumers: int, broker_pid: int | None = None, hop: Target | None = None) -> Measurement:
+    """One share run with the broker's own share groups (a fresh group reading from the earliest
+    offset), its consumers bootstrapping through `hop` when given (the hop's CPU counted as the proxy's)."""
     group = unique_name("bench-share")
     set_native_share_reset_earliest(bootstrap, group)
-    with CpuSampler(broker_pid, None) as sampler:
-        measured = share_perf(tools, bootstrap, topic, group, args.records, consumers,
-                              f"share group x{consumers}, native", "native", sampler.consumers_started)
+    side, path = (NATIVE, "native") if hop is None else (NATIVE_VIA_HOP, "native-hop")
+    with CpuSampler(broker_pid, None if hop is None else hop.pid) as sampler:
+        measured = share_perf(tools, bootstrap if hop is None else hop.bootstrap, topic, group, args.records,
+                              consumers, f"share group x{consumers}, {side}", path, sampler.consumers_started)
     result = dataclasses.replace(measured, partitions=partitions, cpu=streaming_cpu(sampler, measured))
     report_progress(result)
     return result
@@ -908,9 +925,11 @@ def table(results: Sequence[Measurement], consumers: Sequence[int], partitions: 
         if proxied_group := best(results, f"consumer group, {proxy_label(tree)}", partitions):
             row(proxied_group, against_direct=True)
     for count in consumers:
-        native = best(results, f"share group x{count}, native", partitions)
+        native = best(results, f"share group x{count}, {NATIVE}", partitions)
         if native:
             row(native, against_direct=True)
+        if via_hop := best(results, f"share group x{count}, {NATIVE_VIA_HOP}", partitions):
+            row(via_hop, baseline=native, against_direct=True)
         for tree in trees:
             if proxied := best(results, f"share group x{count}, {proxy_label(tree)}", partitions):
                 row(proxied, baseline=native, against_direct=True)
@@ -934,19 +953,21 @@ def fetches_table(results: Sequence[Measurement], consumers: Sequence[int], part
                 f"{m.client.round_trip_ms:.2f} | {m.client.cycle_ms(m):.2f} | {own:.2f} | {deltas[0]} | {deltas[1]} |")
 
     return _sides_table(["measurement", "ShareFetches", "records per fetch", "round trip ms", "cycle ms",
-                         "consumer's own time ms", "round trip, proxy − native ms", "own time, proxy − native ms"],
+                         "consumer's own time ms", "round trip − native's ms", "own time − native's ms"],
                         row, results, consumers, partitions, trees)
 
 
 def _sides_table(columns: Sequence[str], row: Callable[[Measurement | None, Measurement], str | None],
                  results: Sequence[Measurement], consumers: Sequence[int], partitions: int,
                  trees: Sequence[str]) -> str:
-    """A markdown table with a row per share side (native first, then each tree's proxy, best repeats,
-    per consumer count): `row(native, side)`, a side without the numbers it needs giving None."""
+    """A markdown table with a row per share side (native first, native through the hop if measured,
+    then each tree's proxy, best repeats, per consumer count): `row(native, side)`, a side without
+    the numbers it needs giving None."""
     rows = ["| " + " | ".join(columns) + " |", "|---|" + "---:|" * (len(columns) - 1)]
     for count in consumers:
-        native = best(results, f"share group x{count}, native", partitions)
-        sides = [native] + [best(results, f"share group x{count}, {proxy_label(tree)}", partitions) for tree in trees]
+        native = best(results, f"share group x{count}, {NATIVE}", partitions)
+        sides = [native, best(results, f"share group x{count}, {NATIVE_VIA_HOP}", partitions)] + [
+            best(results, f"share group x{count}, {proxy_label(tree)}", partitions) for tree in trees]
         rows += [line for m in sides if m is not None and (line := row(native, m)) is not None]
     return "\n".join(rows)
 
@@ -966,8 +987,8 @@ def cpu_table(results: Sequence[Measurement], consumers: Sequence[int], partitio
         return (f"| {m.label} | {m.streaming_records_per_second:,.0f} | {use['consumers']:.2f} | "
                 f"{use['broker']:.2f} | {use['proxy']:.2f} | {use['machine']:.2f} | {versus} | {m.cpu.busy:.0%} |")
 
-    return _sides_table(["measurement", "records/s after first", "consumers' JVM s", "broker s", "proxy s",
-                         "machine s", "machine, proxy / native", "cores busy"],
+    return _sides_table(["measurement", "records/s after first", "consumers' JVM s", "broker s", "proxy (or hop) s",
+                         "machine s", "machine / native's", "cores busy"],
                         row, results, consumers, partitions, trees)
 
 
@@ -1059,12 +1080,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--separate-brokers", action="store_true",
                         help="the proxied runs against a broker without share groups, then the native runs "
                              "against a second broker (the method before 2026-11-27: phases minutes apart)")
+    parser.add_argument("--hop", action="store_true",
+                        help="also run Kafka's native share groups through a bare TCP hop (kernel splice, no Kafka "
+                             "spoken): what one more process on the path costs them")
     parser.add_argument("--share-authorization", type=lambda s: s.split(","), default=None,
                         help="measure these --share-authorization modes against each other instead (e.g. off,cluster)")
     args = parser.parse_args(argv)
 
     if args.share_authorization and (len(args.partitions) > 1 or args.proxy_trees or args.variant):
         parser.error("--share-authorization takes one --partitions shape and no --proxy-trees or --variant")
+    if args.hop and (args.no_native or args.separate_brokers or args.share_authorization):
+        parser.error("--hop measures native share groups through a hop beside native: not with --no-native, "
+                     "--separate-brokers or --share-authorization")
     try:
         args.sides = proxy_sides(args.proxy_trees, args.variant)  # what phase_proxy starts
     except ValueError as error:

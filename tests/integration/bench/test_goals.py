@@ -37,6 +37,16 @@ def test_share_goals_compare_the_best_streaming_rates_per_consumer_count_and_sha
     assert goal.cell == "1 consumers, 4 partitions"
     assert round(goal.measured, 3) == round(2.0 / 1.5, 3)
     assert goal.met
+    assert "hop" not in goal.note  # a run without --hop
+
+
+def test_a_share_goal_notes_native_through_the_bare_hop_against_native():
+    numbers = [share("share group x1, proxy", 1, 4, 2.0, 0.5),
+               share("share group x1, native", 1, 4, 7.0, 5.0),   # 100,000 / 2.0 s streaming
+               share("share group x1, native via hop", 1, 4, 7.5, 5.0)]  # 100,000 / 2.5 s
+    [goal] = share_goals(numbers, [1], [4])
+    assert round(goal.measured, 3) == round(2.0 / 1.5, 3)  # the proxy against native, not the hop
+    assert goal.note.endswith("; native through a bare TCP hop 0.80x native")
 
 
 def test_passthrough_goals_take_the_median_of_per_round_ratios():

@@ -112,6 +112,36 @@ def test_best_and_tables_keep_the_partition_shapes_apart():
     assert "| share group x4, native | 50,000 · 50,000 · 0.0 |  |" in repeats
 
 
+def test_native_through_the_hop_is_a_side_of_its_own_set_against_native():
+    native = Measurement("share group x4, native", "native", "share group", 4, 1_000_000, 1.0, 6.0, 1.0,
+                         partitions=4, client=ClientFetches(1000, 2.0, 1000.0), cpu=CpuUse(5.0, 8.0, 3.0, 4.0, 0.0, 2))
+    via_hop = Measurement("share group x4, native via hop", "native-hop", "share group", 4, 1_000_000, 1.0, 7.0,
+                          2.0, partitions=4, client=ClientFetches(1000, 2.5, 1000.0),
+                          cpu=CpuUse(5.0, 9.0, 3.0, 4.0, 0.5, 2))
+    proxy = Measurement("share group x4, proxy", "proxy", "share group", 4, 1_000_000, 1.0, 8.0, 3.0,
+                        partitions=4, client=ClientFetches(1000, 3.0, 1000.0), cpu=CpuUse(5.0, 10.0, 2.0, 4.0, 3.0, 2))
+    results = [proxy, via_hop, native]
+    rows = table(results, [4], 4).splitlines()
+    # Native, then the hop against native (streaming 200,000 against 200,000: 1.00), then the proxy.
+    assert [row.split(" | ")[0] for row in rows[2:]] == [
+        "| share group x4, native", "| share group x4, native via hop", "| share group x4, proxy"]
+    assert rows[3].endswith("| 0.86 / 1.00 |  |")
+    assert rows[4].endswith("| 0.75 / 1.00 |  |")
+    fetches = fetches_table(results, [4], 4).splitlines()
+    assert fetches[3] == "| share group x4, native via hop | 1,000 | 1,000 | 2.50 | 20.00 | 17.50 | +0.50 | -0.50 |"
+    cpu = cpu_table(results, [4], 4).splitlines()
+    assert cpu[3] == "| share group x4, native via hop | 200,000 | 4.00 | 3.00 | 0.50 | 9.00 | 1.12 | 90% |"
+    assert len(cpu) == 5
+
+
+@pytest.mark.parametrize("other", [["--no-native"], ["--separate-brokers"], ["--share-authorization", "off,cluster"]])
+def test_the_hop_is_refused_where_native_does_not_run_beside_the_proxy(capsys, other):
+    with pytest.raises(SystemExit) as refused:
+        main(["--hop", *other])
+    assert refused.value.code == 2
+    assert "--hop measures native share groups" in capsys.readouterr().err
+
+
 def test_profile_summary_counts_self_and_inclusive_samples(tmp_path):
     raw = tmp_path / "profile.txt"
     raw.write_text("main (a.py:1);read (r.py:10);parse (p.py:3) 6\n"
