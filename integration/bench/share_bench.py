@@ -21,6 +21,10 @@ minutes apart: ``--separate-brokers``). Every measurement consumes a fresh group
 offset (share groups via share.auto.offset.reset=earliest: the proxy's --share-auto-offset-reset
 flag, the native group's config).
 
+Before the measured repeats each share side runs once, unmeasured (``--no-warm-up`` skips it): in a
+freshly started broker the first repeat measured every side, the plain consumer group included, at
+about half the rate of the later ones while the broker's JIT compiled its fetch and share paths.
+
 The perf tools come from the kafka-tools jar, which the broker's classpath lacks: it is fetched
 from Maven Central into ~/.m2 with `mvn dependency:get` (the broker's own version when published,
 else the newest published 4.x listed below) and run on the broker's jar cache (kafka-clients of the
@@ -724,7 +728,20 @@ def phase_proxy(args: argparse.Namespace, tools: PerfTools, log_dir: Path, *, na
                 extra_args=extra, env={"PYTHONPATH": path} if path else None,
                 launcher=cprofiled_launcher(args.profile_dir) if args.cprofile else ()))
             proxies.append((tree, proxy, f"http://127.0.0.1:{metrics_port}/metrics"))
+        share_sides = [*proxies, *([NATIVE] if native else []), *([NATIVE_VIA_HOP] if hop else [])]
         runs = itertools.count()
+
+        def run_side(side, topic: str, partitions: int, consumers: int) -> Measurement:
+            if isinstance(side, str):  # Kafka's own share groups, directly or through the hop
+                return native_share_run(args, tools, kafka.bootstrap, topic, partitions, consumers, kafka.pid,
+                                        hop=hop if side == NATIVE_VIA_HOP else None)
+            tree, proxy, metrics_url = side
+            profile = args.profile_dir / f"p{partitions}-x{consumers}-{tree or 'proxy'}-{next(runs)}.txt"
+            return proxied_share_run(args, tools, proxy, metrics_url, tree, topic, partitions, consumers, profile,
+                                     kafka.pid)
+
+        if not args.no_warm_up:
+            warm_up(share_sides, topics, args.consumers, run_side)
         for repeat in range(args.repeat):
             cells = itertools.count()
             for partitions, topic in topics.items():
@@ -736,18 +753,23 @@ def phase_proxy(args: argparse.Namespace, tools: PerfTools, log_dir: Path, *, na
                         partitions=partitions))
                     report_progress(results[-1])
                 for consumers in args.consumers:
-                    share_sides = [*proxies, *([NATIVE] if native else []), *([NATIVE_VIA_HOP] if hop else [])]
                     for side in side_order(share_sides, next(cells), repeat):
-                        if isinstance(side, str):  # Kafka's own share groups, directly or through the hop
-                            results.append(native_share_run(args, tools, kafka.bootstrap, topic, partitions,
-                                                            consumers, kafka.pid,
-                                                            hop=hop if side == NATIVE_VIA_HOP else None))
-                            continue
-                        tree, proxy, metrics_url = side
-                        profile = args.profile_dir / f"p{partitions}-x{consumers}-{tree or 'proxy'}-{next(runs)}.txt"
-                        results.append(proxied_share_run(args, tools, proxy, metrics_url, tree, topic, partitions,
-                                                         consumers, profile, kafka.pid))
+                        results.append(run_side(side, topic, partitions, consumers))
     return results
+
+
+def warm_up(share_sides: Sequence, topics: dict[int, str], consumers: Sequence[int],
+            run_side: Callable[[object, str, int, int], Measurement]) -> None:
+    """One share run per side, not measured, before the measured repeats: in a freshly started
+    broker the first runs were measured at half the rate of the later ones on every side, while the
+    broker's JIT compiled its fetch and share paths (stop 54: the broker's CPU per native run 10.1 s
+    in the first repeat, 2.1 and 1.5 s in the next two)."""
+    partitions, topic = next(iter(topics.items()))
+    print(f"warming up: one share run per side, not measured ({partitions} partitions, {consumers[0]} consumers)",
+          file=sys.stderr, flush=True)
+    for side in share_sides:
+        run_side(side, topic, partitions, consumers[0])
+    print("warmed up; the measured repeats follow", file=sys.stderr, flush=True)
 
 
 def native_share_run(args: argparse.Namespace, tools: PerfTools, bootstrap: str, topic: str, partitions: int,
@@ -1080,6 +1102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--separate-brokers", action="store_true",
                         help="the proxied runs against a broker without share groups, then the native runs "
                              "against a second broker (the method before 2026-11-27: phases minutes apart)")
+    parser.add_argument("--no-warm-up", action="store_true",
+                        help="measure from the broker's first share run on (by default each side runs once, "
+                             "unmeasured, first: a fresh broker's JIT slows the first runs)")
     parser.add_argument("--hop", action="store_true",
                         help="also run Kafka's native share groups through a bare TCP hop (kernel splice, no Kafka "
                              "spoken): what one more process on the path costs them")

@@ -31,6 +31,7 @@ from integration.bench.share_bench import (
     table,
     trees_table,
     upstream_reads,
+    warm_up,
 )
 
 
@@ -140,6 +141,14 @@ def test_the_hop_is_refused_where_native_does_not_run_beside_the_proxy(capsys, o
         main(["--hop", *other])
     assert refused.value.code == 2
     assert "--hop measures native share groups" in capsys.readouterr().err
+
+
+def test_the_warm_up_runs_every_side_once_on_the_first_shape(capsys):
+    ran = []
+    warm_up(["proxy", "native", "native via hop"], {4: "topic-p4", 32: "topic-p32"}, [1, 4, 16],
+            lambda side, topic, partitions, consumers: ran.append((side, topic, partitions, consumers)))
+    assert ran == [("proxy", "topic-p4", 4, 1), ("native", "topic-p4", 4, 1), ("native via hop", "topic-p4", 4, 1)]
+    assert "not measured" in capsys.readouterr().err
 
 
 def test_profile_summary_counts_self_and_inclusive_samples(tmp_path):
