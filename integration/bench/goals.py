@@ -98,7 +98,7 @@ def share_goals(numbers: list[dict], consumers: Sequence[int], partitions: Seque
     for shape in partitions:
         for count in consumers:
             proxy = share_bench.best(results, f"share group x{count}, proxy", shape)
-            native = share_bench.best(results, f"share group x{count}, native", shape)
+            native = share_bench.best(results, f"share group x{count}, {share_bench.NATIVE}", shape)
             if proxy is None or native is None:
                 continue
             via_hop = share_bench.best(results, f"share group x{count}, {share_bench.NATIVE_VIA_HOP}", shape)
