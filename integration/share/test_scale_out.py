@@ -20,7 +20,7 @@ import uuid
 
 import pytest
 import trio
-from confluent_kafka import AcknowledgeType, TopicCollection
+from confluent_kafka import AcknowledgeType
 from confluent_kafka.admin import AdminClient
 from kio.schema.errors import ErrorCode
 
@@ -44,6 +44,7 @@ from integration.share.conftest import (
     produce,
     scrape_metrics,
     share_consumer,
+    topic_id_of,
     wait_until,
 )
 from proxy.localkafka.broker import free_port
@@ -52,13 +53,6 @@ from proxy.share.ownership import DEFAULT_GROUP_PREFIX, ServiceOwnership, descri
 pytestmark = pytest.mark.integration
 
 STATE_PARTITIONS = 6
-
-
-def topic_id_of(bootstrap: str, topic: str, client_config: dict | None = None) -> uuid.UUID:
-    admin = AdminClient({"bootstrap.servers": bootstrap, **(client_config or {})})
-    found = admin.describe_topics(TopicCollection([topic]))[topic].result().topic_id
-    return uuid.UUID(int=((found.get_most_significant_bits() & (2**64 - 1)) << 64)
-                     | (found.get_least_significant_bits() & (2**64 - 1)))
 
 
 def port_base_flags(kafka) -> tuple[str, str]:
