@@ -122,3 +122,43 @@ def test_a_part_runs_after_the_machine_settled_and_its_log_says_for_how_long(tmp
     assert calls == ["settle", "main"]
     assert (tmp_path / "state.txt").read_text() == "the report\n"
     assert "settled for 3 s before it" in log[0]
+
+
+def with_fetches(row: dict, records_per_fetch: float) -> dict:
+    return {**row, "client": {"fetches": 100, "round_trip_ms": 4.0, "records_per_fetch": records_per_fetch}}
+
+
+def test_a_share_cell_whose_sides_hand_out_unlike_records_per_sharefetch_is_neither_met_nor_missed():
+    # Goal run 40: native handed out 399 records per ShareFetch on 32 partitions, the proxy 755, and
+    # the proxy's 1.25x counted as met.
+    proxy = with_fetches(share("share group x1, proxy", 1, 32, 2.0, 0.5), 755.0)
+    native = with_fetches(share("share group x1, native", 1, 32, 7.0, 5.0), 399.0)
+    [goal] = share_goals([proxy, native], [1], [32])
+    assert goal.measured > 1.1 and not goal.met
+    assert goal.unlike == "records per ShareFetch 755 vs 399 (native)"
+    assert "| not like for like | records per ShareFetch 755 vs 399 (native); " in goal.row()
+    # The other way round too: the proxy handing out half of native's says nothing of its speed.
+    [slower] = share_goals([with_fetches(share("share group x1, proxy", 1, 32, 9.0, 0.5), 399.0),
+                            with_fetches(share("share group x1, native", 1, 32, 7.0, 5.0), 755.0)], [1], [32])
+    assert slower.unlike and "**missed**" not in slower.row()
+
+
+def test_a_share_cell_within_the_allowed_spread_of_records_per_sharefetch_compares_as_usual():
+    # 697 (native, goal run 39) against 801 (the proxy): 1.15x apart, like for like.
+    [goal] = share_goals([with_fetches(share("share group x1, proxy", 1, 32, 2.0, 0.5), 801.0),
+                          with_fetches(share("share group x1, native", 1, 32, 7.0, 5.0), 697.0)], [1], [32])
+    assert goal.unlike == "" and goal.met
+    [at_limit] = share_goals([with_fetches(share("share group x1, proxy", 1, 32, 2.0, 0.5), 750.0),
+                              with_fetches(share("share group x1, native", 1, 32, 7.0, 5.0), 500.0)], [1], [32])
+    assert at_limit.unlike == ""  # exactly 1.5x apart
+
+
+def test_the_summary_counts_cells_not_like_for_like_apart(tmp_path, monkeypatch):
+    monkeypatch.setattr(goals, "run_part", lambda *args, **kwargs: [
+        with_fetches(share("share group x1, proxy", 1, 4, 2.0, 0.5), 800.0),
+        with_fetches(share("share group x1, native", 1, 4, 7.0, 5.0), 800.0),
+        with_fetches(share("share group x1, proxy", 1, 32, 2.0, 0.5), 755.0),
+        with_fetches(share("share group x1, native", 1, 32, 7.0, 5.0), 399.0)])
+    assert goals.main(["--out", str(tmp_path), "--parts", "share", "--share-consumers", "1",
+                       "--share-partitions", "4,32"]) == 0
+    assert "1 of 2 met, 1 not like for like." in (tmp_path / "goals.md").read_text()
