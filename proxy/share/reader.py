@@ -532,14 +532,23 @@ class Reader:
         if nursery is None:
             return
         wanted: list[_Held] = []
+        # Asked after every fetch for every partition of its session (32 for one member of a
+        # 32-partition topic): a topic is looked up again only when the topic id object changes
+        # (`order` runs topic by topic; hashing a UUID is a Python call), and each partition's
+        # next fetch offset is found once.
+        topic_id, topic = None, None
         for tp in order:
             leader = self.registry.active((group_id, tp[0], tp[1]))
-            topic = self.cluster.topic_by_id(tp[0])
-            if leader is None or topic is None or tp[1] not in topic.partitions or leader.read_lock.locked():
+            if leader is None or leader.read_lock.locked():
                 continue
-            if 0 <= leader.high_watermark <= leader.engine.next_fetch_offset():
+            if tp[0] is not topic_id:
+                topic_id, topic = tp[0], self.cluster.topic_by_id(tp[0])
+            if topic is None or tp[1] not in topic.partitions:
+                continue
+            offset = leader.engine.next_fetch_offset()
+            if 0 <= leader.high_watermark <= offset:
                 continue  # caught up at the last read: a fetch long-polls for more
-            if not self._cache_covers(leader, params.max_records):
+            if not self._cache_covers(leader, params.max_records, offset):
                 wanted.append((tp, leader, topic))
         if wanted:
             nursery.start_soon(self._read_ahead_task, wanted, params.max_records, params.max_bytes)
@@ -610,13 +619,15 @@ class Reader:
             trio.current_time() - leader.caught_up_at < CAUGHT_UP_RECHECK_S
             or (*leader.key, offset) in self._long_polls)
 
-    def _cache_covers(self, leader: Leader, records: int) -> bool:
-        """Whether the read cache holds `records` from the next fetch offset on, or all the log has."""
+    def _cache_covers(self, leader: Leader, records: int, offset: int | None = None) -> bool:
+        """Whether the read cache holds `records` from the next fetch offset on (`offset`, when the
+        caller has it), or all the log has."""
         cache = leader.cache
         if cache is None:
             return False
         engine = leader.engine
-        offset = engine.next_fetch_offset()
+        if offset is None:
+            offset = engine.next_fetch_offset()
         batches = cache.batches_from(offset)
         if not batches:
             return False
