@@ -755,7 +755,7 @@ class ShareService:
         # its last acknowledgements, but acquires nothing more: its heartbeat tells it to rejoin.
         renew = getattr(request, "is_renew_ack", False)
         allowed = ([tp for tp in context.session.partitions if tp[0] not in denied] if denied
-                   else list(context.session.partitions))  # (the test hashes every topic id)
+                   else list(context.session.partitions))  # (testing even an empty set hashes each id)
         not_led = [] if self.ownership is None else [tp for tp in allowed if not self.ownership.leads(*tp)]
         if not_led:
             allowed = [tp for tp in allowed if tp not in not_led]
