@@ -80,8 +80,10 @@ class Goal:
 # How far apart the two sides' records per ShareFetch may be for a share cell to compare like with
 # like. With one consumer the round trip sets the pace, so the side handing out fewer records per
 # ShareFetch streams slower for that alone. Native's count on 32 partitions changed between runs on
-# the same workload, 349-833 against the proxy's 701-801 (docs/benchmarks.md, goal run 40): the
-# comparable runs were within 1.15x of each other, the others 1.9-2.0x apart.
+# the same workload, 349-833 against the proxy's 701-801 (docs/benchmarks.md, goal run 40), with the
+# topic's log batches, which the produce step sizes by timing ("Native's records per ShareFetch
+# follow the topic's log batches"): the comparable runs were within 1.15x of each other, the others
+# 1.9-2.0x apart.
 UNLIKE_RECORDS_PER_FETCH = 1.5
 
 
