@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaException, TopicCollection
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from proxy.localkafka.broker import die_with_parent
@@ -169,6 +169,17 @@ def unique_name(prefix: str) -> str:
 def admin_client(bootstrap: str, client_config: dict[str, str] | None = None) -> AdminClient:
     """An AdminClient on `bootstrap`; `client_config` adds settings (a secured broker's credentials)."""
     return AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 10000, **(client_config or {})})
+
+
+def topic_id_of(bootstrap: str, topic: str, client_config: dict[str, str] | None = None) -> uuid.UUID:
+    """The id the broker gave `topic`."""
+    # Keep the client referenced until the future resolves: a client collected mid-call fails it
+    # with _DESTROY.
+    admin = admin_client(bootstrap, client_config)
+    found = admin.describe_topics(TopicCollection([topic]))[topic].result(timeout=30).topic_id
+    mask = (1 << 64) - 1
+    return uuid.UUID(int=((found.get_most_significant_bits() & mask) << 64)
+                     | (found.get_least_significant_bits() & mask))
 
 
 def create_topics(

@@ -465,15 +465,6 @@ def in_child(part: str, spec: dict) -> dict:
 # ----- end-to-end replay against a real broker --------------------------------------------------
 
 
-def topic_uuid(admin, topic: str) -> uuid.UUID:
-    from confluent_kafka import TopicCollection
-
-    description = admin.describe_topics(TopicCollection([topic]))[topic].result(timeout=30)
-    tid = description.topic_id
-    mask = (1 << 64) - 1
-    return uuid.UUID(int=((tid.get_most_significant_bits() & mask) << 64) | (tid.get_least_significant_bits() & mask))
-
-
 def write_state_topic(bootstrap: str, topic: str, records: Iterable[tuple[int, bytes, bytes | None]],
                       ) -> tuple[int, float]:
     """Append (partition, key, value) records with the state writer's producer settings; returns
@@ -560,14 +551,14 @@ class LivenessPoller:
 def end_to_end(args: argparse.Namespace, groups: int, partitions: int, counts: Sequence[int], log_dir: Path) -> list[dict]:
     """One broker; per record count a fresh state topic, written, then a fresh proxy replaying it."""
     from integration.bench.procfs import proc_status_kib
-    from integration.kafka_fixtures import ProxyProcess, admin_client, create_topics, unique_name
+    from integration.kafka_fixtures import ProxyProcess, create_topics, topic_id_of, unique_name
     from proxy.localkafka import LocalKafka
     from proxy.localkafka.broker import free_port
 
     rows = []
     with LocalKafka(version=args.kafka_version, share_groups=False, data_dir=log_dir / "kafka") as kafka:
         topic = create_topics(kafka.bootstrap, [unique_name("cost-model")], partitions=partitions)[0]
-        topic_id = topic_uuid(admin_client(kafka.bootstrap), topic)
+        topic_id = topic_id_of(kafka.bootstrap, topic)
         for records in counts:
             out: dict = {"groups": groups, "partitions": partitions, "records": records}
             state_topic = unique_name("__cost_model_state")

@@ -42,13 +42,12 @@ from integration.bench.cost_model import (
     http_get,
     state_partitions,
     state_records,
-    topic_uuid,
     write_layout_2_state_topic,
 )
 from integration.bench.procfs import proc_status_kib
 from integration.bench.scale_bench import wait_for_owners
 from integration.bench.share_bench import parse_trees, proxy_samples, rotated
-from integration.kafka_fixtures import ProxyProcess, admin_client, create_topics, unique_name
+from integration.kafka_fixtures import ProxyProcess, create_topics, topic_id_of, unique_name
 from proxy.localkafka import DEFAULT_VERSION, LocalKafka
 from proxy.localkafka.broker import free_port
 
@@ -216,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="gain-stall-") as tmp, \
             LocalKafka(version=args.kafka_version, share_groups=False, data_dir=Path(tmp) / "kafka") as kafka:
         topic = create_topics(kafka.bootstrap, [unique_name("gain-stall")], partitions=args.partitions)[0]
-        topic_id = topic_uuid(admin_client(kafka.bootstrap), topic)
+        topic_id = topic_id_of(kafka.bootstrap, topic)
         for repeat in range(args.repeat):
             for name, path in rotated(trees, repeat):
                 row = {"tree": name, "repeat": repeat + 1, **measure(kafka, topic_id, path, args, Path(tmp))}

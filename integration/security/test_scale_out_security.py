@@ -26,7 +26,7 @@ from confluent_kafka import Producer
 from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
 
-from integration.kafka_fixtures import create_topic, unique_name
+from integration.kafka_fixtures import create_topic, topic_id_of, unique_name
 from integration.security.tls_fixtures import Pki, listener_flags, tls_client
 from integration.security_fixtures import grant
 from integration.share.conftest import ProxyStarter, wait_until
@@ -35,7 +35,6 @@ from integration.share.test_scale_out import (
     Instances,
     accept_ten_release_ten,
     group_homed_on,
-    topic_id_of,
 )
 from proxy.config import Secret, parse_host_port
 from proxy.security import ServiceCredentials, UpstreamSecurity

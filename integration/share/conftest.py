@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from confluent_kafka import AcknowledgeType, KafkaException, Message, Producer, ShareConsumer, TopicCollection
+from confluent_kafka import AcknowledgeType, KafkaException, Message, Producer, ShareConsumer
 from confluent_kafka.admin import AdminClient, NewTopic
 from kio.index import load_request_schema
 
@@ -181,14 +181,6 @@ def names(request: pytest.FixtureRequest) -> Names:
     stem = re.sub(r"[^A-Za-z0-9]+", "-", request.node.name)[:60].strip("-")
     suffix = uuid.uuid4().hex[:8]
     return Names(topic=f"t-{stem}-{suffix}", group=f"g-{stem}-{suffix}")
-
-
-def topic_id_of(bootstrap: str, topic: str, client_config: dict | None = None) -> uuid.UUID:
-    """The id the broker gave `topic`."""
-    admin = AdminClient({"bootstrap.servers": bootstrap, **(client_config or {})})
-    found = admin.describe_topics(TopicCollection([topic]))[topic].result().topic_id
-    return uuid.UUID(int=((found.get_most_significant_bits() & (2**64 - 1)) << 64)
-                     | (found.get_least_significant_bits() & (2**64 - 1)))
 
 
 @pytest.fixture

@@ -485,7 +485,7 @@ def test_records_archiving_at_an_instance_are_dead_lettered_once_after_their_par
     until their delivery time-out (--state-write-timeout-ms): a cancelled round cannot take them
     back, so a broker back sooner gets them too -- at least once, as DeadLetterWriter.cancel says.
     The test starts broker 2 only after that time-out, so each letter is written once."""
-    from integration.share.conftest import topic_id_of
+    from integration.kafka_fixtures import topic_id_of
     from integration.share.test_scale_out import STATE_PARTITIONS, Instances, port_base_flags
     from proxy.share.ownership import ServiceOwnership
 

@@ -44,9 +44,9 @@ from integration.share.conftest import (
     produce,
     scrape_metrics,
     share_consumer,
-    topic_id_of,
     wait_until,
 )
+from integration.kafka_fixtures import topic_id_of
 from proxy.localkafka.broker import free_port
 from proxy.share.ownership import DEFAULT_GROUP_PREFIX, ServiceOwnership, describe_members, owner_map
 

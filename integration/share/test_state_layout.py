@@ -25,8 +25,8 @@ from integration.share.conftest import (
     poll_until,
     produce,
     share_consumer,
-    topic_id_of,
 )
+from integration.kafka_fixtures import topic_id_of
 from proxy.config import ProxyConfig
 from proxy.share import state_store
 from proxy.share.persister import replay_state_topic, route_partition

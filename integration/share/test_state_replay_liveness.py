@@ -20,12 +20,11 @@ import pytest
 from integration.bench.cost_model import (
     LivenessPoller,
     state_records,
-    topic_uuid,
     write_layout_2_state_topic,
 )
 from integration.share.conftest import metric, scrape_metrics
 from integration.bench.procfs import proc_status_kib
-from integration.kafka_fixtures import admin_client
+from integration.kafka_fixtures import topic_id_of
 from proxy.localkafka import free_port
 
 pytestmark = pytest.mark.integration
@@ -41,7 +40,7 @@ RELEASED_AT_LEAST_KIB = 64 * 1024
 
 def test_healthz_answers_through_a_long_replay(kafka, share_proxy, create_topic):
     topic = create_topic(f"replay-liveness-{uuid.uuid4().hex[:8]}", partitions=PARTITIONS)
-    topic_id = topic_uuid(admin_client(kafka.bootstrap), topic)
+    topic_id = topic_id_of(kafka.bootstrap, topic)
     state_topic = f"__share_proxy_state_{uuid.uuid4().hex[:12]}"
     written, _ = write_layout_2_state_topic(kafka.bootstrap, state_topic,
                                             state_records(GROUPS, PARTITIONS, RECORDS, topic_id=topic_id))
