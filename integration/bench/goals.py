@@ -5,7 +5,8 @@ sides are measured in the same run, and prints one table of the goals:
 
 1. ``share_bench``: share consumption through the proxy vs Kafka's native share groups (Kafka's
    ShareConsumerPerformance, the Java KafkaShareConsumer), streaming rate after the first record,
-   at each --consumers count and --partitions shape (1,000,000 records by default); the whole-run
+   at each --consumers count and --partitions shape (1,000,000 records by default, each topic filled
+   partition by partition in full 1 MB batches from run 42 on: ``share_bench --fill``); the whole-run
    rate beside it, the consumers' own ShareFetch round trip and time per cycle on both sides
    (the Java client's metrics), and what the streaming cost the machine in CPU per record on both
    sides and how busy its cores were. Goal ≥ 1.1. A cell whose sides' consumers counted records
@@ -216,7 +217,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "share" in parts:
         numbers = run_part("share", args.out, share_bench.main, [
             "--records", str(args.share_records), "--consumers", args.share_consumers,
-            "--partitions", args.share_partitions, "--repeat", str(args.share_repeat), "--hop"], log)
+            "--partitions", args.share_partitions, "--repeat", str(args.share_repeat), "--hop",
+            "--fill", "partition-by-partition"], log)
         goals += share_goals(numbers, [int(c) for c in args.share_consumers.split(",")],
                              [int(p) for p in args.share_partitions.split(",")])
     if "passthrough" in parts:

@@ -88,6 +88,12 @@ hop (``integration.bench.hop``: splice threads, no Kafka spoken, nothing per byt
 broker gets a second listener that advertises the hop, as in ``passthrough --hop``). What it
 measures against native is what one more process on the path costs share consumption on this
 machine before any proxy does work of its own; its row carries the hop's CPU in the proxy column.
+
+Native hands out whole log batches, so a topic's batches shape its ShareFetches (stop 55). Topics
+are filled one partition after another in full 1 MB batches (about 960 records of 1 KiB), the
+same cut every run, and each topic's batches are printed when it is made. ``--fill round-robin``
+fills as goal runs 11-41 did: round robin with linger.ms 5, whose batches on 32 partitions came
+out at a median of 52 to 960 records from topic to topic.
 """
 
 from __future__ import annotations
@@ -113,10 +119,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from confluent_kafka import Producer
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 from prometheus_client.parser import text_string_to_metric_families
 
-from integration.bench.passthrough import Target, parse_variant, produce, start_kafka_behind_a_hop
+from codec.records import RecordBatchHeader, iter_batches
+from integration.bench.passthrough import Target, parse_variant, produce, split, start_kafka_behind_a_hop
 from integration.bench.procfs import proc_status_kib, process_cpu_seconds
 from integration.kafka_fixtures import ProxyProcess, admin_client, create_topics, kafka_tools_jar, unique_name
 from proxy.localkafka import DEFAULT_VERSION, LocalKafka
@@ -672,14 +680,94 @@ def set_native_share_reset_earliest(bootstrap: str, group: str) -> None:
 # ----- the run --------------------------------------------------------------------------------------
 
 
-def shape_topics(bootstrap: str, args: argparse.Namespace) -> dict[int, str]:
-    """One topic per --partitions shape, each holding the same records."""
+FILL_BATCH_BYTES = 1_000_000  # the producer's batch.size: about 960 records of 1 KiB per batch
+
+
+def fill_partition_by_partition(bootstrap: str, topic: str, partitions: int, records: int, size: int) -> None:
+    """Fill `topic` one partition after another, each in full batches of FILL_BATCH_BYTES (its last
+    one partial). A linger far longer than a batch takes to fill means no batch leaves early, so
+    every run's topic is cut the same way, whatever the machine's timing."""
+    value = os.urandom(size)
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 1000,
+                         "batch.size": FILL_BATCH_BYTES, "batch.num.messages": 1_000_000,
+                         "compression.type": "none", "queue.buffering.max.messages": 1_000_000,
+                         "queue.buffering.max.kbytes": 2_097_151})
+    failures = []
+
+    def on_delivery(error: object, _message: object) -> None:
+        if error is not None:
+            failures.append(error)
+
+    key = 0
+    for partition, count in enumerate(split(records, partitions)):
+        for _ in range(count):
+            while True:
+                try:
+                    producer.produce(topic, value=value, key=str(key).encode(), partition=partition,
+                                     on_delivery=on_delivery)
+                    break
+                except BufferError:
+                    producer.poll(0.01)
+            key += 1
+        # Flush each partition: its last batch leaves partial, and the next partition's records
+        # cannot share a produce request's timing with it.
+        if producer.flush(120) != 0:
+            raise RuntimeError(f"filling {topic}: partition {partition} was not delivered within 120 s")
+    if failures:
+        raise RuntimeError(f"filling {topic}: {len(failures)} records failed, the first: {failures[0]}")
+
+
+def fill_round_robin(bootstrap: str, topic: str, partitions: int, records: int, size: int) -> None:
+    """The fill of goal runs 11-41: records round robin over the partitions, linger.ms 5 (the
+    pass-through benchmark's produce). On many partitions whether a batch fills or leaves at its
+    linger depends on timing, so the topic's batches differ from run to run."""
+    produce(Target("direct", bootstrap), topic, partitions, records, size, "none")
+
+
+FILLS = {"partition-by-partition": fill_partition_by_partition, "round-robin": fill_round_robin}
+
+
+def batch_record_counts(log_dirs: Path, topic: str) -> dict[int, list[int]]:
+    """Records per log batch of each partition of `topic`, in log order, read from the broker's
+    segment files under `log_dirs`."""
+    counts: dict[int, list[int]] = {}
+    # Kafka's topic names hold no glob characters; the match keeps out a topic named `topic`-x.
+    for segment in sorted(log_dirs.glob(f"{topic}-*/*.log")):
+        found = re.fullmatch(re.escape(topic) + r"-(\d+)", segment.parent.name)
+        if found is None:
+            continue
+        counts.setdefault(int(found[1]), []).extend(
+            batch.record_count for batch in iter_batches(segment.read_bytes()) if isinstance(batch, RecordBatchHeader))
+    return counts
+
+
+def describe_batches(counts: Sequence[int]) -> str:
+    """'N batches, records per batch: median M, deciles 10-90 % a, b, ...'."""
+    if not counts:
+        return "no batches found"
+    ordered = sorted(counts)
+    def at(fraction: float) -> int:
+        return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+    deciles = ", ".join(str(at(tenth / 10)) for tenth in range(1, 10))
+    return f"{len(ordered):,} batches, records per batch: median {at(0.5)}, deciles 10-90 % {deciles}"
+
+
+def shape_topics(kafka: LocalKafka, args: argparse.Namespace) -> dict[int, str]:
+    """One topic per --partitions shape, each holding the same records, filled by --fill; each
+    topic's log batches are reported (native hands out whole batches, so they shape its fetches)."""
     topics = {}
     for partitions in args.partitions:
-        topic = create_topics(bootstrap, [unique_name(f"bench-share-p{partitions}")], partitions=partitions)[0]
-        produce(Target("direct", bootstrap), topic, partitions, args.records, args.size, "none")
-        topics[partitions] = topic
+        topics[partitions] = fill_topic(kafka, args, partitions, f"bench-share-p{partitions}")
     return topics
+
+
+def fill_topic(kafka: LocalKafka, args: argparse.Namespace, partitions: int, stem: str) -> str:
+    topic = create_topics(kafka.bootstrap, [unique_name(stem)], partitions=partitions)[0]
+    FILLS[args.fill](kafka.bootstrap, topic, partitions, args.records, args.size)
+    per_partition = batch_record_counts(kafka.data_dir / "kraft", topic)
+    layout = describe_batches([count for counts in per_partition.values() for count in counts])
+    print(f"  {topic} ({args.fill}): {layout}", file=sys.stderr, flush=True)
+    return topic
 
 
 def rotated(items: Sequence, shift: int) -> list:
@@ -715,7 +803,7 @@ def phase_proxy(args: argparse.Namespace, tools: PerfTools, log_dir: Path, *, na
             kafka, hop = start_kafka_behind_a_hop(stack, **kafka_options)
         else:
             kafka, hop = stack.enter_context(LocalKafka(**kafka_options)), None
-        topics = shape_topics(kafka.bootstrap, args)
+        topics = shape_topics(kafka, args)
         proxies = []  # (tree name, proxy, metrics url), every tree's proxy in front of the same broker
         for tree, path, variant_args in args.sides:
             metrics_port = free_port()
@@ -833,8 +921,7 @@ def phase_authorization(args: argparse.Namespace, tools: PerfTools, log_dir: Pat
     results: list[Measurement] = []
     with LocalKafka(version=args.kafka_version, share_groups=False, data_dir=log_dir / "kafka") as kafka:
         partitions = args.partitions  # main() narrowed it to the one shape
-        topic = create_topics(kafka.bootstrap, [unique_name("bench-share")], partitions=partitions)[0]
-        produce(Target("direct", kafka.bootstrap), topic, partitions, args.records, args.size, "none")
+        topic = fill_topic(kafka, args, partitions, "bench-share")
         modes = list(args.share_authorization)
         for run in range(args.repeat):
             # Each repeat starts with another mode: on a shared machine the first runs of a round
@@ -880,7 +967,7 @@ def authorization_table(results: Sequence[Measurement], modes: Sequence[str], co
 def phase_native(args: argparse.Namespace, tools: PerfTools, log_dir: Path) -> list[Measurement]:
     results: list[Measurement] = []
     with LocalKafka(version=args.kafka_version, share_groups=True, data_dir=log_dir / "native-kafka") as kafka:
-        topics = shape_topics(kafka.bootstrap, args)
+        topics = shape_topics(kafka, args)
         for _ in range(args.repeat):
             for partitions, topic in topics.items():
                 for consumers in args.consumers:
@@ -1108,6 +1195,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--hop", action="store_true",
                         help="also run Kafka's native share groups through a bare TCP hop (kernel splice, no Kafka "
                              "spoken): what one more process on the path costs them")
+    parser.add_argument("--fill", choices=sorted(FILLS), default="partition-by-partition",
+                        help="how the topics are filled: one partition after another in full 1 MB batches (the "
+                             "default since goal run 42), or round robin with linger.ms 5 as in runs 11-41, whose "
+                             "batches on many partitions differ from run to run")
     parser.add_argument("--share-authorization", type=lambda s: s.split(","), default=None,
                         help="measure these --share-authorization modes against each other instead (e.g. off,cluster)")
     args = parser.parse_args(argv)

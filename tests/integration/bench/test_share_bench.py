@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from codec.records import encode_batch
 from integration.bench.share_bench import (
     ClientFetches,
+    batch_record_counts,
+    describe_batches,
     CpuSampler,
     CpuUse,
     Measurement,
@@ -334,3 +337,26 @@ def test_report_progress_gives_the_proxys_resident_memory_when_it_was_read(capsy
     assert "; proxy resident 100 MiB after the run, 150 MiB at most so far" in capsys.readouterr().err
     report_progress(run)  # native runs, and a proxy whose /proc could not be read
     assert "resident" not in capsys.readouterr().err
+
+
+def test_batch_record_counts_reads_every_partition_of_the_topic_and_no_other(tmp_path):
+    for directory, batches in {"bench-7": [3, 2], "bench-12": [5], "bench-x-0": [9], "bench-7x": [9]}.items():
+        (tmp_path / directory).mkdir()
+        offset, data = 0, b""
+        for count in batches:
+            data += encode_batch(offset, [b"v"] * count)
+            offset += count
+        (tmp_path / directory / "00000000000000000000.log").write_bytes(data)
+    (tmp_path / "bench-7" / "00000000000000000000.index").write_bytes(b"\0" * 8)
+
+    assert batch_record_counts(tmp_path, "bench") == {7: [3, 2], 12: [5]}
+
+
+def test_describe_batches_gives_the_median_and_the_deciles():
+    counts = [960] * 90 + [40] * 10
+
+    assert describe_batches(counts) == (
+        "100 batches, records per batch: median 960, deciles 10-90 % 960, 960, 960, 960, 960, 960, 960, 960, 960")
+    assert describe_batches([1, 2, 3, 4, 5, 6, 7, 8, 9, 10]).startswith(
+        "10 batches, records per batch: median 6, deciles 10-90 % 2, 3, 4, 5, 6, 7, 8, 9, 10")
+    assert describe_batches([]) == "no batches found"
