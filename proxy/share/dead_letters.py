@@ -595,7 +595,7 @@ class DeadLetterWriter:
             if delta is not None:
                 self.service.commits.record(leader, delta, Cause.DEAD_LETTERED)
         # The SPSO may have moved and the window shrunk: waiting fetches may acquire now.
-        self.service.work.fire()
+        self.service.work.fire(leader.key)
 
     def _give_up(self, leader: Leader, runs: list[ArchivingRun], topic: str, problem: TopicProblem) -> None:
         offsets = [offset for run in runs for offset in range(run.first_offset, run.last_offset + 1)]

@@ -173,7 +173,7 @@ class ShareService:
         )
         # Partitions members dropped from their sessions while holding records there.
         self.forgotten = ForgottenPartitions()
-        self.work = WorkSignal()  # fired when records may have become acquirable anywhere
+        self.work = WorkSignal()  # fired when records may have become acquirable on a share-partition
         self.commits = CommitPipeline(writer, config.state_topic, wall_clock=wall_clock,
                                       on_settled=self._settled, clock=clock, deltas=config.state_deltas,
                                       max_writes_in_flight=config.state_writes_in_flight)
@@ -266,9 +266,9 @@ class ShareService:
     # ----- timers ---------------------------------------------------------------------
 
     def _settled(self, leader: Leader) -> None:
-        """Staged changes of `leader` committed or rolled back: wake fetches, queue lock deadlines."""
+        """Staged changes of `leader` committed or rolled back: wake its fetches, queue lock deadlines."""
         self._schedule(leader)
-        self.work.fire()
+        self.work.fire(leader.key)
 
     def deadline_changed(self, leader: Leader) -> None:
         """A route changed `leader`'s deadlines (e.g. a progress mark starts its sweeps): queue them."""
@@ -298,12 +298,12 @@ class ShareService:
             self._timer_wakeup = trio.Event()
 
     def _expire(self, now: int) -> None:
-        released = False
+        released = []
         for leader in self.leaders.due(now):
             # The group's current staleness threshold and max extension govern this sweep.
             self.leaders.refresh_config(leader)
             delta = leader.engine.expire(now)
-            released = True
+            released.append(leader.key)
             if delta is not None:
                 self.commits.record(leader, delta, Cause.LOCK_EXPIRED)
             # IN_PROGRESS records are not under the lock: the sweep (every staleness threshold / 4)
@@ -313,8 +313,8 @@ class ShareService:
                     self.commits.record(leader, release.delta, RELEASE_CAUSES[release.reason])
             self.leaders.schedule(leader)
         self.handle_events(self.coordinator.expire(now))
-        if released:
-            self.work.fire()
+        for key in released:
+            self.work.fire(key)
 
     def _park_idle(self) -> None:
         idle_groups = [g for g in self.coordinator.group_ids() if not self.coordinator.has_members(g)]
@@ -412,10 +412,10 @@ class ShareService:
         """Release what `member_id` holds on `leaders`: ACQUIRED records at once (no delivery
         counted), stale IN_PROGRESS ones at once, fresh IN_PROGRESS ones after the rebalance grace
         (the draft KIP's "Rebalance flow"; a rejoin with the same member id keeps them)."""
-        released = False
         now = self.clock()
         for leader in leaders:
             self.leaders.refresh_config(leader)  # the group's current staleness threshold and grace
+            released = False
             delta = leader.engine.release_member(member_id, now=now)
             if delta is not None:
                 self.commits.record(leader, delta, Cause.MEMBER_RELEASED)
@@ -425,8 +425,8 @@ class ShareService:
                 self.commits.record(leader, stale.delta, Cause.STALE_RELEASED)
                 released = True
             self._schedule(leader)  # records held for the grace have a deadline now
-        if released:
-            self.work.fire()
+            if released:
+                self.work.fire(leader.key)
 
     async def _initialize_partitions(self, group_id: str, partitions: Iterable[TopicIdPartition]) -> None:
         done = []
@@ -591,7 +591,7 @@ class ShareService:
         results: AckResults = {}
         waits: list[tuple[TopicIdPartition, Leader, int]] = []
         now = self.clock()
-        released = False
+        released: list[SharePartitionKey] = []  # where records became acquirable at once
         group_id, member_id = session.group_id, session.member_id
         watching = self.forgotten.watching(session)
         acknowledged: list[tuple[TopicIdPartition, int]] = []  # (partition, newest lock acknowledged there)
@@ -636,7 +636,7 @@ class ShareService:
                 # write), and that wakes waiting fetches (_settled). Woken now as well, they only
                 # looked and waited again. A change applied at once wakes them now.
                 if staged is not None and not staged.change_id:
-                    released = True
+                    released.append(leader.key)
                 self._schedule(leader)  # a renewal moves the lock deadline
                 if staged is not None:
                     waits.append((tp, leader, self.commits.record(leader, staged.delta, Cause.ACKNOWLEDGED, staged)))
@@ -644,18 +644,18 @@ class ShareService:
                     # Nothing changed now but an earlier change of this partition is not durable
                     # yet: answer only once it is.
                     waits.append((tp, leader, self.commits.touch(leader)))
-        if acknowledged and self._release_abandoned(session, acknowledged):
-            released = True
-        if released:
-            self.work.fire()
+        if acknowledged:
+            released += self._release_abandoned(session, acknowledged)
+        for key in released:
+            self.work.fire(key)
         return results, waits
 
-    def _release_abandoned(self, session: SessionKey, acknowledged) -> bool:
+    def _release_abandoned(self, session: SessionKey, acknowledged) -> list[SharePartitionKey]:
         """Release what `member_id` still holds on partitions it forgot and was handed before the
         records it has just acknowledged: those will never be acknowledged (Kafka's Java client
         before 4.4 drops them; see sessions.ForgottenPartitions). Counted as a delivery, like a lock
-        expiry, and not staged: no client waits on it."""
-        released = False
+        expiry, and not staged: no client waits on it. Returns the share-partitions it released on."""
+        released: list[SharePartitionKey] = []
         group_id, member_id = session.group_id, session.member_id
         view = self.sessions.get(session.node_id, group_id, member_id)
         fetched = view.partitions if view is not None else frozenset()
@@ -667,7 +667,7 @@ class ShareService:
             delta = leader.engine.release_abandoned(member_id, mark)
             if delta is not None:
                 self.commits.record(leader, delta, Cause.LOCK_EXPIRED)
-                released = True
+                released.append(leader.key)
                 log.debug("released records abandoned on a forgotten partition", group=group_id,
                           member=member_id, topic_id=str(tp[0]), partition=tp[1])
             elif tp not in fetched and member_id not in leader.engine.members():

@@ -33,6 +33,10 @@ RECORDS_ACQUIRED = Counter("ksp_share_records_acquired", "Records acquired by sh
 SELF_PINNED_ANSWERS = Counter("ksp_share_fetch_self_pinned",
                               "ShareFetches answered empty before MaxWaitMs because their member held the record "
                               "pinning a full record-lock window")
+FETCH_WAKEUPS = Counter("ksp_share_fetch_wakeups",
+                        "Waiting ShareFetches woken by a release, an expiry or new records upstream, by what the "
+                        "round after the wake-up found: records, or nothing (another fetch took them first)",
+                        ["outcome"])
 BACKGROUND_TASK_CRASHES = Counter("ksp_background_task_crashes",
                                   "Unexpected errors in background tasks (each restarted with backoff)", ["task"])
 READ_CACHE_BYTES = Gauge("ksp_share_read_cache_bytes", "Log bytes held by the share-partition read caches")

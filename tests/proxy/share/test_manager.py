@@ -620,16 +620,17 @@ async def test_an_acknowledgement_wakes_waiting_fetches_once_durable_not_when_st
     await trio.sleep(1)  # let the writer settle the group records and the initialisation
     engine = harness.service.leaders.active((GROUP, *TP)).engine
     harness.writer.hold = trio.Event()
-    wake_up = harness.service.work.event  # what a fetch waiting now waits on
+    work = harness.service.work
+    mark = work.mark()  # what a fetch that looked now waits from
 
     async with trio.open_nursery() as acknowledging:
         acknowledging.start_soon(harness.acknowledge, holder, [(TP, 0, 49, RELEASE), (TP, 50, 99, ACCEPT)])
         await trio.sleep(1)
         assert not engine.can_acquire()
-        assert not wake_up.is_set(), "waiting fetches woken by an acknowledgement that freed nothing yet"
+        assert work.fired == mark, "waiting fetches woken by an acknowledgement that freed nothing yet"
         harness.writer.hold.set()
     assert engine.can_acquire()
-    assert wake_up.is_set()  # the durable write woke them
+    assert work.fired > mark  # the durable write woke them
 
 
 # ----- lock expiry and releases without a delivery ---------------------------------------------

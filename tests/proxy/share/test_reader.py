@@ -10,6 +10,7 @@ import uuid
 
 import pytest
 import trio
+import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -1048,3 +1049,85 @@ async def test_dropped_caches_leave_their_batch_headers_together_and_a_read_back
     budget.store(lead, ReadCache(later, tuple(iter_batches(later)), ()))
     budget.drop(lead)
     assert [b.base_offset for b in lead.dropped_batches] == [20]
+
+
+# ----- waking waiting fetches: by share-partition ------------------------------------------------
+
+OTHER_GROUP_KEY = ("another-group", TOPIC_ID, 0)
+
+
+async def test_a_fire_wakes_only_the_fetches_waiting_on_its_share_partition(nursery, autojump_clock):
+    work = reader.WorkSignal()
+    ended: dict[str, tuple[bool, float]] = {}
+
+    async def wait(name: str, keys) -> None:
+        ended[name] = (await work.wait(keys, work.mark(), trio.current_time() + 5), trio.current_time())
+
+    nursery.start_soon(wait, "partition 0", [(GROUP, TOPIC_ID, 0)])
+    nursery.start_soon(wait, "partitions 0 and 1", [(GROUP, TOPIC_ID, 0), (GROUP, TOPIC_ID, 1)])
+    nursery.start_soon(wait, "partition 1", [(GROUP, TOPIC_ID, 1)])
+    nursery.start_soon(wait, "another group", [OTHER_GROUP_KEY])
+    await trio.sleep(1)
+    assert work.waiting((GROUP, TOPIC_ID, 0)) == 2
+    work.fire((GROUP, TOPIC_ID, 0))
+    await trio.sleep(1)
+    assert ended == {"partition 0": (True, 1.0), "partitions 0 and 1": (True, 1.0)}
+    assert work.waiting((GROUP, TOPIC_ID, 0)) == 0
+    assert work.waiting((GROUP, TOPIC_ID, 1)) == 1  # the woken fetch no longer waits on its other key
+    work.fire()  # all: a hand-over, a partition gained
+    await trio.testing.wait_all_tasks_blocked()
+    assert ended["partition 1"] == (True, 2.0) and ended["another group"] == (True, 2.0)
+    assert work.waiting((GROUP, TOPIC_ID, 1)) == work.waiting(OTHER_GROUP_KEY) == 0
+
+
+async def test_a_wait_ends_at_once_after_a_fire_since_its_mark_and_at_its_deadline_unwoken(autojump_clock):
+    work = reader.WorkSignal()
+    mark = work.mark()
+    work.fire(OTHER_GROUP_KEY)  # while the fetch looked: it looks again rather than miss it
+    assert await work.wait([(GROUP, TOPIC_ID, 0)], mark, trio.current_time() + 5) is True
+    assert trio.current_time() == 0
+    assert await work.wait([(GROUP, TOPIC_ID, 0)], work.mark(), trio.current_time() + 5) is False
+    assert trio.current_time() == 5
+    assert work.waiting((GROUP, TOPIC_ID, 0)) == 0  # nothing left behind by a wait that timed out
+
+
+async def test_an_acknowledgement_on_one_partition_wakes_no_fetch_waiting_on_another(nursery, autojump_clock):
+    # Each partition's record locks are all held, and the waiter's session has partition 1 only.
+    # Acknowledging partition 0 frees nothing it could take: woken, it only looked and waited again
+    # (with one signal for all, every acknowledgement anywhere woke every waiting fetch).
+    from proxy.share import metrics
+
+    harness = await start_service(nursery, cluster=FakeCluster(partitions=2),
+                                  config=service_config(max_record_locks=100))
+    tp0, tp1 = (TOPIC_ID, 0), (TOPIC_ID, 1)
+    for partition in (0, 1):
+        for _ in range(2):
+            harness.cluster.append([b"x"] * 100, partition=partition)
+    holder, waiter = harness.member("holder"), harness.member("waiter")
+    held = await harness.fetch(holder, partitions=(tp0, tp1), max_records=1_000)
+    assert acquired(held, tp0) == [(0, 99, 1)] and acquired(held, tp1) == [(0, 99, 1)]
+
+    def wakeups() -> float:
+        return sum(metrics.FETCH_WAKEUPS.labels(outcome=o)._value.get() for o in ("records", "nothing"))
+
+    async def long_poll(trigger) -> tuple[dict, float]:
+        results = []
+        async with trio.open_nursery() as waiting:
+            async def fetch() -> None:
+                results.append(await harness.fetch(waiter, partitions=(tp1,), max_wait_ms=10_000))
+
+            waiting.start_soon(fetch)
+            await trio.sleep(1.2)  # off the 0.5 s grid of the periodic re-check
+            triggered_at = trio.current_time()
+            await trigger()
+        return results[0], triggered_at
+
+    before = wakeups()
+    result, _ = await long_poll(lambda: harness.acknowledge(holder, [(tp0, 0, 99, ACCEPT)]))
+    assert acquired(result, tp1) == []  # nothing freed on partition 1 in the whole wait
+    assert wakeups() == before
+    # The same acknowledgement on the waiter's partition wakes it, and it takes what it freed.
+    result, accepted_at = await long_poll(lambda: harness.acknowledge(holder, [(tp1, 0, 99, ACCEPT)]))
+    assert acquired(result, tp1) == [(100, 199, 1)]
+    assert trio.current_time() - accepted_at < 0.1
+    assert wakeups() == before + 1
