@@ -16,6 +16,12 @@ What a user sizes a deployment with, measured at several shapes (groups x partit
   lock due at once, the snapshot writes that expiry causes (``CommitPipeline.write_once`` with a
   writer that drops the records: encoding and bookkeeping only), and ``ShareService._park_idle``
   (the 30 s idle sweep) over member-less groups that all hold records;
+* **wake-ups** -- what one acknowledgement's settling costs the event loop while fetches wait: one
+  member per group long-polls all its group's share-partitions, every window full (held by another
+  member), and a busy group's share-partition fires (``WorkSignal.fire``, as
+  ``ShareService._settled`` does) until every woken fetch waits again; CPU per fire and fetches
+  woken per fire, with the signal that wakes only the fetches waiting on that share-partition and,
+  side by side, with a broadcast that wakes every waiting fetch (the signal before stop 57);
 * **state replay** -- real state records built with ``state_store``'s encoders (group metadata and
   partitions records, ShareSnapshots), folded by ``state_store.recover`` (decode included) and
   served by ``ShareService.restore`` (engines rebuilt), in process; steady snapshots (a few state
@@ -33,6 +39,7 @@ Prints one table per part and the fitted coefficients of
     memory  ~ a + b * share-partitions + c * in-flight records
     replay  ~ d * state records            (+ d_batch * state batches for fragmented snapshots)
     timer   ~ e * share-partitions whose locks expire in the pass
+    wake-up ~ f * fetches woken * share-partitions in each one's session
 
     PYTHONPATH=$PWD .venv/bin/python -m integration.bench.cost_model
     PYTHONPATH=$PWD .venv/bin/python -m integration.bench.cost_model --shapes 1x10,10x100 --replay-records 100000 \\
@@ -228,6 +235,19 @@ class NoCluster:
         return None
 
 
+class OneTopicCluster:
+    """The cluster of an in-process service whose fetches look at their share-partitions: one topic,
+    TOPIC_ID, with `partitions` partitions."""
+
+    def __init__(self, partitions: int) -> None:
+        from proxy.share.cluster import PartitionInfo, TopicInfo
+
+        self.topic = TopicInfo("cost-model", TOPIC_ID, {p: PartitionInfo(1, 0) for p in range(partitions)})
+
+    def topic_by_id(self, topic_id: uuid.UUID):
+        return self.topic if topic_id == TOPIC_ID else None
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 0
@@ -236,11 +256,12 @@ class Clock:
         return self.now
 
 
-def new_service(clock: Clock | None = None):
+def new_service(clock: Clock | None = None, cluster=None):
     from proxy.share.manager import ShareService
 
     clock = clock or Clock()
-    return ShareService(NoCluster(), NullWriter(), clock=clock, wall_clock=lambda: 1_700_000_000_000 + clock.now)
+    return ShareService(cluster or NoCluster(), NullWriter(), clock=clock,
+                        wall_clock=lambda: 1_700_000_000_000 + clock.now)
 
 
 def add_group(service, group: int, partitions: int) -> list:
@@ -384,6 +405,66 @@ def child_timer(spec: dict) -> dict:
     return out
 
 
+def child_wakeups(spec: dict) -> dict:
+    """CPU per fire of one busy share-partition with a fetch of every one of `groups` groups waiting on
+    its `partitions` full share-partitions, keyed (the service's WorkSignal) and broadcast."""
+    import trio
+    import trio.testing
+
+    from proxy.share.partition import AcquireMode
+    from proxy.share.reader import FetchParams, WorkSignal
+
+    class Broadcast(WorkSignal):
+        """Every fire wakes every waiting fetch, as the one signal for all did."""
+
+        def fire(self, key=None) -> None:
+            super().fire(None)
+
+    groups, partitions, fires = spec["groups"], spec["partitions"], spec["fires"]
+    out: dict = dict(spec)
+
+    async def run(signal: WorkSignal) -> tuple[float, float]:
+        clock = Clock()
+        service = new_service(clock, OneTopicCluster(partitions))
+        service.work = service.reader.work = signal
+        for g in range(groups + 1):  # the last one is the busy group
+            for leader in add_group(service, g, partitions):
+                acquire(service, leader, leader.engine.config.max_record_locks, spec["batch"], now=0)
+                assert not leader.engine.can_acquire()
+        order = [(TOPIC_ID, p) for p in range(partitions)]
+        params = FetchParams(max_records=500, max_bytes=1 << 20, batch_size=None, mode=AcquireMode(0),
+                             deadline=trio.current_time() + 3600)
+        busy = (f"cost-group-{groups:05d}", TOPIC_ID, 0)
+        rounds = 0
+        original = service.reader._fetch_round
+
+        async def counted_round(*args, **kwargs):
+            nonlocal rounds
+            rounds += 1
+            return await original(*args, **kwargs)
+
+        service.reader._fetch_round = counted_round
+        async with trio.open_nursery() as nursery:
+            for g in range(groups):
+                nursery.start_soon(service.reader.fetch_records, order, f"cost-group-{g:05d}", "waiter", params)
+            await trio.testing.wait_all_tasks_blocked()
+            rounds = 0
+            started = time.process_time()
+            for _ in range(fires):
+                signal.fire(busy)
+                await trio.testing.wait_all_tasks_blocked()
+            spent = time.process_time() - started
+            nursery.cancel_scope.cancel()
+        return spent / fires, rounds / fires
+
+    results = {}
+    for name, signal in (("keyed", WorkSignal), ("broadcast", Broadcast)):
+        results[name] = trio.run(run, signal(), clock=trio.testing.MockClock())
+    out.update(keyed_s=results["keyed"][0], keyed_woken=results["keyed"][1],
+               broadcast_s=results["broadcast"][0], broadcast_woken=results["broadcast"][1])
+    return out
+
+
 async def scrape_costs(service, leaders) -> dict:
     """One /metrics scrape of the share series: the reading of the engines (on the loop's thread, in
     slices) and the formatting (in a worker thread), group series only and per share-partition."""
@@ -450,7 +531,8 @@ def child_replay(spec: dict) -> dict:
     return out
 
 
-CHILDREN: dict[str, Callable[[dict], dict]] = {"memory": child_memory, "timer": child_timer, "replay": child_replay}
+CHILDREN: dict[str, Callable[[dict], dict]] = {"memory": child_memory, "timer": child_timer, "replay": child_replay,
+                                               "wakeups": child_wakeups}
 
 
 def in_child(part: str, spec: dict) -> dict:
@@ -671,6 +753,25 @@ def timer_part(args: argparse.Namespace, shapes: list[tuple[int, int]]) -> dict:
     return {"rows": rows, "fits": fits}
 
 
+def wakeups_part(args: argparse.Namespace, shapes: list[tuple[int, int]]) -> dict:
+    print(f"\n## Wake-ups ({uptime()}; a fetch of every group waiting on its full share-partitions, "
+          f"{args.wakeup_fires} fires of another group's share-partition)")
+    print(f"{'shape':>9} {'waiting':>8} {'woken per fire':>15} {'CPU per fire':>13} "
+          f"{'broadcast: woken':>17} {'CPU per fire':>13} {'broadcast / keyed':>17}")
+    rows = []
+    for groups, partitions in shapes:
+        row = in_child("wakeups", {"groups": groups, "partitions": partitions, "fires": args.wakeup_fires,
+                                   "batch": args.batch})
+        rows.append(row)
+        print(f"{groups:>4}x{partitions:<4} {groups:>8,} {row['keyed_woken']:15.1f} {row['keyed_s'] * 1e6:11.1f}us "
+              f"{row['broadcast_woken']:17.1f} {row['broadcast_s'] * 1e6:11.1f}us "
+              f"{row['broadcast_s'] / row['keyed_s']:17.1f}", flush=True)
+    per_look = fit_line([(r["groups"] * r["partitions"], r["broadcast_s"]) for r in rows])[1]
+    print(f"\nfitted broadcast seconds per fire = a + f * fetches woken * share-partitions each: "
+          f"f={per_look * 1e6:.2f} us")
+    return {"rows": rows, "per_woken_partition_s": per_look}
+
+
 def replay_part(args: argparse.Namespace, shapes: list[tuple[int, int]]) -> dict:
     print(f"\n## State replay in process ({uptime()})")
     print(f"{'shape':>9} {'snapshot':>10} {'records':>10} {'value B':>8} {'recover':>9} {'s/M records':>11} "
@@ -701,12 +802,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", type=parse_shapes, default=parse_shapes("1x10,10x100,100x100"),
                         help="GROUPSxPARTITIONS per group, comma-separated (default 1x10,10x100,100x100)")
-    parser.add_argument("--parts", default="memory,timer,replay,e2e", help="which parts to run")
+    parser.add_argument("--parts", default="memory,timer,wakeups,replay,e2e", help="which parts to run")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), type=lambda s: s.split(","))
     parser.add_argument("--in-flight", type=int, default=500, help="acquired records per share-partition (memory)")
     parser.add_argument("--batch", type=int, default=100, help="records per log batch acquired")
     parser.add_argument("--timer-in-flight", type=int, default=100, help="acquired records per share-partition (timer)")
     parser.add_argument("--timer-repeat", type=int, default=3, help="timer rounds per shape; the best is reported")
+    parser.add_argument("--wakeup-fires", type=int, default=200, help="fires per wake-up measurement")
     parser.add_argument("--replay-records", type=int, default=1_000_000, help="state records per in-process replay")
     parser.add_argument("--snapshot-batches", type=int, default=4, help="state batches per steady snapshot")
     parser.add_argument("--updated-records", type=int, default=0,
@@ -739,6 +841,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         results["memory"] = memory_part(args, args.shapes)
     if "timer" in parts:
         results["timer"] = timer_part(args, args.shapes)
+    if "wakeups" in parts:
+        results["wakeups"] = wakeups_part(args, args.shapes)
     if "replay" in parts:
         results["replay"] = replay_part(args, args.shapes)
     if "e2e" in parts and args.e2e_records:

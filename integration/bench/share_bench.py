@@ -504,6 +504,22 @@ def upstream_reads(before: dict, after: dict, consumed_mib: float) -> str:
             f"{partitions / (reads + polls):.1f} partitions each; {read_mib:,.0f} MiB read{consumed}")
 
 
+def fetch_waits(before: dict, after: dict) -> str:
+    """How the proxy's waiting ShareFetches ended during a run: wake-ups (every release, expiry or
+    new upstream record wakes every waiting fetch), those whose next round found nothing to take,
+    and fetches answered empty early because their own member pinned a full window."""
+    def delta(name: str, labels: tuple = ()) -> float:
+        return after.get((name, labels), 0.0) - before.get((name, labels), 0.0)
+
+    to_records = delta("ksp_share_fetch_wakeups_total", (("outcome", "records"),))
+    to_nothing = delta("ksp_share_fetch_wakeups_total", (("outcome", "nothing"),))
+    pinned = delta("ksp_share_fetch_self_pinned_total")
+    if not to_records + to_nothing + pinned:
+        return ""
+    return (f"waiting fetches woken {to_records + to_nothing:,.0f} times ({to_nothing:,.0f} to nothing), "
+            f"{pinned:,.0f} answered early (self-pinned)")
+
+
 def _median_bucket(before: dict, after: dict, name: str, labels: tuple, count: float) -> str:
     """The histogram bucket the run's median falls in, as "LO-HI ms" ("" without buckets)."""
     bounds = []
@@ -901,8 +917,10 @@ def proxied_share_run(args: argparse.Namespace, tools: PerfTools, proxy: ProxyPr
     report_progress(result)
     samples_after = proxy_samples(metrics_url)
     reads = upstream_reads(samples_before, samples_after, measured.megabytes)
+    waits = fetch_waits(samples_before, samples_after)
     print(f"    the proxy acquired {acquired:,} records for {result.records:,} consumed; "
-          f"{latency_breakdown(samples_before, samples_after, measured.records)}{'; ' + reads if reads else ''}",
+          f"{latency_breakdown(samples_before, samples_after, measured.records)}{'; ' + reads if reads else ''}"
+          f"{'; ' + waits if waits else ''}",
           file=sys.stderr, flush=True)
     if args.py_spy and profile.exists():
         print(f"    profile {profile}:\n{profile_summary(profile, args.profile_top)}", file=sys.stderr, flush=True)

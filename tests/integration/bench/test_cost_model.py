@@ -146,3 +146,10 @@ def test_scrape_costs_time_a_scrape_of_the_share_series_with_and_without_per_par
     assert two["scrape_bytes"] > one["scrape_bytes"]
     assert (two["scrape_per_partition_bytes"] - two["scrape_bytes"]
             > 1.5 * (one["scrape_per_partition_bytes"] - one["scrape_bytes"]))
+
+
+def test_wakeups_a_fire_wakes_no_fetch_of_other_groups_where_a_broadcast_woke_them_all() -> None:
+    row = cost_model.child_wakeups({"groups": 3, "partitions": 4, "fires": 5, "batch": 100})
+    assert row["keyed_woken"] == 0
+    assert row["broadcast_woken"] == 3  # each woken fetch looked once and waited again
+    assert row["keyed_s"] > 0 and row["broadcast_s"] > 0

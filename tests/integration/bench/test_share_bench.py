@@ -20,6 +20,7 @@ from integration.bench.share_bench import (
     streaming_cpu,
     cpu_table,
     fetches_table,
+    fetch_waits,
     latency_breakdown,
     parse_client_fetches,
     main,
@@ -297,6 +298,17 @@ def test_upstream_reads_are_counted_per_sharefetch_against_the_bytes_consumed():
         "upstream Fetches 50 (0.50 per ShareFetch) and 10 long polls, 4.0 partitions each; "
         "110 MiB read for 100 MiB consumed (1.10)")
     assert upstream_reads(before, before, 100.0) == ""
+
+
+def test_fetch_waits_counts_the_runs_wakeups_and_early_answers():
+    records, nothing = (("outcome", "records"),), (("outcome", "nothing"),)
+    before = {("ksp_share_fetch_wakeups_total", records): 5.0, ("ksp_share_fetch_wakeups_total", nothing): 7.0,
+              ("ksp_share_fetch_self_pinned_total", ()): 1.0}
+    after = {("ksp_share_fetch_wakeups_total", records): 105.0, ("ksp_share_fetch_wakeups_total", nothing): 1_207.0,
+             ("ksp_share_fetch_self_pinned_total", ()): 31.0}
+    assert fetch_waits(before, after) == (
+        "waiting fetches woken 1,300 times (1,200 to nothing), 30 answered early (self-pinned)")
+    assert fetch_waits(before, before) == ""
 
 
 class FakeMachine:
