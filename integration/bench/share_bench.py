@@ -516,8 +516,10 @@ def fetch_waits(before: dict, after: dict) -> str:
     pinned = delta("ksp_share_fetch_self_pinned_total")
     if not to_records + to_nothing + pinned:
         return ""
-    return (f"waiting fetches woken {to_records + to_nothing:,.0f} times ({to_nothing:,.0f} to nothing), "
-            f"{pinned:,.0f} answered early (self-pinned)")
+    pinned_text = f"{pinned:,.0f} answered early (self-pinned)"
+    if ("ksp_share_fetch_wakeups_total", (("outcome", "nothing"),)) not in after:
+        return pinned_text  # a proxy tree from before the counter (--proxy-trees): not "woken 0 times"
+    return f"waiting fetches woken {to_records + to_nothing:,.0f} times ({to_nothing:,.0f} to nothing), {pinned_text}"
 
 
 def _median_bucket(before: dict, after: dict, name: str, labels: tuple, count: float) -> str:
@@ -778,6 +780,9 @@ def shape_topics(kafka: LocalKafka, args: argparse.Namespace) -> dict[int, str]:
 
 
 def fill_topic(kafka: LocalKafka, args: argparse.Namespace, partitions: int, stem: str) -> str:
+    """A new topic of `partitions` partitions filled with the run's records the `--fill` way; prints
+    its log batches' record counts (read from the broker's segment files), which native share
+    groups hand out whole."""
     topic = create_topics(kafka.bootstrap, [unique_name(stem)], partitions=partitions)[0]
     FILLS[args.fill](kafka.bootstrap, topic, partitions, args.records, args.size)
     per_partition = batch_record_counts(kafka.data_dir / "kraft", topic)

@@ -309,6 +309,9 @@ def test_fetch_waits_counts_the_runs_wakeups_and_early_answers():
     assert fetch_waits(before, after) == (
         "waiting fetches woken 1,300 times (1,200 to nothing), 30 answered early (self-pinned)")
     assert fetch_waits(before, before) == ""
+    # A proxy tree from before the wake-up counter: its wake-ups are unknown, not zero.
+    older = {("ksp_share_fetch_self_pinned_total", ()): 31.0}
+    assert fetch_waits({}, older) == "31 answered early (self-pinned)"
 
 
 class FakeMachine:
