@@ -411,6 +411,7 @@ def child_wakeups(spec: dict) -> dict:
     import trio
     import trio.testing
 
+    from proxy.share import metrics
     from proxy.share.partition import AcquireMode
     from proxy.share.reader import FetchParams, WorkSignal
 
@@ -435,27 +436,23 @@ def child_wakeups(spec: dict) -> dict:
         params = FetchParams(max_records=500, max_bytes=1 << 20, batch_size=None, mode=AcquireMode(0),
                              deadline=trio.current_time() + 3600)
         busy = (f"cost-group-{groups:05d}", TOPIC_ID, 0)
-        rounds = 0
-        original = service.reader._fetch_round
 
-        async def counted_round(*args, **kwargs):
-            nonlocal rounds
-            rounds += 1
-            return await original(*args, **kwargs)
+        def wakeups() -> float:  # the proxy's own count of waiting fetches woken
+            return sum(metrics.FETCH_WAKEUPS.labels(outcome=o)._value.get() for o in ("records", "nothing"))
 
-        service.reader._fetch_round = counted_round
         async with trio.open_nursery() as nursery:
             for g in range(groups):
                 nursery.start_soon(service.reader.fetch_records, order, f"cost-group-{g:05d}", "waiter", params)
             await trio.testing.wait_all_tasks_blocked()
-            rounds = 0
+            woken = wakeups()
             started = time.process_time()
             for _ in range(fires):
                 signal.fire(busy)
                 await trio.testing.wait_all_tasks_blocked()
             spent = time.process_time() - started
+            woken = wakeups() - woken
             nursery.cancel_scope.cancel()
-        return spent / fires, rounds / fires
+        return spent / fires, woken / fires
 
     results = {}
     for name, signal in (("keyed", WorkSignal), ("broadcast", Broadcast)):

@@ -466,6 +466,11 @@ LATENCY_SERIES = (  # (what, histogram name, labels)
 )
 
 
+def sample_delta(before: dict, after: dict, name: str, labels: tuple = ()) -> float:
+    """How much one sample of two proxy_samples() scrapes grew (0 when absent)."""
+    return after.get((name, labels), 0.0) - before.get((name, labels), 0.0)
+
+
 def latency_breakdown(before: dict, after: dict, records: int) -> str:
     """Requests and state writes during a run, from the proxy's histograms: count, mean latency and
     the bucket holding the median. The median says more for ShareFetch: each consumer's last fetches
@@ -473,13 +478,12 @@ def latency_breakdown(before: dict, after: dict, records: int) -> str:
     few hundred fetches by several ms per consumer."""
     parts = []
     for what, name, labels in LATENCY_SERIES:
-        count = after.get((f"{name}_count", labels), 0.0) - before.get((f"{name}_count", labels), 0.0)
-        total = after.get((f"{name}_sum", labels), 0.0) - before.get((f"{name}_sum", labels), 0.0)
+        count = sample_delta(before, after, f"{name}_count", labels)
+        total = sample_delta(before, after, f"{name}_sum", labels)
         if count:
             median = _median_bucket(before, after, name, labels, count)
             parts.append(f"{what} {count:,.0f} x {1000 * total / count:.2f} ms" + (f" (median {median})" if median else ""))
-    fetches = (after.get(("ksp_request_seconds_count", LATENCY_SERIES[0][2]), 0.0)
-               - before.get(("ksp_request_seconds_count", LATENCY_SERIES[0][2]), 0.0))
+    fetches = sample_delta(before, after, "ksp_request_seconds_count", LATENCY_SERIES[0][2])
     if fetches:
         parts.append(f"{records / fetches:,.0f} records per ShareFetch")
     return ", ".join(parts)
@@ -490,7 +494,7 @@ def upstream_reads(before: dict, after: dict, consumed_mib: float) -> str:
     per ShareFetch, partitions in each, and the log bytes they read against the bytes consumed
     (above 1.0 by the batches' own headers; well above it, records read more than once)."""
     def delta(name: str, labels: tuple = ()) -> float:
-        return after.get((name, labels), 0.0) - before.get((name, labels), 0.0)
+        return sample_delta(before, after, name, labels)
 
     reads = delta("ksp_share_upstream_fetches_total", (("kind", "read"),))
     polls = delta("ksp_share_upstream_fetches_total", (("kind", "long_poll"),))
@@ -509,7 +513,7 @@ def fetch_waits(before: dict, after: dict) -> str:
     new upstream record wakes every waiting fetch), those whose next round found nothing to take,
     and fetches answered empty early because their own member pinned a full window."""
     def delta(name: str, labels: tuple = ()) -> float:
-        return after.get((name, labels), 0.0) - before.get((name, labels), 0.0)
+        return sample_delta(before, after, name, labels)
 
     to_records = delta("ksp_share_fetch_wakeups_total", (("outcome", "records"),))
     to_nothing = delta("ksp_share_fetch_wakeups_total", (("outcome", "nothing"),))
