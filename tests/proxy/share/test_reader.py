@@ -829,16 +829,18 @@ async def test_a_read_that_would_end_inside_the_next_batch_asks_for_the_first_ba
     assert cluster.read_bytes <= log_bytes + 96 * KIB + 12 * len(later), f"read {cluster.read_bytes / log_bytes:.2f} x"
 
 
-async def _consume_100_kib_batches(nursery, *, budget_taken: int = 0):
+async def _consume_100_kib_batches(nursery, *, budget_taken: int = 0, read_ahead: bool = True):
     """64 batches of 25 x 4 KiB records on one partition, taken 25 records (128 KiB of MaxBytes)
     a fetch, with another partition's cache holding `budget_taken` of the 4 MiB read-cache
-    budget: (batch size, sizes read after the first read, upstream Fetches, ShareFetches, bytes
-    read, log bytes)."""
+    budget (and without background read-aheads unless `read_ahead`): (batch size, sizes read
+    after the first read, upstream Fetches, ShareFetches, bytes read, log bytes)."""
     from codec.records import iter_batches
 
     cluster = BrokerBytesCluster(partitions=1)
     config = dataclasses.replace(service_config(), max_read_cache_bytes=4 * MIB)
     harness = await start_service(nursery, cluster=cluster, config=config)
+    if not read_ahead:
+        harness.service.reader._background = lambda: None
     if budget_taken:
         harness.service.reader.cache_budget.store(leader(99), ReadCache(bytes(budget_taken), (), ()))
     log_bytes = sum(len(harness.cluster.append([bytes(4 * KIB)] * 25)) for _ in range(64))
@@ -877,6 +879,21 @@ async def test_a_read_ahead_reads_one_fetchs_worth_while_half_the_budget_is_take
     dropped for the fetches' own reads and read again: with half the budget taken, read-aheads read
     what one fetch takes, one batch exactly."""
     batch, later, reads, fetches, _, _ = await _consume_100_kib_batches(nursery, budget_taken=2 * MIB)
+    assert later and all(size == batch + 12 for size in later), (batch, later)
+    assert reads >= fetches - 2, (reads, fetches)
+
+
+async def test_a_fetchs_own_read_reads_several_fetches_worth_while_the_budget_has_room(nursery, autojump_clock):
+    """A fetch that finds no cached records reads ahead itself, as a read-ahead would: with 16
+    consumers on 4 partitions the background read-ahead seldom ran before the next fetch came, and
+    own reads of one fetch's worth sent 0.84-0.88 upstream Fetches per ShareFetch (0.44-0.47 so)."""
+    batch, later, reads, fetches, read_bytes, log_bytes = await _consume_100_kib_batches(nursery, read_ahead=False)
+    assert later and all(size >= 2 * batch for size in later), (batch, later)
+    assert reads <= fetches / 2.5, (reads, fetches)
+    assert read_bytes <= log_bytes * (1 + 1 / 60) + 100 * KIB, f"read {read_bytes / log_bytes:.3f} x"
+    # With half the budget taken, one fetch's worth: what it reads more would drop other caches.
+    batch, later, reads, fetches, _, _ = await _consume_100_kib_batches(
+        nursery, budget_taken=2 * MIB, read_ahead=False)
     assert later and all(size == batch + 12 for size in later), (batch, later)
     assert reads >= fetches - 2, (reads, fetches)
 
