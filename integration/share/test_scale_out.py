@@ -26,6 +26,7 @@ from kio.schema.errors import ErrorCode
 
 from codec.share_events import EventKind
 from integration.java.build import driver_command
+from integration.kafka_fixtures import topic_id_of
 from integration.share.test_crash_safety import CrashRun, _ranges
 from integration.share.conftest import (
     ACK_ACCEPT,
@@ -46,7 +47,6 @@ from integration.share.conftest import (
     share_consumer,
     wait_until,
 )
-from integration.kafka_fixtures import topic_id_of
 from proxy.localkafka.broker import free_port
 from proxy.share.ownership import DEFAULT_GROUP_PREFIX, ServiceOwnership, describe_members, owner_map
 

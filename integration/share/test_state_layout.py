@@ -18,6 +18,7 @@ import pytest
 from confluent_kafka import AcknowledgeType, Producer
 
 from codec.share_state import ProxyStateLayoutValue, RecordType, decode_key, decode_value
+from integration.kafka_fixtures import topic_id_of
 from integration.share.conftest import (
     EXPLICIT,
     acknowledge_all,
@@ -26,7 +27,6 @@ from integration.share.conftest import (
     produce,
     share_consumer,
 )
-from integration.kafka_fixtures import topic_id_of
 from proxy.config import ProxyConfig
 from proxy.share import state_store
 from proxy.share.persister import replay_state_topic, route_partition

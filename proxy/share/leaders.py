@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -39,7 +38,7 @@ from proxy.errors import UpstreamError
 from proxy.share.cluster import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from proxy.share.coordinator import ShareGroupCoordinator
 from proxy.share.group_config import ShareGroupConfig
-from proxy.share.partition import PartitionConfig, PartitionSnapshot, SharePartition
+from proxy.share.partition import PartitionConfig, PartitionSnapshot, SharePartition, SharePartitionKey
 from proxy.share.state_delta import DeltaBase
 
 if TYPE_CHECKING:  # the reader imports this module
@@ -47,9 +46,6 @@ if TYPE_CHECKING:  # the reader imports this module
     from proxy.share.reader import ReadCache
 
 log = structlog.get_logger(__name__)
-
-SharePartitionKey = tuple[str, uuid.UUID, int]
-
 
 @dataclass(eq=False, slots=True)
 class Leader:

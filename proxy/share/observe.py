@@ -40,15 +40,13 @@ from prometheus_client.core import GaugeMetricFamily
 from proxy.exposition import CounterSeries, GaugeSeries, HistogramSeries
 from proxy.metrics import SCRAPE_PREPARERS
 from proxy.share.commit import Cause, Change
-from proxy.share.partition import AckRange, AcquiredRecords, StateDelta
+from proxy.share.partition import AckRange, AcquiredRecords, SharePartitionKey, StateDelta
 from proxy.share.group_admin import share_lag
 from proxy.share.states import TERMINAL_STATES, AcknowledgeType, RecordState
 from proxy.timeslice import TimeSlices
 
 if TYPE_CHECKING:
     from proxy.share.manager import ShareService
-
-SharePartitionKey = tuple[str, uuid.UUID, int]
 
 MAX_DELIVERY_COUNT_BUCKET = 10  # Kafka's delivery count limit is at most 10
 # Seconds a record stayed IN_PROGRESS: the draft's workloads run for seconds to minutes, bounded

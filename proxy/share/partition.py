@@ -60,6 +60,7 @@ import enum
 import heapq
 import itertools
 import math
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
@@ -94,11 +95,15 @@ __all__ = [
     "RecordEvent",
     "ReleaseReason",
     "SharePartition",
+    "SharePartitionKey",
     "ShareStateError",
     "StagedChange",
     "StateDelta",
     "acquisition_mark",
 ]
+
+# What names a share-partition across the proxy: (group id, topic id, partition).
+SharePartitionKey = tuple[str, uuid.UUID, int]
 
 # Kafka error codes (org.apache.kafka.common.protocol.Errors).
 INVALID_REQUEST = 42

@@ -75,12 +75,10 @@ from codec.errors import StateRecordError
 from codec.share_events import DEAD_LETTER_REASONS, ArchiveReason
 from proxy.share.metrics import STATE_RECORDS_SKIPPED
 from proxy.share.persister import route_partition
-from proxy.share.partition import PartitionSnapshot, PersistedBatch, StateDelta
+from proxy.share.partition import PartitionSnapshot, PersistedBatch, SharePartitionKey, StateDelta
 from proxy.share.states import RecordState
 
 log = structlog.get_logger(__name__)
-
-SharePartitionKey = tuple[str, uuid.UUID, int]  # (group id, topic id, partition)
 
 # The delivery states a share-partition can be rebuilt from. Acquired is never persisted (it is
 # written as the state before acquisition); anything else is unknown. ARCHIVING (3) is resumed with
