@@ -95,7 +95,7 @@ def _byte_string_skipper(kafka_type: str, flexible: bool) -> Skipper:
     return skip_legacy
 
 
-def _array_skipper(item: Skipper, flexible: bool) -> Skipper:
+def _array_skipper(item: Skipper, flexible: bool, nullable: bool) -> Skipper:
     def skip_array(buffer: memoryview, position: int, end: int) -> int:
         if flexible:
             count_plus_one, position = read_uvarint(buffer, position, end)
@@ -104,6 +104,10 @@ def _array_skipper(item: Skipper, flexible: bool) -> Skipper:
             count, position = _int32(buffer, position, end)
             if count < -1:
                 raise MessageDecodeError(f"negative array length {count}")
+        # kio reads a null array as None whatever the schema says; Kafka refuses one where the
+        # field is not nullable, and so do we (code reading the entity expects a tuple there).
+        if count == -1 and not nullable:
+            raise MessageDecodeError("null array in a field that is not nullable")
         # Every element takes at least one byte: a longer count is a lie.
         if count > end - position:
             raise MessageDecodeError(f"array of {count} elements in {end - position} remaining bytes")
@@ -130,7 +134,7 @@ def _field_skipper(field: dataclasses.Field, flexible: bool) -> Skipper:
     if typing.get_origin(annotation) is tuple:
         inner = _strip_optional(typing.get_args(annotation)[0])
         item = entity_skipper(inner) if dataclasses.is_dataclass(inner) else _primitive_skipper(field, flexible)
-        return _array_skipper(item, flexible)
+        return _array_skipper(item, flexible, _is_optional(field.type))
     if dataclasses.is_dataclass(annotation):
         skip_entity = entity_skipper(annotation)
         if not _is_optional(field.type) or "tag" in field.metadata:

@@ -121,6 +121,18 @@ def test_hostile_array_count_is_rejected_before_kio_allocates():
         DEFAULT_REGISTRY.decode_request(81, 0, body)
 
 
+def test_a_null_array_is_refused_where_the_field_is_not_nullable():
+    # MarkInProgress v0: group_id null, member_id "m", epoch 1, then Topics as a null compact array
+    # (length 0). kio read it as None, where every reader of the request expects a tuple.
+    body = b"\x00" + b"\x02m" + b"\x00\x00\x00\x01" + b"\x00" + b"\x00"
+    with pytest.raises(MessageDecodeError, match="not nullable"):
+        DEFAULT_REGISTRY.decode_request(81, 0, body)
+    # Where Kafka's schema makes the array nullable, null still reads as None: Metadata v12's
+    # Topics (null: all topics).
+    request = DEFAULT_REGISTRY.request_type(3, 12)(topics=None, include_topic_authorized_operations=False)
+    assert DEFAULT_REGISTRY.decode_request(3, 12, encode(request)).topics is None
+
+
 def test_uuid_zero_reads_back_as_none():
     topic_type = DEFAULT_REGISTRY.request_type(81, 0).ProgressTopic
     assert topic_type(topic_id=uuid.UUID(int=0)).topic_id == uuid.UUID(int=0)
