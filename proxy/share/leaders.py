@@ -47,6 +47,7 @@ if TYPE_CHECKING:  # the reader imports this module
 
 log = structlog.get_logger(__name__)
 
+
 @dataclass(eq=False, slots=True)
 class Leader:
     """One share-partition led by this proxy."""
