@@ -102,6 +102,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
+import functools
 import itertools
 import json
 import os
@@ -493,9 +494,7 @@ def upstream_reads(before: dict, after: dict, consumed_mib: float) -> str:
     """The proxy's own upstream Fetches during a run (its ksp_share_upstream_* counters): how many
     per ShareFetch, partitions in each, and the log bytes they read against the bytes consumed
     (above 1.0 by the batches' own headers; well above it, records read more than once)."""
-    def delta(name: str, labels: tuple = ()) -> float:
-        return sample_delta(before, after, name, labels)
-
+    delta = functools.partial(sample_delta, before, after)
     reads = delta("ksp_share_upstream_fetches_total", (("kind", "read"),))
     polls = delta("ksp_share_upstream_fetches_total", (("kind", "long_poll"),))
     share_fetches = delta("ksp_request_seconds_count", LATENCY_SERIES[0][2])
@@ -512,9 +511,7 @@ def fetch_waits(before: dict, after: dict) -> str:
     """How the proxy's waiting ShareFetches ended during a run: wake-ups (every release, expiry or
     new upstream record wakes every waiting fetch), those whose next round found nothing to take,
     and fetches answered empty early because their own member pinned a full window."""
-    def delta(name: str, labels: tuple = ()) -> float:
-        return sample_delta(before, after, name, labels)
-
+    delta = functools.partial(sample_delta, before, after)
     to_records = delta("ksp_share_fetch_wakeups_total", (("outcome", "records"),))
     to_nothing = delta("ksp_share_fetch_wakeups_total", (("outcome", "nothing"),))
     pinned = delta("ksp_share_fetch_self_pinned_total")

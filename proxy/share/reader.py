@@ -749,12 +749,13 @@ class Reader:
     ) -> dict[TopicIdPartition, ReadCache | Fetched | None]:
         """Read the candidates' logs from their next fetch offsets, one upstream Fetch per leader
         broker, each sized for `records` (for up to READ_AHEAD_FETCHES times as many while more
-        than half the budget stays free, :meth:`_sized_read`); the first always, the rest while the total stays within
-        `max_batched_read_bytes`. With `room` (a read-ahead: no fetch waits for it) the first read
-        is bounded like the rest, and the total also stays within `room`, which is held reserved
-        in the budget until the reads are cached (read-aheads in flight together must not count
-        the same room twice). Every read goes into its partition's cache; returns per partition
-        the read, or a Fetched/None outcome (an error, caught up, the log start moved)."""
+        than half the budget stays free, :meth:`_sized_read`); the first always, the rest while
+        the total stays within `max_batched_read_bytes`. With `room` (a read-ahead: no fetch
+        waits for it) the first read is bounded like the rest, and the total also stays within
+        `room`, which is held reserved in the budget until the reads are cached (read-aheads in
+        flight together must not count the same room twice). Every read goes into its
+        partition's cache; returns per partition the read, or a Fetched/None outcome (an error,
+        caught up, the log start moved)."""
         reads: list[tuple[_Held, PartitionRead, ReadCache | None, ReadCache | None]] = []
         total = 0
         limit = self.max_batched_read_bytes if room is None else min(self.max_batched_read_bytes, room)
